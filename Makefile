@@ -1,0 +1,48 @@
+# The README's commands. Each target creates .venv and installs what it needs, so a fresh
+# clone on a machine with only Python 3.11+ works.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing keyrange and its dev dependencies into $(VENV) (first run takes a few minutes)"
+	@$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	@$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/keyrange serve
+
+demo: $(STAMP)
+	$(PY) -m examples.demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check coordinator client migrations tests bench examples
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check coordinator client migrations tests bench examples
+	$(VENV)/bin/ruff format --check coordinator client migrations tests bench examples
+	$(VENV)/bin/mypy
+
+bench-commit: $(STAMP)
+	$(PY) bench/commit.py
+
+bench-assign: $(STAMP)
+	$(PY) bench/assign.py
+
+bench-client: $(STAMP)
+	$(PY) bench/client.py
+
+bench-spark: $(STAMP)
+	$(PY) bench/spark.py
+
+bench: bench-commit bench-assign bench-client bench-spark
+
+clean:
+	rm -rf $(VENV) .keyrange .pytest_cache .mypy_cache .ruff_cache

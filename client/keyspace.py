@@ -1,0 +1,136 @@
+"""Key hashing and key ranges: the one definition every part of Keyrange agrees on.
+
+Kept here, in the client package, because it must be importable by workers without any
+server dependency; the coordinator imports it from here rather than keeping a copy that
+could drift (DESIGN §2: the hash must be identical everywhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import mmh3
+
+HASH_MIN = 0
+HASH_MAX = 2**63 - 1
+HASH_SPACE = HASH_MAX + 1
+
+
+def key_hash(key: bytes | None, offset: int) -> int:
+    """63-bit key hash; a null key hashes its own offset so key-less records spread out."""
+    if key is None:
+        key = offset.to_bytes(8, "big", signed=True)
+    return int(mmh3.hash64(key, 0, True, False)[0]) >> 1
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class KeyRange:
+    """Closed interval ``[start, end]`` of 63-bit key hashes."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not (HASH_MIN <= self.start <= self.end <= HASH_MAX):
+            raise ValueError(
+                f"key range [{self.start}, {self.end}] is not within [0, 2**63-1] "
+                "with start <= end"
+            )
+
+    @classmethod
+    def full(cls) -> KeyRange:
+        return cls(HASH_MIN, HASH_MAX)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start + 1
+
+    def contains(self, hash_value: int) -> bool:
+        return self.start <= hash_value <= self.end
+
+    def overlaps(self, other: KeyRange) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+    def intersection(self, other: KeyRange) -> KeyRange | None:
+        start, end = max(self.start, other.start), min(self.end, other.end)
+        return KeyRange(start, end) if start <= end else None
+
+    def split(self, parts: int) -> list[KeyRange]:
+        """Contiguous parts whose sizes differ by at most one; the same input gives the same parts."""
+        if parts < 1:
+            raise ValueError("a key range splits into at least one part")
+        if parts > self.size:
+            raise ValueError(f"a key range of {self.size} hashes cannot split into {parts} parts")
+        base, extra = divmod(self.size, parts)
+        result = []
+        start = self.start
+        for index in range(parts):
+            length = base + (1 if index < extra else 0)
+            result.append(KeyRange(start, start + length - 1))
+            start += length
+        return result
+
+    def to_json(self) -> list[int]:
+        return [self.start, self.end]
+
+    @classmethod
+    def from_json(cls, pair: Sequence[int]) -> KeyRange:
+        if len(pair) != 2:
+            raise ValueError("a key range is a pair [start, end]")
+        return cls(int(pair[0]), int(pair[1]))
+
+    def __str__(self) -> str:
+        return f"[{self.start}, {self.end}]"
+
+
+def normalize(ranges: Iterable[KeyRange]) -> list[KeyRange]:
+    """Sorted, disjoint, non-adjacent cover of the same hashes."""
+    merged: list[KeyRange] = []
+    for current in sorted(ranges):
+        if merged and current.start <= merged[-1].end + 1:
+            last = merged[-1]
+            if current.end > last.end:
+                merged[-1] = KeyRange(last.start, current.end)
+        else:
+            merged.append(current)
+    return merged
+
+
+def subtract(ranges: Iterable[KeyRange], removed: Iterable[KeyRange]) -> list[KeyRange]:
+    """The hashes of ``ranges`` that are in none of ``removed``, normalized."""
+    result: list[KeyRange] = []
+    cuts = normalize(removed)
+    for current in normalize(ranges):
+        pieces = [current]
+        for cut in cuts:
+            if cut.start > current.end:
+                break
+            next_pieces: list[KeyRange] = []
+            for piece in pieces:
+                if not piece.overlaps(cut):
+                    next_pieces.append(piece)
+                    continue
+                if piece.start < cut.start:
+                    next_pieces.append(KeyRange(piece.start, cut.start - 1))
+                if cut.end < piece.end:
+                    next_pieces.append(KeyRange(cut.end + 1, piece.end))
+            pieces = next_pieces
+        result.extend(pieces)
+    return normalize(result)
+
+
+def intersect(left: Iterable[KeyRange], right: Iterable[KeyRange]) -> list[KeyRange]:
+    """Hashes in both ``left`` and ``right``, normalized."""
+    right_ranges = normalize(right)
+    result = []
+    for current in normalize(left):
+        for other in right_ranges:
+            piece = current.intersection(other)
+            if piece is not None:
+                result.append(piece)
+    return normalize(result)
+
+
+def total_size(ranges: Iterable[KeyRange]) -> int:
+    return sum(r.size for r in normalize(ranges))
