@@ -21,7 +21,7 @@ def key_hash(key: bytes | None, offset: int) -> int:
     """63-bit key hash; a null key hashes its own offset so key-less records spread out."""
     if key is None:
         key = offset.to_bytes(8, "big", signed=True)
-    return int(mmh3.hash64(key, 0, True, False)[0]) >> 1
+    return int(mmh3.hash64(key, seed=0, x64arch=True, signed=False)[0]) >> 1
 
 
 @dataclass(frozen=True, order=True, slots=True)
