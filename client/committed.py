@@ -1,0 +1,213 @@
+"""What a group has processed in one partition, and the question a consumer asks per record.
+
+This is the read side of DESIGN §3 and §3a. It lives in the client package so that workers and
+Spark executors can skip processed records with no server dependency; the coordinator's write
+side (``coordinator/core/offsets.py``) produces these values and relies on the invariants that
+``CommittedOffsets`` enforces on construction.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.keyspace import HASH_MAX, KeyRange
+
+# Kafka offsets are int64; the stable offset never exceeds this either, because a record at
+# offset 2**63-1 could not exist (its next offset would overflow), so capping loses nothing.
+OFFSET_MAX = 2**63 - 1
+
+
+def _checked_int(value: object, what: str, low: int, high: int) -> int:
+    # bool is an int subclass; JSON true/false as an offset is a client bug worth rejecting.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be within [{low}, {high}], got {value}")
+    return value
+
+
+def _checked_list(value: object, what: str) -> Sequence[Any]:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Every record with key hash in ``keys`` and offset below ``offset`` is processed."""
+
+    keys: KeyRange
+    offset: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.offset <= OFFSET_MAX:
+            raise ValueError(f"watermark offset must be within [0, 2**63-1], got {self.offset}")
+
+    def to_json(self) -> list[int]:
+        return [self.keys.start, self.keys.end, self.offset]
+
+    @classmethod
+    def from_json(cls, triple: object) -> Watermark:
+        items = _checked_list(triple, "a watermark")
+        if len(items) != 3:
+            raise ValueError(
+                f"a watermark is a triple [hash_start, hash_end, offset], got {triple!r}"
+            )
+        start = _checked_int(items[0], "watermark hash_start", 0, HASH_MAX)
+        end = _checked_int(items[1], "watermark hash_end", 0, HASH_MAX)
+        if start > end:
+            raise ValueError(f"watermark hash range [{start}, {end}] has start > end")
+        return cls(KeyRange(start, end), _checked_int(items[2], "watermark offset", 0, OFFSET_MAX))
+
+
+@dataclass(frozen=True)
+class CommittedOffsets:
+    """A group's committed state for one partition (DESIGN §3, §3a).
+
+    Invariants, checked on construction so no malformed state reaches the hot path:
+    ``ranges`` are sorted, disjoint, non-adjacent closed offset intervals all above
+    ``stable_offset``; ``watermarks`` are sorted, disjoint pieces of W(h), adjacent pieces
+    differ in W, and every W is above ``stable_offset`` (W is ``stable_offset`` elsewhere).
+    """
+
+    stable_offset: int
+    ranges: tuple[tuple[int, int], ...] = ()
+    watermarks: tuple[Watermark, ...] = ()
+    metadata: str | None = None
+    # Column copies for bisect: is_processed runs once per consumed record.
+    _range_starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _range_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _piece_starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _piece_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _piece_offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ranges = tuple((start, end) for start, end in self.ranges)
+        watermarks = tuple(self.watermarks)
+        object.__setattr__(self, "ranges", ranges)
+        object.__setattr__(self, "watermarks", watermarks)
+        self._check_invariants()
+        object.__setattr__(self, "_range_starts", tuple(start for start, _ in ranges))
+        object.__setattr__(self, "_range_ends", tuple(end for _, end in ranges))
+        object.__setattr__(self, "_piece_starts", tuple(w.keys.start for w in watermarks))
+        object.__setattr__(self, "_piece_ends", tuple(w.keys.end for w in watermarks))
+        object.__setattr__(self, "_piece_offsets", tuple(w.offset for w in watermarks))
+
+    def _check_invariants(self) -> None:
+        stable = self.stable_offset
+        if not 0 <= stable <= OFFSET_MAX:
+            raise ValueError(f"stable_offset must be within [0, 2**63-1], got {stable}")
+        floor = stable  # each range must start above the previous end + 1 (non-adjacent)
+        for start, end in self.ranges:
+            if not start <= end <= OFFSET_MAX:
+                raise ValueError(f"offset range [{start}, {end}] needs start <= end <= 2**63-1")
+            if start <= floor:
+                if floor == stable:
+                    raise ValueError(
+                        f"offset range [{start}, {end}] must lie above stable_offset {stable}"
+                    )
+                raise ValueError(
+                    f"offset range [{start}, {end}] overlaps or touches the range before it; "
+                    "ranges must be sorted, disjoint and non-adjacent"
+                )
+            floor = end + 1
+        previous: Watermark | None = None
+        for piece in self.watermarks:
+            if piece.offset <= stable:
+                raise ValueError(
+                    f"watermark {piece.keys} -> {piece.offset} is not above stable_offset {stable}"
+                )
+            if previous is not None:
+                if piece.keys.start <= previous.keys.end:
+                    raise ValueError(
+                        f"watermark pieces {previous.keys} and {piece.keys} are unsorted or overlap"
+                    )
+                if piece.keys.start == previous.keys.end + 1 and piece.offset == previous.offset:
+                    raise ValueError(
+                        f"adjacent watermark pieces {previous.keys} and {piece.keys} have the "
+                        f"same offset {piece.offset} and must be one piece"
+                    )
+            previous = piece
+
+    @classmethod
+    def empty(cls, start: int) -> CommittedOffsets:
+        return cls(stable_offset=start)
+
+    def is_processed(self, offset: int, key_hash: int) -> bool:
+        if offset < self.stable_offset:
+            return True
+        index = bisect_right(self._range_starts, offset) - 1
+        if index >= 0 and offset <= self._range_ends[index]:
+            return True
+        index = bisect_right(self._piece_starts, key_hash) - 1
+        return (
+            index >= 0
+            and key_hash <= self._piece_ends[index]
+            and offset < self._piece_offsets[index]
+        )
+
+    def watermark_at(self, key_hash: int) -> int:
+        """W(h): every record with this key hash below the returned offset is processed."""
+        index = bisect_right(self._piece_starts, key_hash) - 1
+        if index >= 0 and key_hash <= self._piece_ends[index]:
+            return self._piece_offsets[index]
+        return self.stable_offset
+
+    def min_watermark(self, keys: KeyRange) -> int:
+        """Lowest W over ``keys``: where a slice owner may resume without reprocessing."""
+        index = bisect_right(self._piece_starts, keys.start) - 1
+        if index < 0 or self._piece_ends[index] < keys.start:
+            return self.stable_offset
+        lowest = self._piece_offsets[index]
+        reach = self._piece_ends[index]
+        while reach < keys.end:
+            index += 1
+            if index == len(self._piece_starts) or self._piece_starts[index] != reach + 1:
+                return self.stable_offset
+            lowest = min(lowest, self._piece_offsets[index])
+            reach = self._piece_ends[index]
+        return lowest
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stable_offset": self.stable_offset,
+            "ranges": [[start, end] for start, end in self.ranges],
+            "watermarks": [piece.to_json() for piece in self.watermarks],
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> CommittedOffsets:
+        """Parse the offset-fetch shape of docs/api.md, ignoring topic, partition and extras."""
+        if not isinstance(document, Mapping):
+            raise ValueError(f"committed offsets must be an object, got {type(document).__name__}")
+        if "stable_offset" not in document:
+            raise ValueError("committed offsets need a stable_offset")
+        stable = _checked_int(document["stable_offset"], "stable_offset", 0, OFFSET_MAX)
+        metadata = document.get("metadata")
+        if metadata is not None and not isinstance(metadata, str):
+            raise ValueError(f"metadata must be a string or null, got {type(metadata).__name__}")
+        return cls(
+            stable_offset=stable,
+            ranges=tuple(_parse_ranges(_checked_list(document.get("ranges", []), "ranges"))),
+            watermarks=tuple(
+                Watermark.from_json(triple)
+                for triple in _checked_list(document.get("watermarks", []), "watermarks")
+            ),
+            metadata=metadata,
+        )
+
+
+def _parse_ranges(pairs: Iterable[object]) -> Iterable[tuple[int, int]]:
+    for pair in pairs:
+        items = _checked_list(pair, "an offset range")
+        if len(items) != 2:
+            raise ValueError(f"an offset range is a pair [start, end], got {pair!r}")
+        start = _checked_int(items[0], "offset range start", 0, OFFSET_MAX)
+        end = _checked_int(items[1], "offset range end", 0, OFFSET_MAX)
+        if start > end:
+            raise ValueError(f"offset range [{start}, {end}] has start > end")
+        yield start, end

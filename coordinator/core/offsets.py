@@ -1,0 +1,275 @@
+"""How commits change a partition's committed state (DESIGN §3, §3a).
+
+Pure functions over ``CommittedOffsets`` so the storage layer can run them inside its
+transaction, one partition at a time, and tests can check them against a naive model. Commits
+carry up to 60,000 ranges and a partition may hold ~10,000, so every step works on sorted
+sequences with bisect and touches only the stretch a commit overlaps.
+
+Decisions beyond DESIGN (also in docs/api.md): the stable offset is capped at 2**63-1, since no
+Kafka record can sit at that offset; a limit (``max_ic_ranges``, ``max_watermark_pieces``)
+refuses only a commit that would leave the stored count above the limit *and* above what was
+stored before, so a commit that fills gaps is always accepted even after the limit was lowered.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from client.committed import OFFSET_MAX, CommittedOffsets, Watermark
+from client.keyspace import HASH_MAX, HASH_MIN, KeyRange
+
+OffsetRange = tuple[int, int]
+
+
+class CommitOutcome(enum.Enum):
+    OK = "OK"
+    TOO_OLD = "INDIVIDUAL_COMMIT_TOO_OLD"
+    MAX_REACHED = "MAX_INDIVIDUAL_COMMIT_REACHED"
+
+    @property
+    def error_name(self) -> str | None:
+        """The reply's per-partition ``error`` field (docs/api.md)."""
+        return None if self is CommitOutcome.OK else self.value
+
+
+@dataclass
+class PartitionCommitResult:
+    state: CommittedOffsets
+    outcome: CommitOutcome
+    stable_offset_advanced: bool
+    # The commit carried something and changed nothing: at-least-once redelivery, logged at
+    # debug by the caller rather than reported to the client (DESIGN §3.3).
+    duplicate: bool
+
+
+def apply_individual_commit(
+    state: CommittedOffsets,
+    ranges: Sequence[OffsetRange],
+    watermarks: Sequence[Watermark],
+    *,
+    max_ic_ranges: int,
+    max_watermark_pieces: int,
+) -> PartitionCommitResult:
+    """Merge one partition entry of a commit into ``state``.
+
+    Ranges wholly below the stable offset are ignored (``TOO_OLD`` when that is all of them),
+    ranges straddling it are clipped; watermarks at or below it are no-ops. Ranges and
+    watermarks are refused separately when they would grow the stored state past its limit.
+    """
+    stable = state.stable_offset
+    commit_ranges = _validated_ranges(ranges)
+    too_old = bool(commit_ranges) and all(end < stable for _, end in commit_ranges)
+    fresh = _coalesce(
+        sorted((max(start, stable), end) for start, end in commit_ranges if end >= stable)
+    )
+    merged_ranges = _merge_ranges(state.ranges, fresh) if fresh else state.ranges
+    raised_pieces = _raise_watermarks(state.watermarks, watermarks, floor=stable)
+
+    apply_ranges, apply_watermarks = True, True
+    while True:
+        candidate = _settle(
+            stable,
+            merged_ranges if apply_ranges else state.ranges,
+            raised_pieces if apply_watermarks else state.watermarks,
+            state.metadata,
+        )
+        ranges_refused = apply_ranges and _exceeds(
+            len(candidate.ranges), len(state.ranges), max_ic_ranges
+        )
+        pieces_refused = apply_watermarks and _exceeds(
+            len(candidate.watermarks), len(state.watermarks), max_watermark_pieces
+        )
+        if not (ranges_refused or pieces_refused):
+            break
+        # Refusing one part can only lower the stable offset and so grow the other part's
+        # count; the loop ends within three rounds because a refused part never comes back.
+        apply_ranges = apply_ranges and not ranges_refused
+        apply_watermarks = apply_watermarks and not pieces_refused
+
+    if not (apply_ranges and apply_watermarks):
+        outcome = CommitOutcome.MAX_REACHED
+    elif too_old:
+        outcome = CommitOutcome.TOO_OLD
+    else:
+        outcome = CommitOutcome.OK
+    carried = bool(commit_ranges) or bool(watermarks)
+    return PartitionCommitResult(
+        state=candidate,
+        outcome=outcome,
+        stable_offset_advanced=candidate.stable_offset > stable,
+        duplicate=outcome is CommitOutcome.OK and carried and candidate == state,
+    )
+
+
+def apply_classic_commit(state: CommittedOffsets, offset: int) -> PartitionCommitResult:
+    """A plain offset commit: the stable offset moves forward only (an admin reset may go back)."""
+    _check_offset(offset, "committed offset")
+    settled = _settle(
+        max(state.stable_offset, offset), state.ranges, state.watermarks, state.metadata
+    )
+    return PartitionCommitResult(
+        state=settled,
+        outcome=CommitOutcome.OK,
+        stable_offset_advanced=settled.stable_offset > state.stable_offset,
+        duplicate=settled == state,
+    )
+
+
+def reset_offsets(state: CommittedOffsets, to_offset: int | None) -> CommittedOffsets:
+    """Admin reset: drop ranges and watermarks, and move the stable offset when given.
+
+    Moving it clears the metadata too, as Kafka's offset reset does: it described the old
+    position.
+    """
+    if to_offset is None:
+        return CommittedOffsets(stable_offset=state.stable_offset, metadata=state.metadata)
+    _check_offset(to_offset, "reset offset")
+    return CommittedOffsets(stable_offset=to_offset)
+
+
+def ic_offset_count(state: CommittedOffsets) -> int:
+    """Offsets held in IC ranges: processed above the stable offset, for lag reporting."""
+    return sum(end - start + 1 for start, end in state.ranges)
+
+
+def _check_offset(value: int, what: str) -> None:
+    if not 0 <= value <= OFFSET_MAX:
+        raise ValueError(f"{what} must be within [0, 2**63-1], got {value}")
+
+
+def _validated_ranges(ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
+    # The HTTP layer validates first; this is defence in depth for any other caller.
+    checked = []
+    for start, end in ranges:
+        if not 0 <= start <= end <= OFFSET_MAX:
+            raise ValueError(f"offset range [{start}, {end}] needs 0 <= start <= end <= 2**63-1")
+        checked.append((start, end))
+    return checked
+
+
+def _exceeds(count: int, stored_count: int, limit: int) -> bool:
+    return count > limit and count > stored_count
+
+
+def _range_start(offset_range: OffsetRange) -> int:
+    return offset_range[0]
+
+
+def _range_end(offset_range: OffsetRange) -> int:
+    return offset_range[1]
+
+
+def _coalesce(sorted_ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
+    """Merge overlapping and adjacent ranges of a sorted sequence."""
+    merged: list[OffsetRange] = []
+    for start, end in sorted_ranges:
+        if merged and start <= merged[-1][1] + 1:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _merge_ranges(
+    stored: Sequence[OffsetRange], fresh: Sequence[OffsetRange]
+) -> Sequence[OffsetRange]:
+    """Union of two normalized range lists, re-merging only the stored stretch ``fresh`` spans."""
+    low = bisect_left(stored, fresh[0][0] - 1, key=_range_end)
+    high = bisect_right(stored, fresh[-1][1] + 1, key=_range_start)
+    # Both inputs are sorted runs, which Timsort merges in linear time.
+    middle = _coalesce(sorted([*stored[low:high], *fresh]))
+    return [*stored[:low], *middle, *stored[high:]]
+
+
+def _piece_start(piece: Watermark) -> int:
+    return piece.keys.start
+
+
+def _piece_end(piece: Watermark) -> int:
+    return piece.keys.end
+
+
+def _raise_watermarks(
+    stored: Sequence[Watermark], raises: Sequence[Watermark], *, floor: int
+) -> Sequence[Watermark]:
+    """W(h) := max(W(h), raise) under each raise; raises at or below ``floor`` change nothing."""
+    effective = [piece for piece in raises if piece.offset > floor]
+    if not effective:
+        return stored
+    span_start = min(piece.keys.start for piece in effective)
+    span_end = max(piece.keys.end for piece in effective)
+    # Stored pieces touching the span (adjacent ones too, so equal neighbours merge) are
+    # recomputed; the rest are kept as they are.
+    low = bisect_left(stored, span_start - 1, key=_piece_end)
+    high = bisect_right(stored, span_end + 1, key=_piece_start)
+    middle = _upper_envelope([*stored[low:high], *effective])
+    return [*stored[:low], *middle, *stored[high:]]
+
+
+def _upper_envelope(pieces: Sequence[Watermark]) -> list[Watermark]:
+    """Pointwise max of overlapping pieces, as sorted pieces with equal neighbours merged."""
+    bounds = sorted({p.keys.start for p in pieces} | {p.keys.end + 1 for p in pieces})
+    by_start = sorted(pieces, key=_piece_start)
+    active: list[tuple[int, int]] = []  # heap of (-offset, exclusive end)
+    envelope: list[tuple[int, int, int]] = []
+    next_piece = 0
+    for left, right in pairwise(bounds):
+        while next_piece < len(by_start) and by_start[next_piece].keys.start <= left:
+            piece = by_start[next_piece]
+            heapq.heappush(active, (-piece.offset, piece.keys.end + 1))
+            next_piece += 1
+        while active and active[0][1] <= left:
+            heapq.heappop(active)
+        if not active:
+            continue
+        level = -active[0][0]
+        if envelope and envelope[-1][1] == left - 1 and envelope[-1][2] == level:
+            envelope[-1] = (envelope[-1][0], right - 1, level)
+        else:
+            envelope.append((left, right - 1, level))
+    return [Watermark(KeyRange(start, end), offset) for start, end, offset in envelope]
+
+
+def _full_space_minimum(pieces: Sequence[Watermark]) -> int | None:
+    """min over the whole hash space of W(h), or None where some hash has no piece."""
+    if not pieces or pieces[0].keys.start != HASH_MIN or pieces[-1].keys.end != HASH_MAX:
+        return None
+    lowest = pieces[0].offset
+    for previous, piece in pairwise(pieces):
+        if piece.keys.start != previous.keys.end + 1:
+            return None
+        lowest = min(lowest, piece.offset)
+    return lowest
+
+
+def _settle(
+    stable: int,
+    ranges: Sequence[OffsetRange],
+    pieces: Sequence[Watermark],
+    metadata: str | None,
+) -> CommittedOffsets:
+    """Move the stable offset to the first offset not known processed and drop what it passed.
+
+    Known processed: below min W over the whole hash space, or inside an IC range. Ranges are
+    non-adjacent, so after skipping the one range that may hold the candidate we are done.
+    """
+    lowest = _full_space_minimum(pieces)
+    new_stable = stable if lowest is None else max(stable, lowest)
+    index = bisect_right(ranges, new_stable, key=_range_start) - 1
+    if index >= 0 and ranges[index][1] >= new_stable:
+        new_stable = ranges[index][1] + 1
+    new_stable = min(new_stable, OFFSET_MAX)
+    kept_ranges = ranges[bisect_right(ranges, new_stable, key=_range_start) :]
+    kept_pieces = [piece for piece in pieces if piece.offset > new_stable]
+    return CommittedOffsets(
+        stable_offset=new_stable,
+        ranges=tuple(kept_ranges),
+        watermarks=tuple(kept_pieces),
+        metadata=metadata,
+    )
