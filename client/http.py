@@ -1,0 +1,320 @@
+"""Async HTTP client for the coordinator's client routes (docs/api.md).
+
+Every call that is safe to repeat is retried a bounded number of times on connection errors
+and 5xx replies, with exponential backoff: commits are idempotent by design (DESIGN §3: a
+duplicate is accepted silently), offset fetches are reads, and heartbeats restate the
+member's whole view. The one exception is an anonymous join (epoch 0, no member id, no
+instance id): a retry after a lost reply would register a second member that then holds
+slices until its session expires, so it is tried once and the caller's heartbeat loop decides.
+Problem replies raise the ``client.errors`` class named by their ``error`` field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import httpx
+from aiokafka.structs import TopicPartition
+
+from client.committed import CommittedOffsets, Watermark
+from client.errors import CoordinatorUnavailable, InvalidRequest, error_for_name
+from client.keyspace import KeyRange
+
+logger = logging.getLogger(__name__)
+
+_GROUP_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
+# Backoff starts small because most failures are a coordinator replica restarting behind a
+# load balancer; the cap keeps a retrying heartbeat well inside a 10 s session timeout.
+_BACKOFF_INITIAL_S = 0.1
+_BACKOFF_MAX_S = 2.0
+
+Slices = dict[TopicPartition, list[KeyRange]]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCommit:
+    """One partition's entry of a commit: IC ranges and/or watermarks, or a classic offset."""
+
+    topic: str
+    partition: int
+    ranges: Sequence[tuple[int, int]] = ()
+    watermarks: Sequence[Watermark] = ()
+    offset: int | None = None
+    metadata: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"topic": self.topic, "partition": self.partition}
+        if self.ranges:
+            document["ranges"] = [[start, end] for start, end in self.ranges]
+        if self.watermarks:
+            document["watermarks"] = [piece.to_json() for piece in self.watermarks]
+        if self.offset is not None:
+            document["offset"] = self.offset
+        if self.metadata is not None:
+            document["metadata"] = self.metadata
+        return document
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCommitReply:
+    """Per-partition outcome; ``error`` is ``INDIVIDUAL_COMMIT_TOO_OLD``,
+    ``MAX_INDIVIDUAL_COMMIT_REACHED`` or None, and the stable offset is always current."""
+
+    topic: str
+    partition: int
+    error: str | None
+    last_stable_offset: int
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    """Join (epoch 0), heartbeat (current epoch) or leave (epoch -1); None means unchanged."""
+
+    member_epoch: int
+    member_id: str | None = None
+    instance_id: str | None = None
+    client_id: str | None = None
+    subscribed_topics: Sequence[str] | None = None
+    subscribed_topic_regex: str | None = None
+    assignor: str | None = None
+    allow_individual_commit: bool | None = None
+    session_timeout_ms: int | None = None
+    owned: Mapping[TopicPartition, Sequence[KeyRange]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "member_id": self.member_id,
+            "member_epoch": self.member_epoch,
+            "instance_id": self.instance_id,
+            "client_id": self.client_id,
+            "subscribed_topics": (
+                None if self.subscribed_topics is None else list(self.subscribed_topics)
+            ),
+            "subscribed_topic_regex": self.subscribed_topic_regex,
+            "assignor": self.assignor,
+            "allow_individual_commit": self.allow_individual_commit,
+            "session_timeout_ms": self.session_timeout_ms,
+            "owned": None if self.owned is None else slices_to_json(self.owned),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """``assignment`` is what the member may own now (docs/api.md), not the final target."""
+
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+    assignment: Slices = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> HeartbeatReply:
+        return cls(
+            member_id=str(document["member_id"]),
+            member_epoch=int(document["member_epoch"]),
+            heartbeat_interval_ms=int(document["heartbeat_interval_ms"]),
+            session_timeout_ms=int(document["session_timeout_ms"]),
+            assignment=slices_from_json(document.get("assignment") or []),
+        )
+
+
+def slices_to_json(slices: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "ranges": [key_range.to_json() for key_range in sorted(slices[tp])],
+        }
+        for tp in sorted(slices)
+    ]
+
+
+def slices_from_json(documents: Sequence[Mapping[str, Any]]) -> Slices:
+    slices: Slices = {}
+    for document in documents:
+        tp = TopicPartition(str(document["topic"]), int(document["partition"]))
+        slices.setdefault(tp, []).extend(KeyRange.from_json(pair) for pair in document["ranges"])
+    return slices
+
+
+class CoordinatorClient:
+    """One connection pool to the coordinator; use as ``async with`` or call ``aclose()``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        max_retries: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"User-Agent": "keyrange-client/0.1", "Accept": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+        )
+        self._max_retries = max_retries
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def commit(
+        self,
+        group_id: str,
+        partitions: Sequence[PartitionCommit],
+        *,
+        member_id: str | None = None,
+        member_epoch: int | None = None,
+    ) -> list[PartitionCommitReply]:
+        """Commit atomically; no member id means a standalone consumer (DESIGN §3.7)."""
+        body = {
+            "member_id": member_id,
+            "member_epoch": member_epoch,
+            "partitions": [partition.to_json() for partition in partitions],
+        }
+        document = await self._request(
+            "POST", f"/v1/groups/{_checked_group(group_id)}/offsets/commit", json=body
+        )
+        return [
+            PartitionCommitReply(
+                topic=str(reply["topic"]),
+                partition=int(reply["partition"]),
+                error=reply.get("error"),
+                last_stable_offset=int(reply["last_stable_offset"]),
+            )
+            for reply in document["partitions"]
+        ]
+
+    async def fetch_offsets(
+        self,
+        group_id: str,
+        topics: Sequence[str] | None = None,
+        *,
+        partitions: Sequence[int] | None = None,
+    ) -> dict[TopicPartition, CommittedOffsets]:
+        """Committed state per partition; a partition never committed is absent."""
+        params: list[tuple[str, str | int]] = [("topic", topic) for topic in topics or ()]
+        if partitions is not None:
+            if topics is None or len(topics) != 1:
+                raise InvalidRequest("filtering by partition needs exactly one topic")
+            params.extend(("partition", partition) for partition in partitions)
+        document = await self._request(
+            "GET", f"/v1/groups/{_checked_group(group_id)}/offsets", params=params
+        )
+        return {
+            TopicPartition(str(entry["topic"]), int(entry["partition"])): (
+                CommittedOffsets.from_json(entry)
+            )
+            for entry in document["partitions"]
+        }
+
+    async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:
+        anonymous_join = (
+            request.member_epoch == 0 and request.member_id is None and request.instance_id is None
+        )
+        document = await self._request(
+            "POST",
+            f"/v1/groups/{_checked_group(group_id)}/heartbeat",
+            json=request.to_json(),
+            retries=0 if anonymous_join else self._max_retries,
+        )
+        return HeartbeatReply.from_json(document)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Sequence[tuple[str, str | int]] = (),
+        retries: int | None = None,
+    ) -> Any:
+        attempts_left = self._max_retries if retries is None else retries
+        backoff = _BACKOFF_INITIAL_S
+        while True:
+            try:
+                return await self._request_once(method, path, json=json, params=params)
+            except CoordinatorUnavailable as error:
+                if attempts_left <= 0:
+                    raise
+                attempts_left -= 1
+                logger.debug(
+                    "coordinator call failed, retrying",
+                    extra={"method": method, "path": path, "error": str(error)},
+                )
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: Sequence[tuple[str, str | int]],
+    ) -> Any:
+        try:
+            response = await self._http.request(method, path, json=json, params=list(params))
+        except httpx.TransportError as error:
+            raise CoordinatorUnavailable(
+                f"coordinator unreachable: {type(error).__name__}: {error}"
+            ) from error
+        if response.is_success:
+            return response.json()
+        raise _problem_error(response)
+
+
+def _checked_group(group_id: str) -> str:
+    # Validated here so a group id can never change the request path ("..", "/").
+    if not _GROUP_ID.fullmatch(group_id) or group_id in {".", ".."}:
+        raise InvalidRequest(f"invalid group id {group_id!r}: 1..255 chars of [A-Za-z0-9._-]")
+    return group_id
+
+
+def _problem_error(response: httpx.Response) -> Exception:
+    name: str | None = None
+    detail = response.reason_phrase or f"HTTP {response.status_code}"
+    extra: dict[str, Any] = {}
+    try:
+        document = response.json()
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        raw_name = document.get("error")
+        name = raw_name if isinstance(raw_name, str) else None
+        detail = str(document.get("detail") or document.get("title") or detail)
+        extra = {
+            key: value
+            for key, value in document.items()
+            if key not in {"type", "title", "status", "detail", "error"}
+        }
+    error_class = error_for_name(name, response.status_code)
+    return error_class(detail, status=response.status_code, **extra)
