@@ -1,0 +1,230 @@
+"""Admin routes for offsets, groups and switches (docs/api.md). Every route needs the
+admin scope; membership-specific admin routes live in coordinator/groups."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from coordinator.admin import repository
+from coordinator.admin.schemas import (
+    AdminOffsets,
+    AdminPartitionOffsets,
+    CoordinatorConfigBody,
+    CoordinatorConfigReply,
+    DeletedReply,
+    GroupList,
+    GroupSummary,
+    ResetReply,
+    ResetRequest,
+    TopicConfigBody,
+    TopicConfigReply,
+)
+from coordinator.auth import require_admin
+from coordinator.core.offsets import ic_offset_count, reset_offsets
+from coordinator.db.engine import transaction
+from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest
+from coordinator.groups.fencing import count_live_members
+from coordinator.offsets import repository as offsets_repository
+from coordinator.offsets.repository import StoredPartition
+from coordinator.settings import Settings
+from coordinator.validation import GroupId, TopicName
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+
+Connection = Annotated[AsyncConnection, Depends(transaction)]
+GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
+
+
+async def _high_watermarks(
+    request: Request, stored: list[StoredPartition]
+) -> dict[tuple[str, int], int]:
+    """High watermarks when a Kafka cluster is configured and reachable; lag is optional."""
+    cluster = getattr(request.app.state, "cluster", None)
+    if cluster is None or not stored:
+        return {}
+    try:
+        marks: dict[tuple[str, int], int] = await cluster.high_watermarks(
+            [(item.topic, item.partition) for item in stored]
+        )
+    except Exception as exc:
+        log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
+        return {}
+    return marks
+
+
+async def admin_offsets(request: Request, stored: list[StoredPartition]) -> list[AdminPartitionOffsets]:
+    marks = await _high_watermarks(request, stored)
+    result = []
+    for item in stored:
+        high = marks.get((item.topic, item.partition))
+        result.append(
+            AdminPartitionOffsets(
+                topic=item.topic,
+                partition=item.partition,
+                stable_offset=item.state.stable_offset,
+                ranges=list(item.state.ranges),
+                watermarks=[(w.keys.start, w.keys.end, w.offset) for w in item.state.watermarks],
+                metadata=item.state.metadata,
+                ic_offsets=ic_offset_count(item.state),
+                high_watermark=high,
+                lag=None if high is None else max(0, high - item.state.stable_offset),
+            )
+        )
+    return result
+
+
+async def _require_group(connection: AsyncConnection, group_id: str, *, lock: bool) -> None:
+    if not await repository.group_exists(connection, group_id, lock=lock):
+        raise GroupIdNotFound(f"group '{group_id}' does not exist")
+
+
+async def _require_empty(connection: AsyncConnection, group_id: str, action: str) -> None:
+    live = await count_live_members(connection, group_id)
+    if live:
+        raise GroupNotEmpty(
+            f"cannot {action} while group '{group_id}' has {live} live member(s); stop them "
+            "or wait for their sessions to expire",
+            live_members=live,
+        )
+
+
+@router.get("/groups", response_model=GroupList)
+async def list_groups(connection: Connection) -> GroupList:
+    rows = await repository.list_groups(connection)
+    summaries = []
+    for group_id, created_at, partitions, members, assignor in rows:
+        summaries.append(
+            GroupSummary(
+                group_id=group_id,
+                state="stable" if members else "empty",
+                assignor=assignor,
+                members=members,
+                partitions=partitions,
+                created_at=created_at,
+            )
+        )
+    return GroupList(groups=summaries)
+
+
+@router.delete("/groups/{group_id}", response_model=DeletedReply)
+async def delete_group(group_id: GroupPath, connection: Connection) -> DeletedReply:
+    """Delete an empty group with its offsets; live members must leave first."""
+    await _require_group(connection, group_id, lock=True)
+    await _require_empty(connection, group_id, "delete the group")
+    deleted = await repository.delete_group(connection, group_id)
+    log.info("group deleted", extra={"group_id": group_id})
+    return DeletedReply(deleted=deleted)
+
+
+@router.get("/groups/{group_id}/offsets", response_model=AdminOffsets)
+async def describe_offsets(
+    request: Request,
+    group_id: GroupPath,
+    connection: Connection,
+    topic: Annotated[list[TopicName] | None, Query()] = None,
+) -> AdminOffsets:
+    await _require_group(connection, group_id, lock=False)
+    stored = await offsets_repository.read_partitions(connection, group_id, topic)
+    return AdminOffsets(group_id=group_id, partitions=await admin_offsets(request, stored))
+
+
+@router.post("/groups/{group_id}/offsets/reset", response_model=ResetReply)
+async def reset_group_offsets(
+    request: Request, group_id: GroupPath, body: ResetRequest, connection: Connection
+) -> ResetReply:
+    """Move stable offsets (backwards too) or drop IC ranges; only while the group is empty."""
+    await _require_group(connection, group_id, lock=True)
+    await _require_empty(connection, group_id, "reset offsets")
+    if body.to_offset is not None and body.partitions is None:
+        stored = await offsets_repository.lock_existing_partitions(
+            connection, group_id, body.topic, None
+        )
+        if not stored:
+            raise InvalidRequest(
+                f"group '{group_id}' has no offsets for topic '{body.topic}'; name the "
+                "partitions to reset explicitly"
+            )
+        keys = sorted(stored)
+    elif body.to_offset is not None and body.partitions is not None:
+        keys = [(body.topic, p) for p in sorted(set(body.partitions))]
+        stored = await offsets_repository.lock_partitions(connection, group_id, keys)
+    else:
+        stored = await offsets_repository.lock_existing_partitions(
+            connection, group_id, body.topic, body.partitions
+        )
+        keys = sorted(stored)
+    new_states = {key: reset_offsets(stored[key], body.to_offset) for key in keys}
+    await offsets_repository.write_partitions(connection, group_id, new_states)
+    log.info(
+        "offsets reset",
+        extra={"group_id": group_id, "topic": body.topic, "to_offset": body.to_offset},
+    )
+    result = [StoredPartition(topic, partition, new_states[(topic, partition)]) for topic, partition in keys]
+    return ResetReply(group_id=group_id, partitions=await admin_offsets(request, result))
+
+
+@router.delete("/groups/{group_id}/offsets", response_model=DeletedReply)
+async def delete_group_offsets(
+    group_id: GroupPath, connection: Connection, topic: TopicName | None = None
+) -> DeletedReply:
+    await _require_group(connection, group_id, lock=True)
+    await _require_empty(connection, group_id, "delete offsets")
+    deleted = await offsets_repository.delete_offsets(connection, group_id, topic)
+    log.info("offsets deleted", extra={"group_id": group_id, "topic": topic, "rows": deleted})
+    return DeletedReply(deleted=deleted)
+
+
+async def _switches(connection: AsyncConnection, settings: Settings) -> tuple[bool, bool]:
+    stored = await repository.get_switches(connection)
+    if stored is None:
+        return settings.accept_individual_commit, settings.default_accept_range_fetch
+    return stored
+
+
+@router.get("/topics/{topic}/config", response_model=TopicConfigReply)
+async def get_topic_config(
+    request: Request, topic: Annotated[TopicName, Path()], connection: Connection
+) -> TopicConfigReply:
+    explicit = await repository.get_topic_config(connection, topic)
+    if explicit is not None:
+        return TopicConfigReply(topic=topic, accept_range_fetch=explicit, explicit=True)
+    _, default = await _switches(connection, request.app.state.settings)
+    return TopicConfigReply(topic=topic, accept_range_fetch=default, explicit=False)
+
+
+@router.put("/topics/{topic}/config", response_model=TopicConfigReply)
+async def put_topic_config(
+    topic: Annotated[TopicName, Path()], body: TopicConfigBody, connection: Connection
+) -> TopicConfigReply:
+    await repository.set_topic_config(connection, topic, body.accept_range_fetch)
+    log.info("topic config set", extra={"topic": topic, "accept_range_fetch": body.accept_range_fetch})
+    return TopicConfigReply(topic=topic, accept_range_fetch=body.accept_range_fetch, explicit=True)
+
+
+@router.get("/config", response_model=CoordinatorConfigReply)
+async def get_config(request: Request, connection: Connection) -> CoordinatorConfigReply:
+    accept, default = await _switches(connection, request.app.state.settings)
+    return CoordinatorConfigReply(accept_individual_commit=accept, default_accept_range_fetch=default)
+
+
+@router.put("/config", response_model=CoordinatorConfigReply)
+async def put_config(
+    request: Request, body: CoordinatorConfigBody, connection: Connection
+) -> CoordinatorConfigReply:
+    accept, default = await _switches(connection, request.app.state.settings)
+    if body.accept_individual_commit is not None:
+        accept = body.accept_individual_commit
+    if body.default_accept_range_fetch is not None:
+        default = body.default_accept_range_fetch
+    await repository.set_switches(connection, accept, default)
+    log.info(
+        "coordinator switches set",
+        extra={"accept_individual_commit": accept, "default_accept_range_fetch": default},
+    )
+    return CoordinatorConfigReply(accept_individual_commit=accept, default_accept_range_fetch=default)

@@ -1,0 +1,226 @@
+"""The coordinator's FastAPI application: routers, one error renderer, the request-size
+limit, route metrics, and the lifespan that owns the database engine and background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coordinator import metrics
+from coordinator.db.engine import make_engine
+from coordinator.errors import KeyrangeError, PayloadTooLarge
+from coordinator.groups.fencing import check_commit_fencing, request_rebalance
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PROBLEM = "application/problem+json"
+
+BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
+
+
+def problem(
+    status: int, error: str, title: str, detail: str, **extra: Any
+) -> JSONResponse:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    body["error"] = error
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+
+
+class BodySizeLimit:
+    """Refuse oversized bodies before they are buffered, whether or not Content-Length is set."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise PayloadTooLarge(f"request body exceeds {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem(
+            413,
+            PayloadTooLarge.error,
+            PayloadTooLarge.title,
+            f"request body exceeds {self.limit} bytes",
+        )
+        await response(scope, receive, send)
+
+
+class RouteMetrics:
+    """Count and time requests by route template, so ids in paths don't explode label sets."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            method = scope.get("method", "GET")
+            metrics.HTTP_REQUESTS.labels(method, template, str(status)).inc()
+            metrics.HTTP_LATENCY.labels(method, template).observe(time.perf_counter() - started)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(KeyrangeError)
+    async def keyrange_error(_: Request, exc: KeyrangeError) -> JSONResponse:
+        return problem(exc.status, exc.error, exc.title, exc.detail, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Echoing the input back could return megabytes; the location and message suffice.
+        errors = [
+            {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+            for e in exc.errors()[:20]
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        detail = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
+        return problem(400, "INVALID_REQUEST", "Invalid request", detail, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem(exc.status_code, "INVALID_REQUEST", "Request not served", str(exc.detail))
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeout)
+    async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable", extra={"error": type(exc).__name__})
+        return problem(
+            503, "SERVICE_UNAVAILABLE", "Service unavailable", "the database is not reachable"
+        )
+
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", extra={"error": type(exc).__name__})
+        return problem(500, "INTERNAL_ERROR", "Internal error", "unexpected error; see the logs")
+
+
+async def _seed_switches(app: FastAPI) -> None:
+    settings: Settings = app.state.settings
+    async with app.state.engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO coordinator_config (id, accept_individual_commit, "
+                "default_accept_range_fetch) VALUES (1, :accept, :range_fetch) "
+                "ON CONFLICT (id) DO NOTHING"
+            ),
+            {
+                "accept": settings.accept_individual_commit,
+                "range_fetch": settings.default_accept_range_fetch,
+            },
+        )
+
+
+async def _rebalance_on_max_ic(connection: AsyncConnection, group_id: str) -> None:
+    await request_rebalance(connection, group_id, "max individual-commit ranges reached")
+
+
+async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
+    """Keep a background loop alive across failures; it must never take the service down."""
+    while True:
+        try:
+            await loop(app)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background loop failed; restarting", extra={"loop": name})
+            await asyncio.sleep(1.0)
+
+
+def create_app(
+    settings: Settings,
+    database_url: str,
+    background: dict[str, BackgroundLoop] | None = None,
+) -> FastAPI:
+    from coordinator.admin.endpoints import router as admin_router
+    from coordinator.health.endpoints import router as health_router
+    from coordinator.offsets.endpoints import router as offsets_router
+
+    loops = dict(background or {})
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.engine = make_engine(database_url, settings)
+        try:
+            await _seed_switches(app)
+            tasks = [
+                asyncio.create_task(_run_forever(name, loop, app), name=name)
+                for name, loop in loops.items()
+            ]
+            log.info("coordinator ready", extra={"loops": sorted(loops)})
+            try:
+                yield
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await app.state.engine.dispose()
+            log.info("coordinator stopped")
+
+    app = FastAPI(
+        title="Keyrange coordinator",
+        version="0.1.0",
+        description="Cooperative key-range consumption for Apache Kafka. See docs/api.md.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.fencing = check_commit_fencing
+    app.state.on_max_ic_reached = _rebalance_on_max_ic
+    _install_error_handlers(app)
+    app.include_router(health_router)
+    app.include_router(offsets_router)
+    app.include_router(admin_router)
+    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RouteMetrics)
+    return app

@@ -1,0 +1,66 @@
+"""Bearer tokens with two scopes. Tokens are compared in constant time against every
+configured token (no early exit), and never logged."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fastapi import Request
+
+from coordinator.errors import Forbidden, Unauthorized
+from coordinator.settings import Settings
+
+
+@dataclass(frozen=True)
+class Principal:
+    scope: Literal["admin", "client"]
+    group_prefixes: tuple[str, ...] = field(default=())
+
+    def may_use_group(self, group_id: str) -> bool:
+        if self.scope == "admin" or not self.group_prefixes:
+            return True
+        return any(group_id.startswith(prefix) for prefix in self.group_prefixes)
+
+
+_LOCAL_ADMIN = Principal("admin")
+
+
+def _bearer(request: Request) -> bytes:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("missing bearer token")
+    return token.strip().encode()
+
+
+def authenticate(request: Request) -> Principal:
+    settings: Settings = request.app.state.settings
+    if not settings.auth_enabled:
+        return _LOCAL_ADMIN
+    presented = _bearer(request)
+    found: Principal | None = None
+    for secret in settings.admin_tokens:
+        if hmac.compare_digest(presented, secret.get_secret_value().encode()):
+            found = _LOCAL_ADMIN
+    for client in settings.client_tokens:
+        if hmac.compare_digest(presented, client.token.get_secret_value().encode()):
+            found = found or Principal("client", tuple(client.group_prefixes))
+    if found is None:
+        raise Unauthorized("unknown bearer token")
+    return found
+
+
+def require_admin(request: Request) -> Principal:
+    principal = authenticate(request)
+    if principal.scope != "admin":
+        raise Forbidden("this route needs an admin token")
+    return principal
+
+
+def require_group_access(request: Request, group_id: str) -> Principal:
+    principal = authenticate(request)
+    if not principal.may_use_group(group_id):
+        raise Forbidden(f"this token may not use group '{group_id}'")
+    return principal

@@ -1,0 +1,274 @@
+"""The `keyrange` command: run the coordinator, migrate its database, and administer groups
+through the admin API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+
+from coordinator import logs, migrate
+from coordinator.settings import Settings
+
+log = logging.getLogger("keyrange")
+
+VERSION = "0.1.0"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from coordinator.app import create_app
+    from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    if args.no_migrate:
+        overrides["migrate_on_start"] = False
+    settings = Settings(**overrides)
+    logs.configure(settings.log_level, settings.log_format)
+    try:
+        settings.check_bind_address()
+    except ValueError as exc:
+        print(f"keyrange: {exc}", file=sys.stderr)
+        return 2
+    with ExitStack() as services:
+        if settings.database_url is None:
+            postgres = services.enter_context(
+                EmbeddedPostgres(os.path.join(settings.data_dir, "postgres"))
+            )
+            database_url = postgres.start()
+            log.info("using the embedded Postgres", extra={"data_dir": settings.data_dir})
+        else:
+            database_url = settings.database_url.get_secret_value()
+        if settings.kafka_bootstrap is None:
+            broker = services.enter_context(
+                EmbeddedBroker(os.path.join(settings.data_dir, "broker"))
+            )
+            settings = settings.model_copy(update={"kafka_bootstrap": broker.start()})
+            log.info("using the embedded broker", extra={"bootstrap": settings.kafka_bootstrap})
+        if settings.migrate_on_start:
+            migrate.upgrade(database_url)
+        app = create_app(settings, database_url)
+        print(
+            f"Keyrange coordinator on http://{settings.host}:{settings.port} "
+            f"(API docs: http://{settings.host}:{settings.port}/docs; "
+            f"Kafka: {settings.kafka_bootstrap})",
+            file=sys.stderr,
+            flush=True,
+        )
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=30,
+        )
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    settings = Settings()
+    logs.configure(settings.log_level, settings.log_format)
+    if settings.database_url is None:
+        print("keyrange: KEYRANGE_DATABASE_URL is not set", file=sys.stderr)
+        return 2
+    url = settings.database_url.get_secret_value()
+    if args.wait_for_db:
+        asyncio.run(migrate.wait_for_database(url, args.wait_for_db))
+    migrate.upgrade(url, args.revision)
+    print(f"database migrated to {args.revision}", file=sys.stderr)
+    return 0
+
+
+def _version(_: argparse.Namespace) -> int:
+    print(VERSION)
+    return 0
+
+
+class AdminApi:
+    """A thin caller of the admin routes that prints replies as JSON and problems as one line."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> int:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            print(f"keyrange: cannot reach the coordinator: {exc}", file=sys.stderr)
+            return 1
+        if response.is_success:
+            print(json.dumps(response.json(), indent=2))
+            return 0
+        try:
+            body = response.json()
+            print(f"keyrange: {body.get('error')}: {body.get('detail')}", file=sys.stderr)
+        except ValueError:
+            print(f"keyrange: HTTP {response.status_code}", file=sys.stderr)
+        return 1
+
+
+def _partitions(value: str) -> list[int]:
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("partitions are comma-separated integers") from None
+
+
+def _boolean(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in {"true", "on", "yes", "1"}:
+        return True
+    if lowered in {"false", "off", "no", "0"}:
+        return False
+    raise argparse.ArgumentTypeError("expected true or false")
+
+
+def _admin(args: argparse.Namespace) -> int:
+    api = AdminApi(args.url, args.token)
+    commands: dict[str, Callable[[], int]] = {
+        "groups": lambda: api.call("GET", "/v1/admin/groups"),
+        "describe": lambda: api.call("GET", f"/v1/admin/groups/{args.group}"),
+        "offsets": lambda: api.call("GET", f"/v1/admin/groups/{args.group}/offsets"),
+        "reset": lambda: api.call(
+            "POST",
+            f"/v1/admin/groups/{args.group}/offsets/reset",
+            json={"topic": args.topic, "partitions": args.partitions, "to_offset": args.to_offset},
+        ),
+        "delete-offsets": lambda: api.call(
+            "DELETE",
+            f"/v1/admin/groups/{args.group}/offsets",
+            params={"topic": args.topic} if args.topic else None,
+        ),
+        "delete-group": lambda: api.call("DELETE", f"/v1/admin/groups/{args.group}"),
+        "rebalance": lambda: api.call("POST", f"/v1/admin/groups/{args.group}/rebalance"),
+        "remove-member": lambda: api.call(
+            "DELETE", f"/v1/admin/groups/{args.group}/members/{args.member}"
+        ),
+        "topic-config": lambda: (
+            api.call("GET", f"/v1/admin/topics/{args.topic}/config")
+            if args.accept_range_fetch is None
+            else api.call(
+                "PUT",
+                f"/v1/admin/topics/{args.topic}/config",
+                json={"accept_range_fetch": args.accept_range_fetch},
+            )
+        ),
+        "config": lambda: (
+            api.call("GET", "/v1/admin/config")
+            if args.accept_individual_commit is None and args.default_accept_range_fetch is None
+            else api.call(
+                "PUT",
+                "/v1/admin/config",
+                json={
+                    "accept_individual_commit": args.accept_individual_commit,
+                    "default_accept_range_fetch": args.default_accept_range_fetch,
+                },
+            )
+        ),
+    }
+    return commands[args.admin_command]()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keyrange",
+        description="Keyrange coordinator: cooperative key-range consumption for Kafka. "
+        "Settings come from KEYRANGE_* environment variables (see the README).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve", help="run the coordinator (embedded Postgres and broker when not configured)"
+    )
+    serve.add_argument("--host", help="listen address (KEYRANGE_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (KEYRANGE_PORT, default 8080)")
+    serve.add_argument(
+        "--no-migrate", action="store_true", help="do not apply migrations on start"
+    )
+    serve.set_defaults(handler=_serve)
+
+    migrate_cmd = commands.add_parser("migrate", help="apply database migrations and exit")
+    migrate_cmd.add_argument("--revision", default="head", help="target revision (default head)")
+    migrate_cmd.add_argument(
+        "--wait-for-db",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the database to accept connections first",
+    )
+    migrate_cmd.set_defaults(handler=_migrate)
+
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(handler=_version)
+
+    admin = commands.add_parser("admin", help="administer groups and offsets over the admin API")
+    admin.add_argument(
+        "--url",
+        default=os.environ.get("KEYRANGE_URL", "http://127.0.0.1:8080"),
+        help="coordinator URL (KEYRANGE_URL)",
+    )
+    admin.add_argument(
+        "--token",
+        default=os.environ.get("KEYRANGE_TOKEN"),
+        help="admin bearer token (KEYRANGE_TOKEN; prefer the variable: arguments show in ps)",
+    )
+    admin_commands = admin.add_subparsers(dest="admin_command", required=True)
+    admin_commands.add_parser("groups", help="list groups")
+    for name, text in (
+        ("describe", "describe a group: members, assignment, offsets, lag"),
+        ("offsets", "show a group's offsets with lag"),
+        ("delete-group", "delete an empty group and its offsets"),
+        ("rebalance", "recompute a group's target assignment now"),
+    ):
+        admin_commands.add_parser(name, help=text).add_argument("group")
+    reset = admin_commands.add_parser(
+        "reset", help="reset offsets (to an offset, or drop IC ranges) of an empty group"
+    )
+    reset.add_argument("group")
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--partitions", type=_partitions, help="e.g. 0,1,2 (default: all)")
+    reset.add_argument("--to-offset", type=int, help="new stable offset; omit to drop IC ranges")
+    delete_offsets = admin_commands.add_parser("delete-offsets", help="delete a group's offsets")
+    delete_offsets.add_argument("group")
+    delete_offsets.add_argument("--topic", help="only this topic")
+    remove = admin_commands.add_parser("remove-member", help="remove a member from a group")
+    remove.add_argument("group")
+    remove.add_argument("member")
+    topic_config = admin_commands.add_parser(
+        "topic-config", help="show or set a topic's accept.range.fetch"
+    )
+    topic_config.add_argument("topic")
+    topic_config.add_argument("--accept-range-fetch", type=_boolean)
+    config = admin_commands.add_parser("config", help="show or set coordinator-wide switches")
+    config.add_argument("--accept-individual-commit", type=_boolean)
+    config.add_argument("--default-accept-range-fetch", type=_boolean)
+    admin.set_defaults(handler=_admin)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""One error root for the coordinator: every failure a caller can see has a DESIGN name
+and an HTTP status, and one handler renders them all as RFC 9457 problem documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KeyrangeError(Exception):
+    status: int = 500
+    error: str = "INTERNAL_ERROR"
+    title: str = "Internal error"
+    retriable: bool = False
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class InvalidRequest(KeyrangeError):
+    status = 400
+    error = "INVALID_REQUEST"
+    title = "Invalid request"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    title = "Request body too large"
+
+
+class Unauthorized(KeyrangeError):
+    status = 401
+    error = "UNAUTHORIZED"
+    title = "Unauthorized"
+
+
+class Forbidden(KeyrangeError):
+    status = 403
+    error = "FORBIDDEN"
+    title = "Forbidden"
+
+
+class GroupIdNotFound(KeyrangeError):
+    status = 404
+    error = "GROUP_ID_NOT_FOUND"
+    title = "Group not found"
+
+
+class FencedMemberEpoch(KeyrangeError):
+    status = 409
+    error = "FENCED_MEMBER_EPOCH"
+    title = "Fenced member epoch"
+
+
+class UnknownMemberId(KeyrangeError):
+    status = 409
+    error = "UNKNOWN_MEMBER_ID"
+    title = "Unknown member id"
+
+
+class IndividualCommitNotAllowed(KeyrangeError):
+    status = 409
+    error = "INDIVIDUAL_COMMIT_NOT_ALLOWED"
+    title = "Individual commit not allowed"
+
+
+class GroupNotEmpty(KeyrangeError):
+    status = 409
+    error = "GROUP_NOT_EMPTY"
+    title = "Group has live members"
+
+
+class ServiceUnavailable(KeyrangeError):
+    status = 503
+    error = "SERVICE_UNAVAILABLE"
+    title = "Service unavailable"
+    retriable = True

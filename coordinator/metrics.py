@@ -1,0 +1,38 @@
+"""Prometheus metrics, named in docs/operations.md; one registry per process."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+HTTP_REQUESTS = Counter(
+    "keyrange_http_requests_total", "HTTP requests served", ["method", "route", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "keyrange_http_request_duration_seconds",
+    "HTTP request latency",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+COMMITS = Counter("keyrange_commits_total", "Commit requests applied")
+COMMITTED_PARTITIONS = Counter(
+    "keyrange_committed_partitions_total", "Partition entries of applied commits", ["outcome"]
+)
+STABLE_OFFSET_ADVANCES = Counter(
+    "keyrange_stable_offset_advances_total", "Commits that moved a stable offset forward"
+)
+IC_RANGES_STORED = Gauge(
+    "keyrange_ic_ranges_stored", "Individual-commit ranges stored over all groups and partitions"
+)
+REBALANCES = Counter("keyrange_rebalances_total", "Target assignments computed", ["reason"])
+HASH_SPACE_MOVED = Histogram(
+    "keyrange_rebalance_moved_partitions",
+    "Hash space that changed owner in one rebalance, in partitions",
+    buckets=(0, 0.01, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 64, 256),
+)
+GROUP_MEMBERS = Gauge("keyrange_group_members", "Live members", ["group_id"])
+MEMBER_LOAD = Gauge(
+    "keyrange_group_member_load", "Hash space per member, in partitions", ["group_id", "bound"]
+)
+PARTITION_LAG = Gauge(
+    "keyrange_partition_lag", "High watermark minus stable offset", ["group_id", "topic", "partition"]
+)

@@ -1,0 +1,160 @@
+"""Commit and fetch of individual-commit offsets (DESIGN §3, §3a).
+
+The service decides; the repository talks SQL; the pure algebra in ``coordinator.core.offsets``
+computes each partition's new state. The caller's transaction makes a request all-or-nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from client.committed import CommittedOffsets, Watermark
+from client.keyspace import KeyRange
+from coordinator import metrics
+from coordinator.core.offsets import (
+    CommitOutcome,
+    PartitionCommitResult,
+    apply_classic_commit,
+    apply_individual_commit,
+)
+from coordinator.errors import IndividualCommitNotAllowed, InvalidRequest
+from coordinator.offsets import repository
+from coordinator.offsets.schemas import (
+    CommitReply,
+    CommitRequest,
+    PartitionCommitReply,
+    PartitionCommitRequest,
+    PartitionOffsetsReply,
+)
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Checks the committer's membership inside the commit's transaction; raises to refuse.
+FencingCheck = Callable[[AsyncConnection, str, str | None, int | None], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    reply: CommitReply
+    rebalance_needed: bool
+
+
+def _check_limits(request: CommitRequest, settings: Settings) -> None:
+    if len(request.partitions) > settings.max_partitions_per_request:
+        raise InvalidRequest(
+            f"{len(request.partitions)} partitions in one commit; the limit is "
+            f"{settings.max_partitions_per_request}"
+        )
+    total_ranges = sum(len(p.ranges) + len(p.watermarks) for p in request.partitions)
+    if total_ranges > settings.max_ranges_per_request:
+        raise InvalidRequest(
+            f"{total_ranges} ranges and watermarks in one commit; the limit "
+            f"(max_ranges_per_request) is {settings.max_ranges_per_request}: commit more often",
+            limit=settings.max_ranges_per_request,
+        )
+    for entry in request.partitions:
+        if entry.metadata is not None and len(entry.metadata) > settings.max_metadata_chars:
+            raise InvalidRequest(
+                f"metadata of {entry.topic}-{entry.partition} is {len(entry.metadata)} "
+                f"characters; the limit is {settings.max_metadata_chars}"
+            )
+
+
+def _apply(
+    entry: PartitionCommitRequest, state: CommittedOffsets, settings: Settings
+) -> PartitionCommitResult:
+    if entry.offset is not None:
+        result = apply_classic_commit(state, entry.offset)
+    else:
+        result = apply_individual_commit(
+            state,
+            entry.ranges,
+            [Watermark(KeyRange(start, end), offset) for start, end, offset in entry.watermarks],
+            max_ic_ranges=settings.max_ic_ranges_per_partition,
+            max_watermark_pieces=settings.max_watermark_pieces_per_partition,
+        )
+    if entry.metadata is not None and result.state.metadata != entry.metadata:
+        new_state = CommittedOffsets(
+            result.state.stable_offset,
+            result.state.ranges,
+            result.state.watermarks,
+            entry.metadata,
+        )
+        result = PartitionCommitResult(
+            new_state, result.outcome, result.stable_offset_advanced, duplicate=False
+        )
+    return result
+
+
+async def commit(
+    connection: AsyncConnection,
+    group_id: str,
+    request: CommitRequest,
+    settings: Settings,
+    fencing: FencingCheck,
+) -> CommitResult:
+    _check_limits(request, settings)
+    stored_switch = await repository.ensure_group(connection, group_id)
+    accept_individual = settings.accept_individual_commit if stored_switch is None else stored_switch
+    if not accept_individual and any(p.ranges or p.watermarks for p in request.partitions):
+        raise IndividualCommitNotAllowed(
+            "the coordinator does not accept individual commits (accept.individual.commit is "
+            "off); commit a plain offset"
+        )
+    await fencing(connection, group_id, request.member_id, request.member_epoch)
+
+    states = await repository.lock_partitions(
+        connection, group_id, [(p.topic, p.partition) for p in request.partitions]
+    )
+    replies: list[PartitionCommitReply] = []
+    changed: dict[tuple[str, int], CommittedOffsets] = {}
+    rebalance_needed = False
+    for entry in request.partitions:
+        key = (entry.topic, entry.partition)
+        result = _apply(entry, states[key], settings)
+        if not result.duplicate:
+            changed[key] = result.state
+        if result.outcome is CommitOutcome.MAX_REACHED:
+            rebalance_needed = True
+            log.warning(
+                "partition holds too many individual-commit ranges",
+                extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
+            )
+        elif result.duplicate:
+            log.debug(
+                "duplicate commit accepted",
+                extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
+            )
+        if result.stable_offset_advanced:
+            metrics.STABLE_OFFSET_ADVANCES.inc()
+        metrics.COMMITTED_PARTITIONS.labels(outcome=result.outcome.name.lower()).inc()
+        replies.append(
+            PartitionCommitReply(
+                topic=entry.topic,
+                partition=entry.partition,
+                error=result.outcome.error_name,
+                last_stable_offset=result.state.stable_offset,
+            )
+        )
+    await repository.write_partitions(connection, group_id, changed)
+    metrics.COMMITS.inc()
+    return CommitResult(CommitReply(partitions=replies), rebalance_needed)
+
+
+def offsets_reply(stored: Sequence[repository.StoredPartition]) -> list[PartitionOffsetsReply]:
+    return [
+        PartitionOffsetsReply(
+            topic=item.topic,
+            partition=item.partition,
+            stable_offset=item.state.stable_offset,
+            ranges=list(item.state.ranges),
+            watermarks=[(w.keys.start, w.keys.end, w.offset) for w in item.state.watermarks],
+            metadata=item.state.metadata,
+        )
+        for item in stored
+    ]
