@@ -33,9 +33,7 @@ PROBLEM = "application/problem+json"
 BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
 
 
-def problem(
-    status: int, error: str, title: str, detail: str, **extra: Any
-) -> JSONResponse:
+def problem(status: int, error: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     body["error"] = error
     body.update(extra)
@@ -117,12 +115,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         # Echoing the input back could return megabytes; the location and message suffice.
-        errors = [
-            {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+        located = [
+            (".".join(str(part) for part in e.get("loc", ())), str(e.get("msg", "")))
             for e in exc.errors()[:20]
         ]
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        detail = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
+        errors = [{"loc": loc, "msg": msg} for loc, msg in located]
+        loc, msg = located[0] if located else ("", "invalid request")
+        detail = f"{loc}: {msg}" if loc else msg
         return problem(400, "INVALID_REQUEST", "Invalid request", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)

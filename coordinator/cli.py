@@ -197,9 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="listen address (KEYRANGE_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (KEYRANGE_PORT, default 8080)")
-    serve.add_argument(
-        "--no-migrate", action="store_true", help="do not apply migrations on start"
-    )
+    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
     serve.set_defaults(handler=_serve)
 
     migrate_cmd = commands.add_parser("migrate", help="apply database migrations and exit")

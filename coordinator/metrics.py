@@ -34,5 +34,7 @@ MEMBER_LOAD = Gauge(
     "keyrange_group_member_load", "Hash space per member, in partitions", ["group_id", "bound"]
 )
 PARTITION_LAG = Gauge(
-    "keyrange_partition_lag", "High watermark minus stable offset", ["group_id", "topic", "partition"]
+    "keyrange_partition_lag",
+    "High watermark minus stable offset",
+    ["group_id", "topic", "partition"],
 )

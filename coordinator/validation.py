@@ -25,6 +25,8 @@ TopicName = Annotated[
     AfterValidator(_not_dot_names),
 ]
 PartitionId = Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)]
+# Query strings carry text, so numbers there are parsed rather than required to be JSON ints.
+PartitionQuery = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Offset = Annotated[int, Field(ge=0, le=INT64_MAX, strict=True)]
 KeyHash = Annotated[int, Field(ge=0, le=HASH_MAX, strict=True)]
 MemberEpoch = Annotated[int, Field(ge=-1, le=INT32_MAX, strict=True)]

@@ -58,7 +58,9 @@ async def _high_watermarks(
     return marks
 
 
-async def admin_offsets(request: Request, stored: list[StoredPartition]) -> list[AdminPartitionOffsets]:
+async def admin_offsets(
+    request: Request, stored: list[StoredPartition]
+) -> list[AdminPartitionOffsets]:
     marks = await _high_watermarks(request, stored)
     result = []
     for item in stored:
@@ -165,7 +167,10 @@ async def reset_group_offsets(
         "offsets reset",
         extra={"group_id": group_id, "topic": body.topic, "to_offset": body.to_offset},
     )
-    result = [StoredPartition(topic, partition, new_states[(topic, partition)]) for topic, partition in keys]
+    result = [
+        StoredPartition(topic, partition, new_states[(topic, partition)])
+        for topic, partition in keys
+    ]
     return ResetReply(group_id=group_id, partitions=await admin_offsets(request, result))
 
 
@@ -203,14 +208,18 @@ async def put_topic_config(
     topic: Annotated[TopicName, Path()], body: TopicConfigBody, connection: Connection
 ) -> TopicConfigReply:
     await repository.set_topic_config(connection, topic, body.accept_range_fetch)
-    log.info("topic config set", extra={"topic": topic, "accept_range_fetch": body.accept_range_fetch})
+    log.info(
+        "topic config set", extra={"topic": topic, "accept_range_fetch": body.accept_range_fetch}
+    )
     return TopicConfigReply(topic=topic, accept_range_fetch=body.accept_range_fetch, explicit=True)
 
 
 @router.get("/config", response_model=CoordinatorConfigReply)
 async def get_config(request: Request, connection: Connection) -> CoordinatorConfigReply:
     accept, default = await _switches(connection, request.app.state.settings)
-    return CoordinatorConfigReply(accept_individual_commit=accept, default_accept_range_fetch=default)
+    return CoordinatorConfigReply(
+        accept_individual_commit=accept, default_accept_range_fetch=default
+    )
 
 
 @router.put("/config", response_model=CoordinatorConfigReply)
@@ -227,4 +236,6 @@ async def put_config(
         "coordinator switches set",
         extra={"accept_individual_commit": accept, "default_accept_range_fetch": default},
     )
-    return CoordinatorConfigReply(accept_individual_commit=accept, default_accept_range_fetch=default)
+    return CoordinatorConfigReply(
+        accept_individual_commit=accept, default_accept_range_fetch=default
+    )

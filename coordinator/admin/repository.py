@@ -58,7 +58,7 @@ async def delete_group(connection: AsyncConnection, group_id: str) -> int:
     result = await connection.execute(
         text("DELETE FROM groups WHERE group_id = :group_id"), {"group_id": group_id}
     )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return int(result.rowcount or 0)
 
 
 async def get_topic_config(connection: AsyncConnection, topic: str) -> bool | None:
@@ -90,7 +90,9 @@ async def get_switches(connection: AsyncConnection) -> tuple[bool, bool] | None:
     return None if row is None else (bool(row[0]), bool(row[1]))
 
 
-async def set_switches(connection: AsyncConnection, accept: bool, default_range_fetch: bool) -> None:
+async def set_switches(
+    connection: AsyncConnection, accept: bool, default_range_fetch: bool
+) -> None:
     statement = insert(CoordinatorConfig).values(
         id=1, accept_individual_commit=accept, default_accept_range_fetch=default_range_fetch
     )

@@ -12,7 +12,7 @@ from coordinator.db.engine import transaction
 from coordinator.errors import InvalidRequest
 from coordinator.offsets import repository, service
 from coordinator.offsets.schemas import CommitReply, CommitRequest, OffsetsReply
-from coordinator.validation import GroupId, PartitionId, TopicName
+from coordinator.validation import GroupId, PartitionQuery, TopicName
 
 router = APIRouter(prefix="/v1/groups", tags=["offsets"])
 
@@ -42,7 +42,7 @@ async def fetch_offsets(
     group_id: GroupPath,
     connection: Annotated[AsyncConnection, Depends(transaction)],
     topic: Annotated[list[TopicName] | None, Query()] = None,
-    partition: Annotated[list[PartitionId] | None, Query()] = None,
+    partition: Annotated[list[PartitionQuery] | None, Query()] = None,
 ) -> OffsetsReply:
     """Committed state per partition; partitions never committed are absent."""
     require_group_access(request, group_id)

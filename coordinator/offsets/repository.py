@@ -134,7 +134,11 @@ async def lock_partitions(
     )
     return {
         (row.topic, row.partition): _state_from_row(
-            row.stable_offset, row.ic_ranges, row.wm_starts, row.wm_ends, row.wm_offsets,
+            row.stable_offset,
+            row.ic_ranges,
+            row.wm_starts,
+            row.wm_ends,
+            row.wm_offsets,
             row.metadata,
         )
         for row in result
@@ -171,9 +175,7 @@ async def read_partitions(
     topics: Sequence[str] | None = None,
     partitions: Sequence[int] | None = None,
 ) -> list[StoredPartition]:
-    query = select(
-        *_STATE_COLUMNS
-    ).where(PartitionOffsets.group_id == group_id)
+    query = select(*_STATE_COLUMNS).where(PartitionOffsets.group_id == group_id)
     if topics:
         query = query.where(PartitionOffsets.topic.in_(topics))
     if partitions:
@@ -185,7 +187,11 @@ async def read_partitions(
             row.topic,
             row.partition,
             _state_from_row(
-                row.stable_offset, row.ic_ranges, row.wm_starts, row.wm_ends, row.wm_offsets,
+                row.stable_offset,
+                row.ic_ranges,
+                row.wm_starts,
+                row.wm_ends,
+                row.wm_offsets,
                 row.metadata,
             ),
         )
@@ -208,7 +214,11 @@ async def lock_existing_partitions(
     result = await connection.execute(query)
     return {
         (row.topic, row.partition): _state_from_row(
-            row.stable_offset, row.ic_ranges, row.wm_starts, row.wm_ends, row.wm_offsets,
+            row.stable_offset,
+            row.ic_ranges,
+            row.wm_starts,
+            row.wm_ends,
+            row.wm_offsets,
             row.metadata,
         )
         for row in result
@@ -220,4 +230,4 @@ async def delete_offsets(connection: AsyncConnection, group_id: str, topic: str 
     if topic is not None:
         statement = statement.where(PartitionOffsets.topic == topic)
     result = await connection.execute(statement)
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return int(result.rowcount or 0)

@@ -100,7 +100,9 @@ async def commit(
 ) -> CommitResult:
     _check_limits(request, settings)
     stored_switch = await repository.ensure_group(connection, group_id)
-    accept_individual = settings.accept_individual_commit if stored_switch is None else stored_switch
+    accept_individual = (
+        settings.accept_individual_commit if stored_switch is None else stored_switch
+    )
     if not accept_individual and any(p.ranges or p.watermarks for p in request.partitions):
         raise IndividualCommitNotAllowed(
             "the coordinator does not accept individual commits (accept.individual.commit is "
