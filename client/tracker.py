@@ -1,0 +1,383 @@
+"""Which of its own records a consumer has processed, and what to commit for them.
+
+Pure bookkeeping, no I/O: the consumer registers every record of an owned slice as it
+examines the fetched stream (in offset order), marks records processed in any order, and
+asks for a commit payload. The payload follows DESIGN §3a: per owned slice ONE watermark,
+the lowest own offset registered but not yet processed (else the slice's read position), and
+IC ranges only for own offsets processed out of order above it. IC ranges cover offsets this
+consumer actually processed and nothing else; offsets of other slices between two of ours are
+not ours to claim, so ranges are never bridged across them. With ``use_watermarks=False``
+the tracker commits plain IC ranges, as the KIP's "gap amending" does (DESIGN §3).
+
+A slice is a ``(TopicPartition, KeyRange)``; several slices of one partition keep separate
+read positions because a slice added later may have to re-read offsets the others are past.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from aiokafka.structs import TopicPartition
+
+from client.committed import CommittedOffsets, Watermark
+from client.http import PartitionCommit, PartitionCommitReply
+from client.keyspace import KeyRange, intersect, normalize
+
+_TOO_OLD = "INDIVIDUAL_COMMIT_TOO_OLD"
+
+
+class SliceProgress:
+    """Progress of one owned slice. ``pending`` holds every registered own record not yet
+    passed by the watermark, in offset order, as ``(offset, key_hash)``; ``completed`` are
+    the pending ones already processed (out of order), ``uncommitted`` the processed offsets
+    an IC range must still carry, with their key hashes."""
+
+    __slots__ = (
+        "_committed",
+        "_committed_until",
+        "active",
+        "committed_watermark",
+        "completed",
+        "keys",
+        "pending",
+        "position",
+        "runs",
+        "uncommitted",
+    )
+
+    def __init__(
+        self,
+        keys: KeyRange,
+        position: int,
+        committed: CommittedOffsets | None,
+    ) -> None:
+        self.keys = keys
+        self.position = position
+        self.committed_watermark = position
+        self.active = True
+        self.pending: deque[tuple[int, int]] = deque()
+        self.completed: set[int] = set()
+        self.uncommitted: dict[int, int] = {}
+        self.runs = 0
+        self._committed = committed
+        # Past this offset the committed state says nothing more, so the per-record check
+        # can stop asking it.
+        self._committed_until = _committed_reach(committed)
+
+    @property
+    def watermark(self) -> int:
+        return self.pending[0][0] if self.pending else self.position
+
+    def accept(self, offset: int, key_hash: int) -> bool:
+        """Register a record of this slice met in the stream; False when it needs no
+        processing (seen before by this slice, or already committed by the group)."""
+        if offset < self.position:
+            return False
+        self.position = offset + 1
+        committed = self._committed
+        if committed is not None:
+            if offset >= self._committed_until:
+                self._committed = None
+            elif committed.is_processed(offset, key_hash):
+                return False
+        self.pending.append((offset, key_hash))
+        return True
+
+    def mark(self, offset: int, key_hash: int, use_watermarks: bool) -> None:
+        pending = self.pending
+        if pending and pending[0][0] == offset:
+            pending.popleft()
+            if not use_watermarks:
+                self._add_uncommitted(offset, key_hash)
+            self._settle(use_watermarks)
+            return
+        if offset < self.watermark or offset >= self.position or offset in self.completed:
+            return  # not registered here (dropped below the stable offset) or marked twice
+        self.completed.add(offset)
+        self._add_uncommitted(offset, key_hash)
+
+    def _settle(self, use_watermarks: bool) -> None:
+        # The watermark moves past every processed record at the head of ``pending``.
+        pending, completed = self.pending, self.completed
+        while pending and pending[0][0] in completed:
+            done, _ = pending.popleft()
+            completed.discard(done)
+            if use_watermarks:
+                self.forget_uncommitted(done)
+
+    def _add_uncommitted(self, offset: int, key_hash: int) -> None:
+        uncommitted = self.uncommitted
+        if offset in uncommitted:
+            return
+        self.runs += 1 - ((offset - 1) in uncommitted) - ((offset + 1) in uncommitted)
+        uncommitted[offset] = key_hash
+
+    def forget_uncommitted(self, offset: int) -> None:
+        uncommitted = self.uncommitted
+        if offset not in uncommitted:
+            return
+        del uncommitted[offset]
+        self.runs -= 1 - ((offset - 1) in uncommitted) - ((offset + 1) in uncommitted)
+
+    def drop_below(self, stable_offset: int) -> None:
+        """Everything below the group's stable offset is processed: forget it."""
+        pending = self.pending
+        while pending and pending[0][0] < stable_offset:
+            done, _ = pending.popleft()
+            self.completed.discard(done)
+        for offset in [o for o in self.uncommitted if o < stable_offset]:
+            self.forget_uncommitted(offset)
+        self.position = max(self.position, stable_offset)
+        self.committed_watermark = max(self.committed_watermark, stable_offset)
+
+    def restricted_to(self, keys: KeyRange, use_watermarks: bool) -> SliceProgress:
+        """The same progress for a sub-range: records of other hashes are left out."""
+        part = SliceProgress(keys, self.position, self._committed)
+        part.committed_watermark = self.committed_watermark
+        part.active = self.active
+        part.pending = deque(item for item in self.pending if keys.contains(item[1]))
+        part.completed = {offset for offset, key in part.pending if offset in self.completed}
+        for offset, key_hash in self.uncommitted.items():
+            if keys.contains(key_hash):
+                part._add_uncommitted(offset, key_hash)
+        part._settle(use_watermarks)
+        return part
+
+
+def _committed_reach(committed: CommittedOffsets | None) -> int:
+    if committed is None:
+        return 0
+    reach = committed.stable_offset
+    if committed.ranges:
+        reach = max(reach, committed.ranges[-1][1] + 1)
+    for piece in committed.watermarks:
+        reach = max(reach, piece.offset)
+    return reach
+
+
+@dataclass(frozen=True)
+class CommitBatch:
+    """A commit payload plus what it claims, so a success can be applied to the state that
+    may have moved on while the request was in flight."""
+
+    partitions: list[PartitionCommit]
+    claimed_offsets: dict[TopicPartition, list[int]] = field(repr=False)
+    claimed_watermarks: dict[TopicPartition, dict[KeyRange, int]] = field(repr=False)
+
+
+class OffsetTracker:
+    """Processed-offset bookkeeping for every slice a consumer owns."""
+
+    def __init__(self, *, use_watermarks: bool = True) -> None:
+        self.use_watermarks = use_watermarks
+        self._slices: dict[TopicPartition, list[SliceProgress]] = {}
+
+    def add_slice(
+        self,
+        tp: TopicPartition,
+        keys: KeyRange,
+        *,
+        position: int,
+        committed: CommittedOffsets | None = None,
+    ) -> None:
+        """Start tracking a slice read from ``position`` (where its records may begin)."""
+        slices = self._slices.setdefault(tp, [])
+        if any(existing.keys.overlaps(keys) for existing in slices):
+            raise ValueError(f"{tp} already tracks a slice overlapping {keys}")
+        slices.append(SliceProgress(keys, position, committed))
+        slices.sort(key=lambda progress: progress.keys.start)
+
+    def slices_of(self, tp: TopicPartition) -> Sequence[SliceProgress]:
+        return self._slices.get(tp, ())
+
+    def owned(self) -> dict[TopicPartition, list[KeyRange]]:
+        """Active slices: the ranges whose records are still handed out."""
+        owned: dict[TopicPartition, list[KeyRange]] = {}
+        for tp, slices in self._slices.items():
+            ranges = [progress.keys for progress in slices if progress.active]
+            if ranges:
+                owned[tp] = normalize(ranges)
+        return owned
+
+    def read_position(self, tp: TopicPartition) -> int | None:
+        """Where reading the partition must (re)start so every active slice sees its records."""
+        positions = [progress.position for progress in self._slices.get(tp, ()) if progress.active]
+        return min(positions) if positions else None
+
+    def accept(self, tp: TopicPartition, offset: int, key_hash: int) -> bool:
+        """Register a fetched record; True when it is ours and still needs processing."""
+        for progress in self._slices.get(tp, ()):
+            if progress.keys.start <= key_hash <= progress.keys.end:
+                return progress.active and progress.accept(offset, key_hash)
+        return False
+
+    def advance(self, tp: TopicPartition, position: int) -> None:
+        """Every record of the partition below ``position`` has been offered to ``accept``."""
+        for progress in self._slices.get(tp, ()):
+            if progress.active and progress.position < position:
+                progress.position = position
+
+    def mark_processed(self, tp: TopicPartition, offset: int, key_hash: int) -> None:
+        """Out-of-order marks are fine; marks for slices no longer tracked are ignored."""
+        for progress in self._slices.get(tp, ()):
+            if progress.keys.start <= key_hash <= progress.keys.end:
+                progress.mark(offset, key_hash, self.use_watermarks)
+                return
+
+    def in_flight(self, tp: TopicPartition, keys: Iterable[KeyRange]) -> int:
+        """Registered own records of ``keys`` not processed yet (buffered or handed out)."""
+        ranges = normalize(keys)
+        count = 0
+        for progress in self._slices.get(tp, ()):
+            for offset, key_hash in progress.pending:
+                if offset not in progress.completed and any(r.contains(key_hash) for r in ranges):
+                    count += 1
+        return count
+
+    def deactivate(self, tp: TopicPartition, keys: Iterable[KeyRange]) -> None:
+        """Stop accepting records of ``keys`` (being revoked) but keep their progress so the
+        final commit can carry their watermark; slices are split where ``keys`` cut them."""
+        revoked = normalize(keys)
+        result: list[SliceProgress] = []
+        for progress in self._slices.get(tp, ()):
+            cut = intersect([progress.keys], revoked)
+            if not cut:
+                result.append(progress)
+                continue
+            kept = _subtract_one(progress.keys, cut)
+            for piece in kept:
+                result.append(progress.restricted_to(piece, self.use_watermarks))
+            for piece in cut:
+                part = progress.restricted_to(piece, self.use_watermarks)
+                part.active = False
+                result.append(part)
+        if result:
+            result.sort(key=lambda progress: progress.keys.start)
+            self._slices[tp] = result
+
+    def remove_inactive(self) -> dict[TopicPartition, list[KeyRange]]:
+        """Forget deactivated slices (after their final commit); returns what was removed."""
+        removed: dict[TopicPartition, list[KeyRange]] = {}
+        for tp in list(self._slices):
+            gone = [progress.keys for progress in self._slices[tp] if not progress.active]
+            if gone:
+                removed[tp] = gone
+                kept = [progress for progress in self._slices[tp] if progress.active]
+                if kept:
+                    self._slices[tp] = kept
+                else:
+                    del self._slices[tp]
+        return removed
+
+    def clear(self) -> dict[TopicPartition, list[KeyRange]]:
+        """Forget everything (slices lost): nothing of it may be committed any more."""
+        owned = {tp: [p.keys for p in slices] for tp, slices in self._slices.items()}
+        self._slices.clear()
+        return owned
+
+    @property
+    def uncommitted_ranges(self) -> int:
+        """An upper bound of the IC ranges the next commit would carry."""
+        return sum(progress.runs for slices in self._slices.values() for progress in slices)
+
+    def prepare_commit(self, *, max_ranges: int = 60_000) -> CommitBatch | None:
+        """What to commit now, or None when everything is already committed.
+
+        ``max_ranges`` caps the IC ranges of one request (the coordinator's
+        ``max_ranges_per_request``); lower ranges go first, the rest waits for the next one.
+        """
+        partitions: list[PartitionCommit] = []
+        claimed_offsets: dict[TopicPartition, list[int]] = {}
+        claimed_watermarks: dict[TopicPartition, dict[KeyRange, int]] = {}
+        budget = max_ranges
+        for tp, slices in self._slices.items():
+            watermarks: list[Watermark] = []
+            if self.use_watermarks:
+                for progress in slices:
+                    mark = progress.watermark
+                    if mark > progress.committed_watermark:
+                        watermarks.append(Watermark(progress.keys, mark))
+            offsets = sorted(offset for progress in slices for offset in progress.uncommitted)
+            ranges = _runs(offsets, budget)
+            budget -= len(ranges)
+            if not watermarks and not ranges:
+                continue
+            if ranges:
+                last = ranges[-1][1]
+                claimed_offsets[tp] = [offset for offset in offsets if offset <= last]
+            claimed_watermarks[tp] = {piece.keys: piece.offset for piece in watermarks}
+            partitions.append(
+                PartitionCommit(tp.topic, tp.partition, ranges=ranges, watermarks=watermarks)
+            )
+        if not partitions:
+            return None
+        return CommitBatch(partitions, claimed_offsets, claimed_watermarks)
+
+    def commit_succeeded(
+        self, batch: CommitBatch, replies: Iterable[PartitionCommitReply]
+    ) -> list[PartitionCommitReply]:
+        """Apply a commit reply; returns the partitions whose entry was not applied
+        (``MAX_INDIVIDUAL_COMMIT_REACHED``), which stay uncommitted for a later try."""
+        refused: list[PartitionCommitReply] = []
+        for reply in replies:
+            tp = reply.topic_partition
+            slices = self._slices.get(tp)
+            if slices is None:
+                continue
+            if reply.error is None or reply.error == _TOO_OLD:
+                self._apply_claims(
+                    slices, batch.claimed_offsets.get(tp, ()), batch.claimed_watermarks.get(tp, {})
+                )
+            else:
+                refused.append(reply)
+            for progress in slices:
+                progress.drop_below(reply.last_stable_offset)
+        return refused
+
+    def _apply_claims(
+        self,
+        slices: Sequence[SliceProgress],
+        offsets: Iterable[int],
+        watermarks: Mapping[KeyRange, int],
+    ) -> None:
+        for progress in slices:
+            # A slice split after the payload was built inherits its parent's watermark.
+            for keys, mark in watermarks.items():
+                if keys.start <= progress.keys.start and progress.keys.end <= keys.end:
+                    progress.committed_watermark = max(progress.committed_watermark, mark)
+        for offset in offsets:
+            for progress in slices:
+                if offset in progress.uncommitted:
+                    progress.forget_uncommitted(offset)
+                    break
+
+
+def _runs(sorted_offsets: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    if limit <= 0 or not sorted_offsets:
+        return runs
+    start = previous = sorted_offsets[0]
+    for offset in sorted_offsets[1:]:
+        if offset == previous + 1:
+            previous = offset
+            continue
+        runs.append((start, previous))
+        if len(runs) == limit:
+            return runs
+        start = previous = offset
+    runs.append((start, previous))
+    return runs
+
+
+def _subtract_one(keys: KeyRange, cuts: Sequence[KeyRange]) -> list[KeyRange]:
+    pieces: list[KeyRange] = []
+    start = keys.start
+    for cut in cuts:
+        if cut.start > start:
+            pieces.append(KeyRange(start, cut.start - 1))
+        start = cut.end + 1
+    if start <= keys.end:
+        pieces.append(KeyRange(start, keys.end))
+    return pieces
