@@ -1,0 +1,267 @@
+{{/*
+Names, labels and the values checks shared by every template.
+*/}}
+
+{{- define "keyrange.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+"<release>-<chart>", or the release name alone when it already contains the chart name.
+Truncated to 63 characters because some Kubernetes name fields are DNS labels.
+*/}}
+{{- define "keyrange.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "keyrange.namespace" -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+
+{{- define "keyrange.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "keyrange.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "keyrange.labels" -}}
+helm.sh/chart: {{ include "keyrange.chart" . }}
+{{ include "keyrange.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The coordinator pods only: the migration Job and the test pod carry other components, so the
+Service, PDB and NetworkPolicy never select them.
+*/}}
+{{- define "keyrange.coordinatorSelectorLabels" -}}
+{{ include "keyrange.selectorLabels" . }}
+app.kubernetes.io/component: coordinator
+{{- end -}}
+
+{{/*
+The label a client pod carries to pass the NetworkPolicy when networkPolicy.allowExternal is false.
+*/}}
+{{- define "keyrange.clientLabel" -}}
+{{ include "keyrange.fullname" . }}-client
+{{- end -}}
+
+{{- define "keyrange.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "keyrange.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.secretName" -}}
+{{- include "keyrange.fullname" . -}}
+{{- end -}}
+
+{{/*
+Whether the chart makes its own Secret: for a database URL given in values, or for tokens
+given in values. "true" or "".
+*/}}
+{{- define "keyrange.createSecret" -}}
+{{- if or .Values.database.url (not .Values.auth.existingSecret.name) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+KEYRANGE_DATABASE_URL from one of three sources:
+- database.url: a key of the chart's Secret;
+- database.existingSecret: a key of a Secret you manage (a managed database, Vault, ...);
+- database.secretParts: fields of a Secret such as CloudNativePG's "<cluster>-app", composed
+  into the URL with Kubernetes' $(VAR) expansion. The PG* names are libpq's own, so they mean
+  the same thing to anyone reading the pod spec.
+*/}}
+{{- define "keyrange.databaseEnv" -}}
+{{- $db := .Values.database -}}
+{{- if $db.url }}
+- name: KEYRANGE_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "keyrange.secretName" . }}
+      key: database-url
+{{- else if $db.existingSecret.name }}
+- name: KEYRANGE_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $db.existingSecret.name }}
+      key: {{ $db.existingSecret.key }}
+{{- else if $db.secretParts.name }}
+{{- $parts := $db.secretParts }}
+{{- range $env, $key := dict "PGHOST" $parts.hostKey "PGPORT" $parts.portKey "PGUSER" $parts.usernameKey "PGPASSWORD" $parts.passwordKey "PGDATABASE" $parts.databaseKey }}
+- name: {{ $env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $parts.name }}
+      key: {{ $key }}
+{{- end }}
+- name: KEYRANGE_DATABASE_URL
+  value: {{ printf "postgresql+asyncpg://$(PGUSER):$(PGPASSWORD)@$(PGHOST):$(PGPORT)/$(PGDATABASE)%s" (ternary (printf "?%s" $parts.query) "" (ne $parts.query "")) | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "keyrange.tokenEnv" -}}
+{{- $auth := .Values.auth -}}
+{{- if $auth.existingSecret.name }}
+- name: KEYRANGE_ADMIN_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret.name }}
+      key: {{ $auth.existingSecret.adminTokensKey }}
+      optional: true
+- name: KEYRANGE_CLIENT_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret.name }}
+      key: {{ $auth.existingSecret.clientTokensKey }}
+      optional: true
+{{- else }}
+- name: KEYRANGE_ADMIN_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "keyrange.secretName" . }}
+      key: admin-tokens
+- name: KEYRANGE_CLIENT_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "keyrange.secretName" . }}
+      key: client-tokens
+{{- end }}
+{{- end -}}
+
+{{/*
+The tokens in the JSON shapes KEYRANGE_ADMIN_TOKENS and KEYRANGE_CLIENT_TOKENS expect.
+*/}}
+{{- define "keyrange.clientTokensJson" -}}
+{{- $tokens := list -}}
+{{- range .Values.auth.clientTokens -}}
+{{- $tokens = append $tokens (dict "token" .token "group_prefixes" (.groupPrefixes | default list)) -}}
+{{- end -}}
+{{- toJson $tokens -}}
+{{- end -}}
+
+{{/*
+Pod volume and mount for /tmp: the only writable path under a read-only root filesystem.
+*/}}
+{{- define "keyrange.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpVolumeSizeLimit }}
+{{- end -}}
+
+{{- define "keyrange.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{/*
+Every check the schema cannot express. All messages are gathered first and reported in one
+failure, so a broken values file is fixed in one pass instead of one error per `helm install`.
+*/}}
+{{- define "keyrange.validateValues" -}}
+{{- $messages := list -}}
+{{- $messages = append $messages (include "keyrange.validateValues.database" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.kafka" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.auth" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.sessionTimeouts" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.pdb" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.autoscaling" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.networkPolicy" .) -}}
+{{- $messages = without $messages "" -}}
+{{- if $messages -}}
+{{- printf "\nVALUES VALIDATION:\n%s" (join "\n" $messages) | fail -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.database" -}}
+{{- $db := .Values.database -}}
+{{- $sources := 0 -}}
+{{- range (list $db.url $db.existingSecret.name $db.secretParts.name) -}}
+{{- if . -}}{{- $sources = add1 $sources -}}{{- end -}}
+{{- end -}}
+{{- if eq $sources 0 -}}
+database: no database configured. Set database.url (postgresql+asyncpg://...), or database.existingSecret.name (a Secret holding that URL under database.existingSecret.key), or database.secretParts.name (e.g. CloudNativePG's "<cluster>-app" Secret).
+{{- else if gt $sources 1 -}}
+database: set only one of database.url, database.existingSecret.name and database.secretParts.name.
+{{- else if and $db.url (not (hasPrefix "postgresql+asyncpg://" $db.url)) -}}
+database.url: must start with postgresql+asyncpg:// (the coordinator uses the asyncpg driver).
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.kafka" -}}
+{{- if not .Values.kafka.bootstrapServers -}}
+kafka.bootstrapServers: required (host:port[,host:port...]); the coordinator reads partition counts and high watermarks from the cluster.
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.auth" -}}
+{{- $auth := .Values.auth -}}
+{{- $listed := or $auth.adminTokens $auth.clientTokens -}}
+{{- if and $auth.existingSecret.name $listed -}}
+auth: set either auth.existingSecret.name or auth.adminTokens/auth.clientTokens, not both.
+{{- else if not (or $auth.existingSecret.name $listed) -}}
+auth: the coordinator refuses to listen on 0.0.0.0 without tokens. Set auth.adminTokens and/or auth.clientTokens, or auth.existingSecret.name.
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.sessionTimeouts" -}}
+{{- $config := .Values.config -}}
+{{- if gt (int $config.sessionTimeoutMinMs) (int $config.sessionTimeoutMaxMs) -}}
+config.sessionTimeoutMinMs: must not exceed config.sessionTimeoutMaxMs.
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.pdb" -}}
+{{- $pdb := .Values.pdb -}}
+{{- if $pdb.enabled -}}
+{{- $min := ne (toString $pdb.minAvailable) "" -}}
+{{- $max := ne (toString $pdb.maxUnavailable) "" -}}
+{{- if and $min $max -}}
+pdb: set only one of pdb.minAvailable and pdb.maxUnavailable.
+{{- else if not (or $min $max) -}}
+pdb: set pdb.minAvailable or pdb.maxUnavailable.
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.autoscaling" -}}
+{{- $hpa := .Values.autoscaling -}}
+{{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) -}}
+autoscaling.minReplicas: must not exceed autoscaling.maxReplicas.
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.networkPolicy" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if and $np.enabled (not $np.allowExternalEgress) (not $np.extraEgress) -}}
+networkPolicy.extraEgress: with allowExternalEgress false, add egress rules for Postgres and Kafka, or the coordinator cannot reach either.
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,595 @@
+"""The Helm chart, rendered offline and checked object by object.
+
+Rendering and linting go through helm-python-sdk, which binds Helm's own Go SDK (v4) through a
+bundled shared library: the same template engine, schema check and linter as the `helm` CLI,
+with no binary and no cluster. Every rendered object is validated against the Kubernetes
+OpenAPI schemas shipped with kubernetes-validate (offline, strict: unknown fields fail).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "keyrange"
+CI_VALUES_FILES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
+RELEASE = "kr"
+NAMESPACE = "streaming"
+FULLNAME = "kr-keyrange"
+# The oldest Kubernetes the chart claims (Chart.yaml kubeVersion) and the newest schema set
+# kubernetes-validate ships: an API removed or added in between shows up in one of the two.
+KUBE_VERSIONS = ("1.25.0", latest_version())
+# Custom resources: their schemas live in the operator's CRDs, not in Kubernetes.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+Manifest = dict[str, Any]
+
+
+def minimal_values() -> dict[str, Any]:
+    return {
+        "database": {"url": "postgresql+asyncpg://keyrange:pw@db.internal:5432/keyrange"},
+        "kafka": {"bootstrapServers": "kafka:9092"},
+        "auth": {"adminTokens": ["admin-token-0123456789"]},
+    }
+
+
+def with_values(**sections: dict[str, Any]) -> dict[str, Any]:
+    """Minimal values with some top-level sections deep-merged over them."""
+    values = minimal_values()
+    for key, patch in sections.items():
+        base = values.setdefault(key, {})
+        if isinstance(base, dict) and isinstance(patch, dict):
+            base.update(copy.deepcopy(patch))
+        else:
+            values[key] = copy.deepcopy(patch)
+    return values
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART_DIR) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: dict[str, Any]) -> list[Manifest]:
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects: list[Manifest] = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def render_notes(chart: helm.Chart, values: dict[str, Any]) -> str:
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return manifests["keyrange/templates/NOTES.txt"]
+
+
+def kinds(objects: list[Manifest]) -> set[str]:
+    return {obj["kind"] for obj in objects}
+
+
+def one(objects: list[Manifest], kind: str) -> Manifest:
+    found = [obj for obj in objects if obj["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def container(pod_owner: Manifest) -> Manifest:
+    spec = (
+        pod_owner["spec"] if pod_owner["kind"] == "Pod" else pod_owner["spec"]["template"]["spec"]
+    )
+    containers: list[Manifest] = spec["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def pod_spec(pod_owner: Manifest) -> Manifest:
+    if pod_owner["kind"] == "Pod":
+        return pod_owner["spec"]  # type: ignore[no-any-return]
+    return pod_owner["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def env_of(pod_owner: Manifest) -> dict[str, Manifest]:
+    return {entry["name"]: entry for entry in container(pod_owner).get("env", [])}
+
+
+def render_error(chart: helm.Chart, values: dict[str, Any]) -> str:
+    with pytest.raises(helm.HelmError) as caught:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return str(caught.value)
+
+
+# --- lint and Kubernetes schemas --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES_FILES, ids=lambda p: p.stem)
+def test_strict_lint_reports_no_warning_or_error(values_file: Path) -> None:
+    values = yaml.safe_load(values_file.read_text())
+    for kube_version in KUBE_VERSIONS:
+        report = helm.lint(
+            CHART_DIR, values, strict=True, namespace=NAMESPACE, kube_version=f"v{kube_version}"
+        )
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], report
+
+
+def every_values_set() -> list[Any]:
+    """The CI values files plus one with every optional object switched on."""
+    sets = [
+        pytest.param(yaml.safe_load(path.read_text()), id=path.stem) for path in CI_VALUES_FILES
+    ]
+    everything = with_values(
+        autoscaling={"enabled": True, "targetMemoryUtilizationPercentage": 80},
+        serviceMonitor={"enabled": True, "labels": {"release": "prometheus"}},
+        networkPolicy={
+            "allowExternal": False,
+            "allowExternalEgress": False,
+            "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}],
+            "extraIngress": [
+                {"from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}
+            ],
+        },
+        pdb={"maxUnavailable": "", "minAvailable": "50%"},
+        image={"digest": "sha256:" + "a" * 64},
+        imagePullSecrets=["registry"],
+        extraEnv=[{"name": "KEYRANGE_DEFAULT_ASSIGNOR", "value": "range"}],
+        commonLabels={"team": "streaming"},
+        commonAnnotations={"owner": "streaming"},
+        podAnnotations={"example.com/scrape": "true"},
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "kafka"}],
+        topologySpreadConstraints=[
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "keyrange"}},
+            }
+        ],
+        priorityClassName="high",
+    )
+    sets.append(pytest.param(everything, id="everything-on"))
+    return sets
+
+
+@pytest.mark.parametrize("values", every_values_set())
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schemas(
+    chart: helm.Chart, values: dict[str, Any], kube_version: str
+) -> None:
+    objects = render(chart, values)
+    assert objects
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(part) for part in error.path)
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {error.message}")
+
+
+def test_service_monitor_targets_the_metrics_endpoint(chart: helm.Chart) -> None:
+    objects = render(chart, with_values(serviceMonitor={"enabled": True, "interval": "15s"}))
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    service = one(objects, "Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+
+
+# --- the coordinator Deployment ---------------------------------------------------------------
+
+
+def test_probes_use_livez_and_readyz_on_the_http_port(chart: helm.Chart) -> None:
+    coordinator = container(one(render(chart, minimal_values()), "Deployment"))
+    assert coordinator["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert coordinator["startupProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert coordinator["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert coordinator["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    startup = coordinator["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30
+
+
+def test_probes_can_be_switched_off(chart: helm.Chart) -> None:
+    values = with_values(readinessProbe={"enabled": False}, startupProbe={"enabled": False})
+    coordinator = container(one(render(chart, values), "Deployment"))
+    assert "readinessProbe" not in coordinator and "startupProbe" not in coordinator
+    assert "livenessProbe" in coordinator
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job", "Pod"])
+def test_every_pod_runs_non_root_with_a_read_only_root_filesystem(
+    chart: helm.Chart, kind: str
+) -> None:
+    owner = one(render(chart, minimal_values()), kind)
+    pod_security = pod_spec(owner)["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] == 10001 and pod_security["fsGroup"] == 10001
+    assert pod_security["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container(owner)["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert pod_spec(owner)["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job"])
+def test_tmp_is_a_writable_empty_dir(chart: helm.Chart, kind: str) -> None:
+    owner = one(render(chart, minimal_values()), kind)
+    assert {"name": "tmp", "mountPath": "/tmp"} in container(owner)["volumeMounts"]
+    volumes = {volume["name"]: volume for volume in pod_spec(owner)["volumes"]}
+    assert "emptyDir" in volumes["tmp"]
+
+
+def test_coordinator_serves_and_leaves_migrations_to_the_job(chart: helm.Chart) -> None:
+    objects = render(chart, minimal_values())
+    deployment = one(objects, "Deployment")
+    coordinator = container(deployment)
+    assert coordinator["command"] == ["keyrange"] and coordinator["args"] == ["serve"]
+    assert env_of(deployment)["KEYRANGE_MIGRATE_ON_START"]["value"] == "false"
+    config = one(objects, "ConfigMap")["data"]
+    assert config["KEYRANGE_HOST"] == "0.0.0.0"
+    assert config["KEYRANGE_PORT"] == "8080"
+    assert config["KEYRANGE_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    assert coordinator["envFrom"] == [{"configMapRef": {"name": FULLNAME}}]
+
+
+def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Chart) -> None:
+    values = with_values(
+        config={
+            "logLevel": "DEBUG",
+            "logFormat": "text",
+            "dbPoolSize": 20,
+            "metadataRefreshMs": 5000,
+            "maxIcRangesPerPartition": 500,
+            "maxRangesPerRequest": 1000,
+            "sessionTimeoutMinMs": 2000,
+            "sessionTimeoutMaxMs": 60000,
+            "heartbeatIntervalMs": 500,
+        }
+    )
+    config = one(render(chart, values), "ConfigMap")["data"]
+    assert config == {
+        "KEYRANGE_HOST": "0.0.0.0",
+        "KEYRANGE_PORT": "8080",
+        "KEYRANGE_KAFKA_BOOTSTRAP": "kafka:9092",
+        "KEYRANGE_LOG_LEVEL": "DEBUG",
+        "KEYRANGE_LOG_FORMAT": "text",
+        "KEYRANGE_DB_POOL_SIZE": "20",
+        "KEYRANGE_METADATA_REFRESH_MS": "5000",
+        "KEYRANGE_MAX_IC_RANGES_PER_PARTITION": "500",
+        "KEYRANGE_MAX_RANGES_PER_REQUEST": "1000",
+        "KEYRANGE_SESSION_TIMEOUT_MIN_MS": "2000",
+        "KEYRANGE_SESSION_TIMEOUT_MAX_MS": "60000",
+        "KEYRANGE_HEARTBEAT_INTERVAL_MS": "500",
+    }
+
+
+def pod_annotations(chart: helm.Chart, values: dict[str, Any]) -> dict[str, str]:
+    annotations: dict[str, str] = one(render(chart, values), "Deployment")["spec"]["template"][
+        "metadata"
+    ]["annotations"]
+    return annotations
+
+
+def test_checksum_annotations_roll_pods_when_config_or_secret_change(chart: helm.Chart) -> None:
+    base = pod_annotations(chart, minimal_values())
+    assert len(base["checksum/config"]) == 64 and len(base["checksum/secret"]) == 64
+
+    config_changed = pod_annotations(chart, with_values(config={"logLevel": "DEBUG"}))
+    assert config_changed["checksum/config"] != base["checksum/config"]
+    assert config_changed["checksum/secret"] == base["checksum/secret"]
+
+    rotated = with_values(auth={"adminTokens": ["admin-token-0123456789", "admin-token-new-98765"]})
+    secret_changed = pod_annotations(chart, rotated)
+    assert secret_changed["checksum/secret"] != base["checksum/secret"]
+    assert secret_changed["checksum/config"] == base["checksum/config"]
+
+
+def test_replicas_follow_replica_count_unless_autoscaled(chart: helm.Chart) -> None:
+    deployment = one(render(chart, with_values(replicaCount=3)), "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    autoscaled = render(chart, with_values(replicaCount=3, autoscaling={"enabled": True}))
+    assert "replicas" not in one(autoscaled, "Deployment")["spec"]
+    hpa = one(autoscaled, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": FULLNAME,
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+
+
+def test_image_digest_wins_over_the_tag(chart: helm.Chart) -> None:
+    digest = "sha256:" + "b" * 64
+    tagged = container(one(render(chart, with_values(image={"tag": "1.2.3"})), "Deployment"))
+    assert tagged["image"] == "keyrange:1.2.3"
+    pinned = render(chart, with_values(image={"tag": "1.2.3", "digest": digest}))
+    for kind in ("Deployment", "Job", "Pod"):
+        assert container(one(pinned, kind))["image"] == f"keyrange@{digest}"
+
+
+def test_service_selects_only_coordinator_pods(chart: helm.Chart) -> None:
+    objects = render(chart, minimal_values())
+    selector = one(objects, "Service")["spec"]["selector"]
+    deployment_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    job_labels = one(objects, "Job")["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= deployment_labels.items()
+    assert not selector.items() <= job_labels.items()
+    assert one(objects, "Service")["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+# --- migrations -------------------------------------------------------------------------------
+
+
+def test_migration_job_is_a_hook_that_waits_for_the_database(chart: helm.Chart) -> None:
+    job = one(render(chart, with_values(migrations={"waitForDbSeconds": 45})), "Job")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "post-install,pre-upgrade"
+    assert int(annotations["helm.sh/hook-weight"]) == 0
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    migrate = container(job)
+    assert migrate["command"] == ["keyrange"]
+    assert migrate["args"] == ["migrate", "--wait-for-db", "45"]
+    assert pod_spec(job)["restartPolicy"] == "Never"
+    assert env_of(job)["KEYRANGE_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": FULLNAME,
+        "key": "database-url",
+    }
+
+
+def test_disabling_the_job_makes_pods_migrate_on_start(chart: helm.Chart) -> None:
+    objects = render(chart, with_values(migrations={"enabled": False}))
+    assert "Job" not in kinds(objects)
+    assert env_of(one(objects, "Deployment"))["KEYRANGE_MIGRATE_ON_START"]["value"] == "true"
+    assert "each coordinator pod migrates on start" in render_notes(
+        chart, with_values(migrations={"enabled": False})
+    )
+
+
+# --- database and token sources ---------------------------------------------------------------
+
+
+def decoded_secret(objects: list[Manifest]) -> dict[str, str]:
+    data: dict[str, str] = one(objects, "Secret")["data"]
+    return {key: base64.b64decode(value).decode() for key, value in data.items()}
+
+
+def test_chart_secret_holds_the_url_and_tokens_in_the_coordinator_json_shapes(
+    chart: helm.Chart,
+) -> None:
+    values = with_values(
+        auth={
+            "adminTokens": ["admin-token-0123456789"],
+            "clientTokens": [
+                {"token": "client-token-orders-0001", "groupPrefixes": ["orders-"]},
+                {"token": "client-token-anything-01"},
+            ],
+        }
+    )
+    objects = render(chart, values)
+    secret = decoded_secret(objects)
+    assert secret["database-url"] == "postgresql+asyncpg://keyrange:pw@db.internal:5432/keyrange"
+    assert json.loads(secret["admin-tokens"]) == ["admin-token-0123456789"]
+    assert json.loads(secret["client-tokens"]) == [
+        {"token": "client-token-orders-0001", "group_prefixes": ["orders-"]},
+        {"token": "client-token-anything-01", "group_prefixes": []},
+    ]
+    env = env_of(one(objects, "Deployment"))
+    for variable, key in [
+        ("KEYRANGE_DATABASE_URL", "database-url"),
+        ("KEYRANGE_ADMIN_TOKENS", "admin-tokens"),
+        ("KEYRANGE_CLIENT_TOKENS", "client-tokens"),
+    ]:
+        assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": FULLNAME, "key": key}
+
+
+def test_existing_database_secret_replaces_the_chart_url(chart: helm.Chart) -> None:
+    values = with_values(database={"url": "", "existingSecret": {"name": "pg-url", "key": "uri"}})
+    objects = render(chart, values)
+    assert "database-url" not in decoded_secret(objects)
+    for kind in ("Deployment", "Job"):
+        reference = env_of(one(objects, kind))["KEYRANGE_DATABASE_URL"]["valueFrom"]
+        assert reference["secretKeyRef"] == {"name": "pg-url", "key": "uri"}
+
+
+def test_existing_secrets_for_database_and_tokens_leave_no_chart_secret(
+    chart: helm.Chart,
+) -> None:
+    values = yaml.safe_load((CHART_DIR / "ci" / "existing-secrets-values.yaml").read_text())
+    objects = render(chart, values)
+    assert "Secret" not in kinds(objects)
+    env = env_of(one(objects, "Deployment"))
+    assert env["KEYRANGE_ADMIN_TOKENS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "keyrange-tokens",
+        "key": "admin-tokens",
+        "optional": True,
+    }
+    assert env["KEYRANGE_CLIENT_TOKENS"]["valueFrom"]["secretKeyRef"]["name"] == "keyrange-tokens"
+
+
+def test_secret_parts_compose_the_url_from_a_cloudnativepg_app_secret(chart: helm.Chart) -> None:
+    values = with_values(
+        database={"url": "", "secretParts": {"name": "pg-app", "query": "ssl=require"}}
+    )
+    objects = render(chart, values)
+    for kind in ("Deployment", "Job"):
+        env_list = container(one(objects, kind))["env"]
+        names = [entry["name"] for entry in env_list]
+        env = {entry["name"]: entry for entry in env_list}
+        expected_keys = {
+            "PGHOST": "host",
+            "PGPORT": "port",
+            "PGUSER": "username",
+            "PGPASSWORD": "password",
+            "PGDATABASE": "dbname",
+        }
+        for variable, key in expected_keys.items():
+            assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": "pg-app", "key": key}
+            # $(VAR) expands only variables defined earlier in the list.
+            assert names.index(variable) < names.index("KEYRANGE_DATABASE_URL")
+        assert env["KEYRANGE_DATABASE_URL"]["value"] == (
+            "postgresql+asyncpg://$(PGUSER):$(PGPASSWORD)@$(PGHOST):$(PGPORT)/$(PGDATABASE)"
+            "?ssl=require"
+        )
+
+
+# --- optional objects -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("patch", "kind", "present"),
+    [
+        ({}, "PodDisruptionBudget", True),
+        ({"pdb": {"enabled": False}}, "PodDisruptionBudget", False),
+        ({}, "HorizontalPodAutoscaler", False),
+        ({"autoscaling": {"enabled": True}}, "HorizontalPodAutoscaler", True),
+        ({}, "NetworkPolicy", True),
+        ({"networkPolicy": {"enabled": False}}, "NetworkPolicy", False),
+        ({}, "ServiceMonitor", False),
+        ({"serviceMonitor": {"enabled": True}}, "ServiceMonitor", True),
+        ({}, "ServiceAccount", True),
+        ({"serviceAccount": {"create": False}}, "ServiceAccount", False),
+        ({}, "Pod", True),
+        ({"tests": {"enabled": False}}, "Pod", False),
+        ({}, "Job", True),
+        ({"migrations": {"enabled": False}}, "Job", False),
+    ],
+)
+def test_toggles_add_and_remove_objects(
+    chart: helm.Chart, patch: dict[str, Any], kind: str, present: bool
+) -> None:
+    assert (kind in kinds(render(chart, with_values(**patch)))) is present
+
+
+def test_pods_use_the_default_service_account_when_none_is_created(chart: helm.Chart) -> None:
+    objects = render(chart, with_values(serviceAccount={"create": False}))
+    for kind in ("Deployment", "Job", "Pod"):
+        assert pod_spec(one(objects, kind))["serviceAccountName"] == "default"
+    named = render(chart, with_values(serviceAccount={"create": True, "name": "keyrange-sa"}))
+    assert one(named, "ServiceAccount")["metadata"]["name"] == "keyrange-sa"
+    assert pod_spec(one(named, "Deployment"))["serviceAccountName"] == "keyrange-sa"
+
+
+def test_pdb_takes_min_available_or_max_unavailable(chart: helm.Chart) -> None:
+    default = one(render(chart, minimal_values()), "PodDisruptionBudget")["spec"]
+    assert default["maxUnavailable"] == 1 and "minAvailable" not in default
+    values = with_values(pdb={"maxUnavailable": "", "minAvailable": "50%"})
+    percent = one(render(chart, values), "PodDisruptionBudget")["spec"]
+    assert percent["minAvailable"] == "50%" and "maxUnavailable" not in percent
+
+
+def test_network_policy_admits_only_labelled_clients_when_not_external(
+    chart: helm.Chart,
+) -> None:
+    open_policy = one(render(chart, minimal_values()), "NetworkPolicy")["spec"]
+    assert open_policy["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    assert open_policy["policyTypes"] == ["Ingress"]
+
+    objects = render(chart, with_values(networkPolicy={"allowExternal": False}))
+    ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    client_label = {f"{FULLNAME}-client": "true"}
+    assert ingress[0]["from"] == [{"podSelector": {"matchLabels": client_label}}]
+    assert client_label.items() <= one(objects, "Pod")["metadata"]["labels"].items()
+
+
+def test_network_policy_limits_egress_to_dns_and_the_listed_rules(chart: helm.Chart) -> None:
+    database_rule = {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 5432}]}
+    values = with_values(
+        networkPolicy={"allowExternalEgress": False, "extraEgress": [database_rule]}
+    )
+    spec = one(render(chart, values), "NetworkPolicy")["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    dns, extra = spec["egress"]
+    assert {port["port"] for port in dns["ports"]} == {53}
+    assert extra == database_rule
+
+
+def test_helm_test_pod_asks_readyz_through_the_service(chart: helm.Chart) -> None:
+    pod = one(render(chart, minimal_values()), "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    command = " ".join(container(pod)["command"])
+    assert command.startswith("python -c")
+    assert f"http://{FULLNAME}:8080/readyz" in command
+
+
+# --- bad values -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (with_values(replicaCount=-1), "/replicaCount': minimum: got -1, want 0"),
+        (with_values(replicas=2), "additional properties 'replicas' not allowed"),
+        (with_values(config={"logLevel": "LOUD"}), "/config/logLevel"),
+        (with_values(auth={"adminTokens": ["short"]}), "/auth/adminTokens/0"),
+        (with_values(service={"port": 0}), "/service/port"),
+        (with_values(database={"url": ""}), "database: no database configured"),
+        (
+            with_values(database={"url": "postgres://keyrange@db/keyrange"}),
+            "database.url: must start with postgresql+asyncpg://",
+        ),
+        (
+            with_values(database={"existingSecret": {"name": "pg", "key": "uri"}}),
+            "database: set only one of",
+        ),
+        (with_values(kafka={"bootstrapServers": ""}), "kafka.bootstrapServers: required"),
+        (with_values(auth={"adminTokens": []}), "auth: the coordinator refuses to listen"),
+        (
+            with_values(auth={"existingSecret": {"name": "tokens"}}),
+            "auth: set either auth.existingSecret.name",
+        ),
+        (with_values(pdb={"minAvailable": 1}), "pdb: set only one of"),
+        (with_values(pdb={"maxUnavailable": ""}), "pdb: set pdb.minAvailable or"),
+        (
+            with_values(autoscaling={"enabled": True, "minReplicas": 5, "maxReplicas": 2}),
+            "autoscaling.minReplicas: must not exceed",
+        ),
+        (
+            with_values(config={"sessionTimeoutMinMs": 50000, "sessionTimeoutMaxMs": 2000}),
+            "config.sessionTimeoutMinMs: must not exceed",
+        ),
+        (
+            with_values(networkPolicy={"allowExternalEgress": False}),
+            "networkPolicy.extraEgress: with allowExternalEgress false",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_bad_values_fail_with_a_message_naming_the_key(
+    chart: helm.Chart, values: dict[str, Any], expected: str
+) -> None:
+    assert expected in render_error(chart, values)
+
+
+def test_defaults_alone_fail_with_every_missing_setting_at_once(chart: helm.Chart) -> None:
+    message = render_error(chart, {})
+    assert message.count("VALUES VALIDATION") == 1
+    for expected in ("database: no database configured", "kafka.bootstrapServers", "auth:"):
+        assert expected in message
+
+
+def test_schema_rejects_what_validate_values_would_miss(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError, match="/containerPort"):
+        chart.validate_schema(with_values(containerPort="8080"))
+    with pytest.raises(helm.HelmValuesError, match="/image/digest"):
+        chart.validate_schema(with_values(image={"digest": "latest"}))
