@@ -6,8 +6,10 @@ asks for a commit payload. The payload follows DESIGN §3a: per owned slice ONE 
 the lowest own offset registered but not yet processed (else the slice's read position), and
 IC ranges only for own offsets processed out of order above it. IC ranges cover offsets this
 consumer actually processed and nothing else; offsets of other slices between two of ours are
-not ours to claim, so ranges are never bridged across them. With ``use_watermarks=False``
-the tracker commits plain IC ranges, as the KIP's "gap amending" does (DESIGN §3).
+not ours to claim, so ranges are never bridged across them. Mode ``"ranges"`` commits plain
+IC ranges, as the KIP's "gap amending" does (DESIGN §3); mode ``"offset"`` commits a classic
+offset (the lowest unprocessed one) for a member that owns whole partitions and does not use
+individual commit (``allow.individual.commit=false``).
 
 A slice is a ``(TopicPartition, KeyRange)``; several slices of one partition keep separate
 read positions because a slice added later may have to re-read offsets the others are past.
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiokafka.structs import TopicPartition
 
@@ -26,6 +29,8 @@ from client.http import PartitionCommit, PartitionCommitReply
 from client.keyspace import KeyRange, intersect, normalize
 
 _TOO_OLD = "INDIVIDUAL_COMMIT_TOO_OLD"
+
+CommitMode = Literal["watermarks", "ranges", "offset"]
 
 
 class SliceProgress:
@@ -85,26 +90,27 @@ class SliceProgress:
         self.pending.append((offset, key_hash))
         return True
 
-    def mark(self, offset: int, key_hash: int, use_watermarks: bool) -> None:
+    def mark(self, offset: int, key_hash: int, mode: CommitMode) -> None:
         pending = self.pending
         if pending and pending[0][0] == offset:
             pending.popleft()
-            if not use_watermarks:
+            if mode == "ranges":
                 self._add_uncommitted(offset, key_hash)
-            self._settle(use_watermarks)
+            self._settle(mode)
             return
         if offset < self.watermark or offset >= self.position or offset in self.completed:
             return  # not registered here (dropped below the stable offset) or marked twice
         self.completed.add(offset)
-        self._add_uncommitted(offset, key_hash)
+        if mode != "offset":
+            self._add_uncommitted(offset, key_hash)
 
-    def _settle(self, use_watermarks: bool) -> None:
+    def _settle(self, mode: CommitMode) -> None:
         # The watermark moves past every processed record at the head of ``pending``.
         pending, completed = self.pending, self.completed
         while pending and pending[0][0] in completed:
             done, _ = pending.popleft()
             completed.discard(done)
-            if use_watermarks:
+            if mode == "watermarks":
                 self.forget_uncommitted(done)
 
     def _add_uncommitted(self, offset: int, key_hash: int) -> None:
@@ -132,7 +138,7 @@ class SliceProgress:
         self.position = max(self.position, stable_offset)
         self.committed_watermark = max(self.committed_watermark, stable_offset)
 
-    def restricted_to(self, keys: KeyRange, use_watermarks: bool) -> SliceProgress:
+    def restricted_to(self, keys: KeyRange, mode: CommitMode) -> SliceProgress:
         """The same progress for a sub-range: records of other hashes are left out."""
         part = SliceProgress(keys, self.position, self._committed)
         part.committed_watermark = self.committed_watermark
@@ -142,7 +148,7 @@ class SliceProgress:
         for offset, key_hash in self.uncommitted.items():
             if keys.contains(key_hash):
                 part._add_uncommitted(offset, key_hash)
-        part._settle(use_watermarks)
+        part._settle(mode)
         return part
 
 
@@ -170,8 +176,8 @@ class CommitBatch:
 class OffsetTracker:
     """Processed-offset bookkeeping for every slice a consumer owns."""
 
-    def __init__(self, *, use_watermarks: bool = True) -> None:
-        self.use_watermarks = use_watermarks
+    def __init__(self, *, mode: CommitMode = "watermarks") -> None:
+        self.mode: CommitMode = mode
         self._slices: dict[TopicPartition, list[SliceProgress]] = {}
 
     def add_slice(
@@ -223,7 +229,7 @@ class OffsetTracker:
         """Out-of-order marks are fine; marks for slices no longer tracked are ignored."""
         for progress in self._slices.get(tp, ()):
             if progress.keys.start <= key_hash <= progress.keys.end:
-                progress.mark(offset, key_hash, self.use_watermarks)
+                progress.mark(offset, key_hash, self.mode)
                 return
 
     def in_flight(self, tp: TopicPartition, keys: Iterable[KeyRange]) -> int:
@@ -248,9 +254,9 @@ class OffsetTracker:
                 continue
             kept = _subtract_one(progress.keys, cut)
             for piece in kept:
-                result.append(progress.restricted_to(piece, self.use_watermarks))
+                result.append(progress.restricted_to(piece, self.mode))
             for piece in cut:
-                part = progress.restricted_to(piece, self.use_watermarks)
+                part = progress.restricted_to(piece, self.mode)
                 part.active = False
                 result.append(part)
         if result:
@@ -293,8 +299,14 @@ class OffsetTracker:
         claimed_watermarks: dict[TopicPartition, dict[KeyRange, int]] = {}
         budget = max_ranges
         for tp, slices in self._slices.items():
+            if self.mode == "offset" and _covers_whole_partition(slices):
+                offset = min(progress.watermark for progress in slices)
+                if offset > min(progress.committed_watermark for progress in slices):
+                    claimed_watermarks[tp] = {progress.keys: offset for progress in slices}
+                    partitions.append(PartitionCommit(tp.topic, tp.partition, offset=offset))
+                continue
             watermarks: list[Watermark] = []
-            if self.use_watermarks:
+            if self.mode != "ranges":
                 for progress in slices:
                     mark = progress.watermark
                     if mark > progress.committed_watermark:
@@ -352,6 +364,10 @@ class OffsetTracker:
                 if offset in progress.uncommitted:
                     progress.forget_uncommitted(offset)
                     break
+
+
+def _covers_whole_partition(slices: Sequence[SliceProgress]) -> bool:
+    return normalize(progress.keys for progress in slices) == [KeyRange.full()]
 
 
 def _runs(sorted_offsets: Sequence[int], limit: int) -> list[tuple[int, int]]:

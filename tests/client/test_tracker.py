@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from client.committed import CommittedOffsets, Watermark
 from client.http import PartitionCommitReply
 from client.keyspace import HASH_MAX, KeyRange
-from client.tracker import CommitBatch, OffsetTracker
+from client.tracker import CommitBatch, CommitMode, OffsetTracker
 
 TP = TopicPartition("orders", 0)
 LOW, HIGH = KeyRange(0, HASH_MAX // 2), KeyRange(HASH_MAX // 2 + 1, HASH_MAX)
@@ -38,7 +38,7 @@ def design_example(tracker: OffsetTracker) -> list[int]:
 
 
 def test_gap_amending_commits_only_the_processed_offsets_it_was_given() -> None:
-    tracker = OffsetTracker(use_watermarks=False)
+    tracker = OffsetTracker(mode="ranges")
     assert design_example(tracker) == [41, 42, 46, 47, 50]
     batch = tracker.prepare_commit()
     assert batch is not None
@@ -115,7 +115,7 @@ def test_ranges_that_the_watermark_overtakes_are_no_longer_committed() -> None:
 
 
 def test_uncommitted_range_count_reaches_the_early_commit_threshold() -> None:
-    tracker = OffsetTracker(use_watermarks=False)
+    tracker = OffsetTracker(mode="ranges")
     tracker.add_slice(TP, LOW, position=0)
     feed(tracker, dict.fromkeys(range(0, 40), LOW_HASH))
     for offset in range(0, 40, 2):
@@ -149,7 +149,7 @@ def test_committed_state_is_not_sent_again_but_new_progress_is() -> None:
 
 
 def test_a_reply_drops_local_state_below_the_stable_offset() -> None:
-    tracker = OffsetTracker(use_watermarks=False)
+    tracker = OffsetTracker(mode="ranges")
     tracker.add_slice(TP, LOW, position=0)
     feed(tracker, dict.fromkeys(range(10), LOW_HASH))
     for offset in (3, 4, 8):
@@ -165,7 +165,7 @@ def test_a_reply_drops_local_state_below_the_stable_offset() -> None:
 
 
 def test_a_refused_partition_stays_uncommitted() -> None:
-    tracker = OffsetTracker(use_watermarks=False)
+    tracker = OffsetTracker(mode="ranges")
     tracker.add_slice(TP, LOW, position=0)
     feed(tracker, dict.fromkeys(range(3), LOW_HASH))
     tracker.mark_processed(TP, 1, LOW_HASH)
@@ -217,7 +217,7 @@ def test_a_slice_added_later_keeps_its_own_read_position() -> None:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[list[int], list[tuple[str, int]], bool]:
+def scenarios(draw: st.DrawFn) -> tuple[list[int], list[tuple[str, int]], CommitMode]:
     count = draw(st.integers(min_value=1, max_value=40))
     hashes = draw(st.lists(st.sampled_from([LOW_HASH, HIGH_HASH, 3]), min_size=count))
     steps = draw(
@@ -226,17 +226,18 @@ def scenarios(draw: st.DrawFn) -> tuple[list[int], list[tuple[str, int]], bool]:
             max_size=80,
         )
     )
-    return hashes, steps, draw(st.booleans())
+    return hashes, steps, draw(st.sampled_from(["watermarks", "ranges", "offset"]))
 
 
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_a_commit_never_claims_an_unprocessed_offset(
-    scenario: tuple[list[int], list[tuple[str, int]], bool],
+    scenario: tuple[list[int], list[tuple[str, int]], CommitMode],
 ) -> None:
-    hashes, steps, use_watermarks = scenario
-    tracker = OffsetTracker(use_watermarks=use_watermarks)
-    tracker.add_slice(TP, LOW, position=0)
+    hashes, steps, mode = scenario
+    tracker = OffsetTracker(mode=mode)
+    owned = KeyRange.full() if mode == "offset" else LOW
+    tracker.add_slice(TP, owned, position=0)
     fetched = 0
     handed_out: list[int] = []
     processed: set[int] = set()
@@ -259,6 +260,7 @@ def test_a_commit_never_claims_an_unprocessed_offset(
                 continue
             [entry] = batch.partitions
             claimed = {o for start, end in entry.ranges for o in range(start, end + 1)}
+            claimed |= set(range(min(entry.offset or 0, len(hashes))))
             for piece in entry.watermarks:
                 claimed |= {
                     o
@@ -267,8 +269,27 @@ def test_a_commit_never_claims_an_unprocessed_offset(
                 }
             assert claimed <= processed
             known |= claimed
-            others = {o for o, h in enumerate(hashes) if not LOW.contains(h)}
+            others = {o for o, h in enumerate(hashes) if not owned.contains(h)}
             stable = 0
             while stable in known or stable in others:
                 stable += 1
             tracker.commit_succeeded(batch, ok(batch, stable_offset=stable))
+
+
+def test_offset_mode_commits_the_lowest_unprocessed_offset_of_a_whole_partition() -> None:
+    tracker = OffsetTracker(mode="offset")
+    tracker.add_slice(TP, KeyRange.full(), position=0)
+    feed(tracker, {0: LOW_HASH, 1: HIGH_HASH, 2: LOW_HASH, 3: HIGH_HASH})
+    for offset, key_hash in ((0, LOW_HASH), (2, LOW_HASH), (3, HIGH_HASH)):
+        tracker.mark_processed(TP, offset, key_hash)
+    assert tracker.uncommitted_ranges == 0
+    batch = tracker.prepare_commit()
+    assert batch is not None
+    [entry] = batch.partitions
+    assert (entry.offset, list(entry.ranges), list(entry.watermarks)) == (1, [], [])
+    tracker.commit_succeeded(batch, ok(batch, stable_offset=1))
+    assert tracker.prepare_commit() is None
+    tracker.mark_processed(TP, 1, HIGH_HASH)
+    again = tracker.prepare_commit()
+    assert again is not None
+    assert again.partitions[0].offset == 4
