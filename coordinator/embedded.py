@@ -44,6 +44,7 @@ _POSTGRES_STOP_TIMEOUT_S = 60.0
 # After SIGQUIT (immediate shutdown) a postmaster exits at once; more means it is wedged.
 _POSTGRES_KILL_GRACE_S = 5.0
 _OWNER_FILE = "keyrange-owner.pid"
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _DATABASE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,62}$")
 
 # The broker is up in milliseconds when idle; the bound covers a loaded 2-core CI machine.
@@ -66,7 +67,7 @@ def _log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return f"(no log at {path})"
-    tail = text.splitlines()[-lines:]
+    tail = _ANSI_ESCAPE.sub("", text).splitlines()[-lines:]
     return "\n".join(tail) if tail else f"(log {path} is empty)"
 
 
@@ -421,16 +422,19 @@ class EmbeddedBroker:
                     },
                 )
                 return self.bootstrap
-            exited = not self.running
+            exit_code = self._process.poll() if self._process is not None else None
             self._terminate()
-            if not exited or attempt == attempts:
+            if exit_code is None or attempt == attempts:
                 break
-            logger.info("embedded broker exited at start, retrying on another port")
-        raise _failure(
-            f"embedded broker did not answer on 127.0.0.1:{port} within "
-            f"{self.start_timeout_s:g}s ({binary})",
-            self.log_path,
-        )
+            logger.info(
+                "embedded broker exited at start, retrying on another port",
+                extra={"exit_code": exit_code},
+            )
+        if exit_code is None:
+            problem = f"did not answer on 127.0.0.1:{port} within {self.start_timeout_s:g}s"
+        else:
+            problem = f"exited with code {exit_code} while starting on 127.0.0.1:{port}"
+        raise _failure(f"embedded broker {problem} ({binary})", self.log_path)
 
     def stop(self) -> None:
         """Terminate the broker: SIGTERM, then SIGKILL after a grace period."""
@@ -459,6 +463,7 @@ class EmbeddedBroker:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, "NO_COLOR": "1"},
                 # Its own session: a Ctrl-C in the terminal reaches us, and we stop the
                 # broker after the coordinator has shut down cleanly.
                 start_new_session=True,

@@ -1,0 +1,393 @@
+"""What the coordinator reads from the Kafka cluster: partition counts (to size assignments),
+topic names (for pattern subscriptions) and high watermarks (for lag and progress).
+
+Three choices matter here:
+- Metadata requests never create topics. aiokafka's admin ``describe_topics`` asks with
+  ``allow_auto_topic_creation`` on, so asking about a mistyped subscription would create it.
+- High watermarks come from a fetch response, not from ListOffsets "latest" (which some
+  Kafka-protocol brokers answer wrongly). One fetch per leader covers all its partitions;
+  each partition is fetched at the watermark seen last time, so a steady cluster returns
+  no records at all, and the response is capped at one byte so a busy one returns at most
+  one record batch.
+- Every call is bounded by ``request_timeout_ms``; a cluster that does not answer in time
+  is :class:`KafkaUnavailable`, which callers retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+import aiokafka.errors as kafka_errors
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.admin import CreateTopicsRequest
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.protocol.offset import OffsetRequest
+
+logger = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+# Long enough for a loaded broker, short enough that a coordinator polling every few
+# seconds notices an outage within one or two rounds.
+DEFAULT_REQUEST_TIMEOUT_MS = 5_000
+
+# Kafka answers at once when min_bytes is 0. Some Kafka-protocol brokers instead hold a
+# fetch at the log end for max_wait, and send an empty response when it is 0.
+_FETCH_MAX_WAIT_MS = 10
+# Smallest response cap: Kafka still returns one batch from the first partition that has
+# data (its progress guarantee), every other partition returns only its watermark.
+_FETCH_MAX_BYTES = 1
+_READ_UNCOMMITTED = 0
+_EARLIEST_TIMESTAMP = -2
+# One retry after refreshing metadata covers a leader move; more belongs to the caller,
+# which polls again in a few seconds anyway.
+_ROUNDS = 2
+_TOPIC_VISIBLE_POLL_S = 0.05
+
+
+class KafkaClusterError(Exception):
+    """Root of the errors this module raises; ``retriable`` says whether to try again."""
+
+    retriable: bool = False
+
+
+class KafkaUnavailable(KafkaClusterError):
+    """The cluster could not be reached, or did not answer within the request timeout."""
+
+    retriable = True
+
+
+class TopicCreationFailed(KafkaClusterError):
+    """The cluster refused to create a topic (bad partition count, policy, ...)."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One metadata response, reduced to what this module uses."""
+
+    partition_counts: dict[str, int] = field(default_factory=dict)
+    leaders: dict[TopicPartition, int] = field(default_factory=dict)
+    internal_topics: frozenset[str] = frozenset()
+    controller: int | None = None
+
+
+class ClusterMetadata:
+    """A read-mostly view of one Kafka cluster for the coordinator.
+
+    ``start()`` connects; if the cluster is down then, later calls connect again, so a
+    coordinator that came up before Kafka recovers on its own.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        client_id: str = "keyrange-coordinator",
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.request_timeout_ms = request_timeout_ms
+        self._client_id = client_id
+        self._client: AIOKafkaClient | None = None
+        self._connected = False
+        self._connect_lock = asyncio.Lock()
+        # Where to fetch each partition next time: the last high watermark seen.
+        self._fetch_positions: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        async with self._bounded("connecting"):
+            await self._ready_client()
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        self._connected = False
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        """Partition count per existing topic; topics that do not exist are absent."""
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        async with self._bounded("reading topic metadata"):
+            layout = await self._layout(names)
+        return layout.partition_counts
+
+    async def list_topics(self) -> set[str]:
+        """Every topic but Kafka's internal ones, as a consumer's pattern subscription sees."""
+        async with self._bounded("listing topics"):
+            layout = await self._layout(None)
+        return set(layout.partition_counts) - layout.internal_topics
+
+    async def high_watermarks(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """High watermark per partition; unknown or leaderless partitions are absent."""
+        wanted = set(partitions)
+        if not wanted:
+            return {}
+        async with self._bounded("reading high watermarks"):
+            return await self._high_watermarks(wanted)
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        *,
+        replication_factor: int = 1,
+        config: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Create a topic unless it exists; True when this call created it.
+
+        Returns once the topic is visible in metadata, so the caller can produce to it
+        and count its partitions straight away.
+        """
+        if partitions < 1:
+            # Checked here because not every Kafka-protocol broker refuses it.
+            raise ValueError(f"a topic needs at least one partition, not {partitions}")
+        request = CreateTopicsRequest(
+            create_topic_requests=[
+                (name, partitions, replication_factor, [], list((config or {}).items()))
+            ],
+            timeout=self.request_timeout_ms,
+            validate_only=False,
+        )
+        async with self._bounded(f"creating topic {name!r}"):
+            for _ in range(_ROUNDS):
+                layout = await self._layout([name])
+                if name in layout.partition_counts:
+                    return False
+                node = layout.controller if layout.controller is not None else self._any_node()
+                reply = await self._send(node, request)
+                error = kafka_errors.for_code(reply.topic_errors[0][1])
+                if error is kafka_errors.NoError:
+                    await self._until_visible(name)
+                    logger.info("created topic", extra={"topic": name, "partitions": partitions})
+                    return True
+                if error is kafka_errors.TopicAlreadyExistsError:
+                    return False
+                if not (error.retriable or error.invalid_metadata):
+                    detail = reply.topic_errors[0][2] if len(reply.topic_errors[0]) > 2 else None
+                    raise TopicCreationFailed(
+                        f"cannot create topic {name!r}: {error.message}"
+                        + (f" ({detail})" if detail else "")
+                    )
+            raise KafkaUnavailable(f"Kafka at {self.bootstrap} kept refusing to create {name!r}")
+
+    async def _high_watermarks(self, wanted: set[TopicPartition]) -> dict[TopicPartition, int]:
+        found: dict[TopicPartition, int] = {}
+        pending = wanted
+        for _ in range(_ROUNDS):
+            layout = await self._layout(sorted({topic for topic, _ in pending}))
+            by_leader: dict[int, list[TopicPartition]] = defaultdict(list)
+            retry: set[TopicPartition] = set()
+            for tp in sorted(pending):
+                leader = layout.leaders.get(tp)
+                if leader is None:
+                    continue
+                if leader < 0:
+                    retry.add(tp)
+                else:
+                    by_leader[leader].append(tp)
+            replies = await asyncio.gather(
+                *(self._fetch_from_leader(node, tps) for node, tps in by_leader.items())
+            )
+            for watermarks, again in replies:
+                found.update(watermarks)
+                retry |= again
+            if not retry:
+                break
+            pending = retry
+        missing = wanted - found.keys()
+        if missing:
+            logger.debug(
+                "no high watermark for some partitions",
+                extra={"partitions": sorted(missing)[:20], "count": len(missing)},
+            )
+        return found
+
+    async def _fetch_from_leader(
+        self, node: int, partitions: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+        """One fetch to one leader: the watermarks it gave, and the partitions to retry."""
+        positions = {tp: self._fetch_positions.get(tp, 0) for tp in partitions}
+        by_topic: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        for (topic, partition), position in positions.items():
+            by_topic[topic].append((partition, position, _FETCH_MAX_BYTES))
+        request = FetchRequest(
+            max_wait_time=_FETCH_MAX_WAIT_MS,
+            min_bytes=0,
+            max_bytes=_FETCH_MAX_BYTES,
+            isolation_level=_READ_UNCOMMITTED,
+            topics=list(by_topic.items()),
+        )
+        try:
+            reply = await self._send(node, request)
+        except kafka_errors.KafkaError as err:
+            if not err.retriable:
+                raise
+            logger.info("fetch from broker failed", extra={"node": node, "error": str(err)})
+            return {}, set(partitions)
+        watermarks: dict[TopicPartition, int] = {}
+        out_of_range: set[TopicPartition] = set()
+        retry: set[TopicPartition] = set()
+        for topic, partition_replies in reply.topics:
+            for partition, error_code, high_watermark, *_ in partition_replies:
+                tp = (topic, partition)
+                if tp not in positions:
+                    continue
+                error = kafka_errors.for_code(error_code)
+                if error is kafka_errors.NoError:
+                    watermarks[tp] = high_watermark
+                    self._fetch_positions[tp] = high_watermark
+                elif error is kafka_errors.OffsetOutOfRangeError:
+                    out_of_range.add(tp)
+                elif error.retriable or error.invalid_metadata:
+                    retry.add(tp)
+                else:
+                    logger.warning(
+                        "cannot read a high watermark",
+                        extra={"topic": topic, "partition": partition, "error": error.message},
+                    )
+        # A partition the broker left out of its answer is asked again next round.
+        retry |= set(positions) - watermarks.keys() - out_of_range - retry
+        if out_of_range:
+            # The log was truncated or deleted below our position: restart from its start.
+            self._fetch_positions.update(await self._log_start_offsets(node, out_of_range))
+            retry |= out_of_range
+        return watermarks, retry
+
+    async def _log_start_offsets(
+        self, node: int, partitions: set[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        by_topic: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for topic, partition in sorted(partitions):
+            by_topic[topic].append((partition, _EARLIEST_TIMESTAMP))
+        reply = await self._send(node, OffsetRequest(-1, _READ_UNCOMMITTED, list(by_topic.items())))
+        starts: dict[TopicPartition, int] = {}
+        for topic, partition_replies in reply.topics:
+            for partition, error_code, *info in partition_replies:
+                if error_code == 0:
+                    # v0 answers a list of offsets; v1+ answers (timestamp, offset, ...).
+                    starts[(topic, partition)] = info[0][0] if reply.API_VERSION == 0 else info[1]
+        return starts
+
+    async def _until_visible(self, name: str) -> None:
+        """Kafka creates topics asynchronously; wait until metadata shows this one."""
+        while True:
+            layout = await self._layout([name])
+            if name in layout.partition_counts:
+                return
+            await asyncio.sleep(_TOPIC_VISIBLE_POLL_S)
+
+    async def _layout(self, topics: list[str] | None) -> _Layout:
+        """Metadata for ``topics`` (None: all), from the first broker that answers."""
+        client = await self._ready_client()
+        request = MetadataRequest(topics, allow_auto_topic_creation=False)
+        nodes = [broker.nodeId for broker in client.cluster.brokers()]
+        random.shuffle(nodes)
+        last_error: Exception | None = None
+        for node in nodes:
+            try:
+                reply = await client.send(node, request)
+            except kafka_errors.KafkaError as err:
+                if not err.retriable:
+                    raise
+                last_error = err
+                continue
+            metadata = reply.to_object()
+            known = {broker.nodeId for broker in client.cluster.brokers()}
+            if {broker["node_id"] for broker in metadata["brokers"]} - known:
+                # The client connects only to brokers it knows; a new leader needs a refresh.
+                # (Not update_metadata with this reply: it warns about every unknown topic.)
+                await client.force_metadata_update()
+            return _layout_of(metadata)
+        raise KafkaUnavailable(
+            f"no broker of the Kafka cluster at {self.bootstrap} answered a metadata request"
+            + (f": {last_error}" if last_error else "")
+        )
+
+    async def _send(self, node: int, request: Any) -> Any:
+        client = await self._ready_client()
+        return await client.send(node, request)
+
+    def _any_node(self) -> int:
+        client = self._client
+        node = client.get_random_node() if client is not None else None
+        if node is None:
+            raise KafkaUnavailable(f"no broker known for the Kafka cluster at {self.bootstrap}")
+        return int(node)
+
+    async def _ready_client(self) -> AIOKafkaClient:
+        async with self._connect_lock:
+            if self._client is None:
+                self._client = AIOKafkaClient(
+                    bootstrap_servers=self.bootstrap,
+                    client_id=self._client_id,
+                    request_timeout_ms=self.request_timeout_ms,
+                )
+            if not self._connected:
+                await self._client.bootstrap()
+                self._connected = True
+            return self._client
+
+    @asynccontextmanager
+    async def _bounded(self, doing: str) -> AsyncIterator[None]:
+        """Bound a whole operation by the request timeout and name failures for humans."""
+        try:
+            async with asyncio.timeout(self.request_timeout_ms / 1000):
+                yield
+        except TimeoutError as err:
+            raise KafkaUnavailable(
+                f"Kafka at {self.bootstrap} did not answer within "
+                f"{self.request_timeout_ms} ms ({doing})"
+            ) from err
+        except kafka_errors.KafkaError as err:
+            if err.retriable or err.invalid_metadata:
+                raise KafkaUnavailable(
+                    f"Kafka at {self.bootstrap} is unreachable ({doing}): {err}"
+                ) from err
+            raise KafkaClusterError(f"Kafka at {self.bootstrap} failed {doing}: {err}") from err
+
+
+def _layout_of(metadata: dict[str, Any]) -> _Layout:
+    counts: dict[str, int] = {}
+    leaders: dict[TopicPartition, int] = {}
+    internal: set[str] = set()
+    for topic in metadata["topics"]:
+        if topic["error_code"] != 0:
+            continue
+        name = topic["topic"]
+        counts[name] = len(topic["partitions"])
+        if topic.get("is_internal"):
+            internal.add(name)
+        for partition in topic["partitions"]:
+            leaders[(name, partition["partition"])] = partition["leader"]
+    controller = metadata.get("controller_id")
+    return _Layout(
+        partition_counts=counts,
+        leaders=leaders,
+        internal_topics=frozenset(internal),
+        controller=controller if controller is not None and controller >= 0 else None,
+    )
