@@ -206,6 +206,15 @@ def test_probes_use_livez_and_readyz_on_the_http_port(chart: helm.Chart) -> None
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 30
 
 
+def test_shutdown_drains_before_sigterm_within_the_grace_period(chart: helm.Chart) -> None:
+    deployment = one(render(chart, minimal_values()), "Deployment")
+    pre_stop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop == ["python", "-c", "import time; time.sleep(5)"]
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 40
+    no_sleep = one(render(chart, with_values(preStopSleepSeconds=0)), "Deployment")
+    assert "lifecycle" not in container(no_sleep)
+
+
 def test_probes_can_be_switched_off(chart: helm.Chart) -> None:
     values = with_values(readinessProbe={"enabled": False}, startupProbe={"enabled": False})
     coordinator = container(one(render(chart, values), "Deployment"))
@@ -571,6 +580,10 @@ def test_helm_test_pod_asks_readyz_through_the_service(chart: helm.Chart) -> Non
         (
             with_values(networkPolicy={"allowExternalEgress": False}),
             "networkPolicy.extraEgress: with allowExternalEgress false",
+        ),
+        (
+            with_values(preStopSleepSeconds=30, terminationGracePeriodSeconds=30),
+            "terminationGracePeriodSeconds: must exceed preStopSleepSeconds",
         ),
     ],
     ids=lambda v: v if isinstance(v, str) else "",

@@ -195,6 +195,7 @@ failure, so a broken values file is fixed in one pass instead of one error per `
 {{- $messages = append $messages (include "keyrange.validateValues.pdb" .) -}}
 {{- $messages = append $messages (include "keyrange.validateValues.autoscaling" .) -}}
 {{- $messages = append $messages (include "keyrange.validateValues.networkPolicy" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.shutdown" .) -}}
 {{- $messages = without $messages "" -}}
 {{- if $messages -}}
 {{- printf "\nVALUES VALIDATION:\n%s" (join "\n" $messages) | fail -}}
@@ -263,5 +264,11 @@ autoscaling.minReplicas: must not exceed autoscaling.maxReplicas.
 {{- $np := .Values.networkPolicy -}}
 {{- if and $np.enabled (not $np.allowExternalEgress) (not $np.extraEgress) -}}
 networkPolicy.extraEgress: with allowExternalEgress false, add egress rules for Postgres and Kafka, or the coordinator cannot reach either.
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.shutdown" -}}
+{{- if le (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds) -}}
+terminationGracePeriodSeconds: must exceed preStopSleepSeconds, or pods are killed before uvicorn can finish in-flight requests.
 {{- end -}}
 {{- end -}}
