@@ -24,6 +24,7 @@ from coordinator import metrics
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError, PayloadTooLarge
 from coordinator.groups.fencing import check_commit_fencing, request_rebalance
+from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,19 @@ async def _seed_switches(app: FastAPI) -> None:
         )
 
 
+async def _connect_cluster(settings: Settings) -> ClusterMetadata | None:
+    """Kafka is needed for partition counts and lag, not to serve commits: a coordinator
+    that starts while Kafka is down serves anyway and the reader reconnects on use."""
+    if settings.kafka_bootstrap is None:
+        return None
+    cluster = ClusterMetadata(settings.kafka_bootstrap)
+    try:
+        await cluster.start()
+    except KafkaClusterError as exc:
+        log.warning("Kafka not reachable at start; will retry", extra={"error": str(exc)})
+    return cluster
+
+
 async def _rebalance_on_max_ic(connection: AsyncConnection, group_id: str) -> None:
     await request_rebalance(connection, group_id, "max individual-commit ranges reached")
 
@@ -190,6 +204,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.engine = make_engine(database_url, settings)
+        app.state.cluster = await _connect_cluster(settings)
         try:
             await _seed_switches(app)
             tasks = [
@@ -204,6 +219,8 @@ def create_app(
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            if app.state.cluster is not None:
+                await app.state.cluster.close()
             await app.state.engine.dispose()
             log.info("coordinator stopped")
 
