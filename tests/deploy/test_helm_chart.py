@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
+from sqlalchemy.engine import make_url
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "keyrange"
 CI_VALUES_FILES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
@@ -460,6 +462,101 @@ def test_secret_parts_compose_the_url_from_a_cloudnativepg_app_secret(chart: hel
             "postgresql+asyncpg://$(PGUSER):$(PGPASSWORD)@$(PGHOST):$(PGPORT)/$(PGDATABASE)"
             "?ssl=require"
         )
+
+
+def container_environment(
+    objects: list[Manifest], kind: str, secrets: dict[str, dict[str, str]]
+) -> dict[str, str]:
+    """The environment Kubernetes would give the container: envFrom ConfigMaps, then env with
+    secret references resolved and $(VAR) references expanded, in order."""
+    config_maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    spec = container(one(objects, kind))
+    environment: dict[str, str] = {}
+    for source in spec.get("envFrom", []):
+        environment.update(config_maps[source["configMapRef"]["name"]])
+    for entry in spec.get("env", []):
+        if "value" in entry:
+            value = entry["value"]
+            for name, known in environment.items():
+                value = value.replace(f"$({name})", known)
+            environment[entry["name"]] = value
+        else:
+            reference = entry["valueFrom"]["secretKeyRef"]
+            secret = secrets.get(reference["name"], {})
+            if reference["key"] in secret:
+                environment[entry["name"]] = secret[reference["key"]]
+            else:
+                assert reference.get("optional"), f"{entry['name']}: missing {reference}"
+    return environment
+
+
+def coordinator_settings(environment: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    from coordinator.settings import Settings
+
+    for name in [n for n in os.environ if n.startswith("KEYRANGE_")]:
+        monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def test_the_coordinator_accepts_the_environment_the_chart_gives_it(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = with_values(
+        auth={"clientTokens": [{"token": "client-token-orders-0001", "groupPrefixes": ["o-"]}]},
+        config={"logLevel": "WARNING", "logFormat": "text", "sessionTimeoutMaxMs": 60000},
+    )
+    objects = render(chart, values)
+    secrets = {FULLNAME: decoded_secret(objects)}
+    settings = coordinator_settings(
+        container_environment(objects, "Deployment", secrets), monkeypatch
+    )
+    settings.check_bind_address()
+    assert (settings.host, settings.port) == ("0.0.0.0", 8080)
+    assert settings.database_url.get_secret_value() == values["database"]["url"]
+    assert settings.kafka_bootstrap == "kafka:9092"
+    assert settings.migrate_on_start is False
+    assert [t.get_secret_value() for t in settings.admin_tokens] == ["admin-token-0123456789"]
+    (client_token,) = settings.client_tokens
+    assert client_token.allows_group("o-1") and not client_token.allows_group("x-1")
+    assert (settings.log_level, settings.log_format) == ("WARNING", "text")
+    assert settings.session_timeout_max_ms == 60000
+
+    job_settings = coordinator_settings(container_environment(objects, "Job", secrets), monkeypatch)
+    assert job_settings.database_url.get_secret_value() == values["database"]["url"]
+
+
+def test_secret_parts_expand_to_a_url_the_coordinator_can_use(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = yaml.safe_load((CHART_DIR / "ci" / "cloudnativepg-values.yaml").read_text())
+    objects = render(chart, values)
+    generated_by_the_operator = {
+        "host": "keyrange-pg-rw",
+        "port": "5432",
+        "username": "keyrange",
+        "password": "Zx81kq0Lw2",
+        "dbname": "keyrange",
+    }
+    secrets = {
+        "keyrange-pg-app": generated_by_the_operator,
+        "keyrange-tokens": {"admin-tokens": '["admin-token-0123456789"]'},
+    }
+    settings = coordinator_settings(
+        container_environment(objects, "Deployment", secrets), monkeypatch
+    )
+    settings.check_bind_address()
+    url = make_url(settings.database_url.get_secret_value())
+    assert url.drivername == "postgresql+asyncpg"
+    assert (url.username, url.password, url.host, url.port, url.database) == (
+        "keyrange",
+        "Zx81kq0Lw2",
+        "keyrange-pg-rw",
+        5432,
+        "keyrange",
+    )
+    assert settings.client_tokens == []
 
 
 # --- optional objects -------------------------------------------------------------------------
