@@ -71,6 +71,21 @@ class Settings(BaseSettings):
     metadata_refresh_ms: int = Field(default=10_000, ge=100)
     default_assignor: str = "round-robin"
 
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_driver(cls, value: SecretStr | None) -> SecretStr | None:
+        """Accept the plain URLs that operators' secrets hold (CloudNativePG's ``uri`` key,
+        managed databases) by selecting the asyncpg driver the coordinator runs on."""
+        if value is None:
+            return None
+        url = value.get_secret_value()
+        for plain in ("postgresql://", "postgres://"):
+            if url.startswith(plain):
+                return SecretStr("postgresql+asyncpg://" + url[len(plain) :])
+        if not url.startswith("postgresql+asyncpg://"):
+            raise ValueError("database_url must be a postgresql:// or postgresql+asyncpg:// URL")
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:

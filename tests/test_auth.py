@@ -99,3 +99,12 @@ def test_settings_never_show_tokens() -> None:
     settings = Settings(admin_tokens=[ADMIN], client_tokens=[{"token": CLIENT}])
     assert ADMIN not in repr(settings)
     assert CLIENT not in repr(settings)
+
+
+def test_plain_postgres_urls_select_the_asyncpg_driver() -> None:
+    for given in ("postgresql://u:p@db:5432/k", "postgres://u:p@db:5432/k"):
+        url = Settings(database_url=given).database_url
+        assert url is not None
+        assert url.get_secret_value() == "postgresql+asyncpg://u:p@db:5432/k"
+    with pytest.raises(ValueError, match="postgresql"):
+        Settings(database_url="mysql://u@db/k")
