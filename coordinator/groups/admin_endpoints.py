@@ -1,0 +1,48 @@
+"""Membership admin routes: describe a group, force a rebalance, remove a member."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from coordinator.admin.endpoints import admin_offsets
+from coordinator.auth import require_admin
+from coordinator.db.engine import transaction
+from coordinator.groups import service
+from coordinator.groups.schemas import GroupDescription, RebalanceReply, RemovedMemberReply
+from coordinator.offsets import repository as offsets_repository
+from coordinator.validation import GroupId
+
+router = APIRouter(prefix="/v1/admin/groups", tags=["admin"], dependencies=[Depends(require_admin)])
+
+Connection = Annotated[AsyncConnection, Depends(transaction)]
+GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
+MemberPath = Annotated[str, Path(min_length=1, max_length=255, description="Member id")]
+
+
+@router.get("/{group_id}", response_model=GroupDescription)
+async def describe_group(
+    request: Request, group_id: GroupPath, connection: Connection
+) -> GroupDescription:
+    """Members with their owned, assigned and target slices, and per-partition lag."""
+    description = await service.describe(connection, group_id)
+    stored = await offsets_repository.read_partitions(connection, group_id)
+    return description.model_copy(update={"partitions": await admin_offsets(request, stored)})
+
+
+@router.post("/{group_id}/rebalance", response_model=RebalanceReply)
+async def rebalance_group(
+    request: Request, group_id: GroupPath, connection: Connection
+) -> RebalanceReply:
+    """Recompute target assignments now; members converge on their next heartbeats."""
+    return await service.force_rebalance(connection, group_id, request.app.state.settings)
+
+
+@router.delete("/{group_id}/members/{member_id}", response_model=RemovedMemberReply)
+async def remove_member(
+    request: Request, group_id: GroupPath, member_id: MemberPath, connection: Connection
+) -> RemovedMemberReply:
+    """Remove a member as if its session expired: its slices become free for the others."""
+    return await service.remove_member(connection, group_id, member_id, request.app.state.settings)

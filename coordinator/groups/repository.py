@@ -1,0 +1,441 @@
+"""All SQL of group membership.
+
+Serialisation: every change to a group's membership or assignments runs under that group's
+row lock (``lock_group``), taken first in the transaction, so coordinator replicas sharing
+one database take turns per group and never hold membership state of their own. The one
+exception is ``extend_stable_session``: a heartbeat of a member with nothing to reconcile
+only moves its own expiry, guarded so that it matches nothing the moment anything about the
+member or its group changed (the caller then takes the locked path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, literal_column, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import Text
+
+from coordinator.db.models import (
+    CoordinatorConfig,
+    Group,
+    Member,
+    PartitionOffsets,
+    TopicConfig,
+    TopicMetadata,
+)
+
+WireSlices = list[dict[str, Any]]
+
+_ONE_MILLISECOND: ColumnElement[Any] = literal_column("interval '1 millisecond'")
+
+_LOCK_GROUP = text(
+    """
+    INSERT INTO groups (group_id) VALUES (:group_id)
+    ON CONFLICT (group_id) DO UPDATE SET group_id = EXCLUDED.group_id
+    RETURNING group_id, assignor, group_epoch, rebalance_requested, rebalance_reason
+    """
+)
+
+_GROUPS_TO_REAP = text(
+    """
+    SELECT g.group_id FROM groups g
+    WHERE EXISTS (SELECT 1 FROM members m
+                  WHERE m.group_id = g.group_id AND m.expires_at <= now())
+    ORDER BY g.group_id
+    LIMIT :limit
+    FOR UPDATE OF g SKIP LOCKED
+    """
+)
+
+_REBALANCE_GROUPS = text(
+    """
+    UPDATE groups SET rebalance_requested = true, rebalance_reason = :reason
+    WHERE group_id = ANY(:group_ids)
+    """
+).bindparams(bindparam("group_ids", type_=ARRAY(Text)))
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group_id: str
+    assignor: str | None
+    group_epoch: int
+    rebalance_requested: bool
+    rebalance_reason: str | None
+
+
+@dataclass
+class MemberRow:
+    """A member as stored; slices in the wire form (``coordinator.core.assignment``)."""
+
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    client_id: str | None
+    client_host: str | None
+    member_epoch: int
+    previous_member_epoch: int
+    subscribed_topics: list[str]
+    subscribed_topic_regex: str | None
+    assignor: str | None
+    allow_individual_commit: bool
+    session_timeout_ms: int
+    owned: WireSlices
+    assigned: WireSlices
+    target: WireSlices
+    joined_at: datetime | None = None
+    last_heartbeat: datetime | None = None
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StableHeartbeat:
+    assigned: WireSlices
+    session_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Subscription:
+    group_id: str
+    topics: list[str]
+    regex: str | None
+
+
+_MEMBER_COLUMNS = (
+    Member.group_id,
+    Member.member_id,
+    Member.instance_id,
+    Member.client_id,
+    Member.client_host,
+    Member.member_epoch,
+    Member.previous_member_epoch,
+    Member.subscribed_topics,
+    Member.subscribed_topic_regex,
+    Member.assignor,
+    Member.allow_individual_commit,
+    Member.session_timeout_ms,
+    Member.owned,
+    Member.assigned,
+    Member.target,
+    Member.joined_at,
+    Member.last_heartbeat,
+    Member.expires_at,
+)
+
+
+def _group_from_row(row: Any) -> GroupRow:
+    return GroupRow(
+        group_id=row.group_id,
+        assignor=row.assignor,
+        group_epoch=int(row.group_epoch),
+        rebalance_requested=bool(row.rebalance_requested),
+        rebalance_reason=row.rebalance_reason,
+    )
+
+
+def _member_from_row(row: Any) -> MemberRow:
+    return MemberRow(
+        group_id=row.group_id,
+        member_id=row.member_id,
+        instance_id=row.instance_id,
+        client_id=row.client_id,
+        client_host=row.client_host,
+        member_epoch=row.member_epoch,
+        previous_member_epoch=row.previous_member_epoch,
+        subscribed_topics=list(row.subscribed_topics),
+        subscribed_topic_regex=row.subscribed_topic_regex,
+        assignor=row.assignor,
+        allow_individual_commit=row.allow_individual_commit,
+        session_timeout_ms=row.session_timeout_ms,
+        owned=list(row.owned),
+        assigned=list(row.assigned),
+        target=list(row.target),
+        joined_at=row.joined_at,
+        last_heartbeat=row.last_heartbeat,
+        expires_at=row.expires_at,
+    )
+
+
+async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRow:
+    """Create the group if new and lock its row until the transaction ends."""
+    row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one()
+    return _group_from_row(row)
+
+
+async def find_group(connection: AsyncConnection, group_id: str, *, lock: bool) -> GroupRow | None:
+    query = select(
+        Group.group_id,
+        Group.assignor,
+        Group.group_epoch,
+        Group.rebalance_requested,
+        Group.rebalance_reason,
+    ).where(Group.group_id == group_id)
+    if lock:
+        query = query.with_for_update()
+    row = (await connection.execute(query)).one_or_none()
+    return None if row is None else _group_from_row(row)
+
+
+async def save_group(connection: AsyncConnection, group: GroupRow) -> None:
+    await connection.execute(
+        update(Group)
+        .where(Group.group_id == group.group_id)
+        .values(
+            assignor=group.assignor,
+            group_epoch=group.group_epoch,
+            rebalance_requested=group.rebalance_requested,
+            rebalance_reason=group.rebalance_reason,
+        )
+    )
+
+
+async def delete_expired_members(connection: AsyncConnection, group_id: str) -> list[str]:
+    """Remove members whose session ran out; the group row must be locked by the caller."""
+    result = await connection.execute(
+        delete(Member)
+        .where(Member.group_id == group_id, Member.expires_at <= func.now())
+        .returning(Member.member_id)
+    )
+    return sorted(row.member_id for row in result)
+
+
+async def read_members(
+    connection: AsyncConnection, group_id: str, *, live_only: bool = False
+) -> list[MemberRow]:
+    query = select(*_MEMBER_COLUMNS).where(Member.group_id == group_id)
+    if live_only:
+        query = query.where(Member.expires_at > func.now())
+    result = await connection.execute(query.order_by(Member.member_id))
+    return [_member_from_row(row) for row in result]
+
+
+def _member_values(member: MemberRow) -> dict[str, Any]:
+    return {
+        "instance_id": member.instance_id,
+        "client_id": member.client_id,
+        "client_host": member.client_host,
+        "member_epoch": member.member_epoch,
+        "previous_member_epoch": member.previous_member_epoch,
+        "subscribed_topics": member.subscribed_topics,
+        "subscribed_topic_regex": member.subscribed_topic_regex,
+        "assignor": member.assignor,
+        "allow_individual_commit": member.allow_individual_commit,
+        "session_timeout_ms": member.session_timeout_ms,
+        "owned": member.owned,
+        "assigned": member.assigned,
+        "target": member.target,
+    }
+
+
+async def insert_member(connection: AsyncConnection, member: MemberRow) -> None:
+    await connection.execute(
+        insert(Member).values(
+            group_id=member.group_id,
+            member_id=member.member_id,
+            last_heartbeat=func.now(),
+            expires_at=func.now() + member.session_timeout_ms * _ONE_MILLISECOND,
+            **_member_values(member),
+        )
+    )
+
+
+async def save_member(connection: AsyncConnection, member: MemberRow, *, heartbeat: bool) -> None:
+    """Write a member back; ``heartbeat`` also renews its session (only its own request may)."""
+    values = _member_values(member)
+    if heartbeat:
+        values["last_heartbeat"] = func.now()
+        values["expires_at"] = func.now() + member.session_timeout_ms * _ONE_MILLISECOND
+    await connection.execute(
+        update(Member)
+        .where(Member.group_id == member.group_id, Member.member_id == member.member_id)
+        .values(**values)
+    )
+
+
+async def save_targets(
+    connection: AsyncConnection, group_id: str, targets: Mapping[str, WireSlices]
+) -> None:
+    if not targets:
+        return
+    await connection.execute(
+        update(Member)
+        .where(
+            Member.group_id == bindparam("b_group_id"),
+            Member.member_id == bindparam("b_member_id"),
+        )
+        .values(target=bindparam("b_target", type_=JSONB)),
+        [
+            {"b_group_id": group_id, "b_member_id": member_id, "b_target": target}
+            for member_id, target in sorted(targets.items())
+        ],
+    )
+
+
+async def delete_member(connection: AsyncConnection, group_id: str, member_id: str) -> bool:
+    result = await connection.execute(
+        delete(Member)
+        .where(Member.group_id == group_id, Member.member_id == member_id)
+        .returning(Member.member_id)
+    )
+    return result.one_or_none() is not None
+
+
+async def extend_stable_session(
+    connection: AsyncConnection,
+    group_id: str,
+    member_id: str,
+    member_epoch: int,
+    owned: WireSlices | None,
+    subscription: tuple[list[str], str | None] | None,
+    assignor: str | None,
+    allow_individual_commit: bool | None,
+    session_timeout_ms: int | None,
+) -> StableHeartbeat | None:
+    """One statement for the common heartbeat: the member is live, at its epoch, owns exactly
+    its assignment, which is its target, its group has no pending rebalance, and the request
+    changes nothing. Returns None when any of that is false."""
+    conditions = [
+        Member.group_id == group_id,
+        Member.member_id == member_id,
+        Member.member_epoch == member_epoch,
+        Member.expires_at > func.now(),
+        Member.owned == Member.assigned,
+        Member.assigned == Member.target,
+        Group.group_id == Member.group_id,
+        Group.rebalance_requested.is_(False),
+    ]
+    if owned is not None:
+        conditions.append(Member.owned == bindparam("owned_json", owned, type_=JSONB))
+    if subscription is not None:
+        topics, regex = subscription
+        conditions.append(Member.subscribed_topics == topics)
+        conditions.append(Member.subscribed_topic_regex.is_not_distinct_from(regex))
+    if assignor is not None:
+        conditions.append(Member.assignor == assignor)
+    if allow_individual_commit is not None:
+        conditions.append(Member.allow_individual_commit.is_(allow_individual_commit))
+    if session_timeout_ms is not None:
+        conditions.append(Member.session_timeout_ms == session_timeout_ms)
+    result = await connection.execute(
+        update(Member)
+        .where(*conditions)
+        .values(
+            last_heartbeat=func.now(),
+            expires_at=func.now() + Member.session_timeout_ms * _ONE_MILLISECOND,
+        )
+        .returning(Member.assigned, Member.session_timeout_ms)
+    )
+    row = result.one_or_none()
+    if row is None:
+        return None
+    return StableHeartbeat(list(row.assigned), int(row.session_timeout_ms))
+
+
+async def read_partition_counts(
+    connection: AsyncConnection, topics: Collection[str] | None = None
+) -> dict[str, int]:
+    """Known partition counts; all of them when ``topics`` is None (regex subscriptions)."""
+    query = select(TopicMetadata.topic, TopicMetadata.partition_count)
+    if topics is not None:
+        if not topics:
+            return {}
+        query = query.where(TopicMetadata.topic.in_(sorted(topics)))
+    result = await connection.execute(query)
+    return {row.topic: int(row.partition_count) for row in result}
+
+
+async def read_range_fetch(connection: AsyncConnection, topics: Collection[str]) -> dict[str, bool]:
+    """Explicit per-topic ``accept.range.fetch``; topics without a row use the default."""
+    if not topics:
+        return {}
+    result = await connection.execute(
+        select(TopicConfig.topic, TopicConfig.accept_range_fetch).where(
+            TopicConfig.topic.in_(sorted(topics))
+        )
+    )
+    return {row.topic: bool(row.accept_range_fetch) for row in result}
+
+
+async def read_switches(connection: AsyncConnection) -> tuple[bool, bool] | None:
+    row = (
+        await connection.execute(
+            select(
+                CoordinatorConfig.accept_individual_commit,
+                CoordinatorConfig.default_accept_range_fetch,
+            ).where(CoordinatorConfig.id == 1)
+        )
+    ).one_or_none()
+    return None if row is None else (bool(row[0]), bool(row[1]))
+
+
+async def write_partition_counts(connection: AsyncConnection, counts: Mapping[str, int]) -> None:
+    if not counts:
+        return
+    statement = insert(TopicMetadata).values(
+        [{"topic": topic, "partition_count": count} for topic, count in sorted(counts.items())]
+    )
+    await connection.execute(
+        statement.on_conflict_do_update(
+            index_elements=[TopicMetadata.topic],
+            set_={"partition_count": statement.excluded.partition_count, "updated_at": func.now()},
+        )
+    )
+
+
+async def delete_partition_counts(connection: AsyncConnection, topics: Iterable[str]) -> None:
+    names = sorted(topics)
+    if names:
+        await connection.execute(delete(TopicMetadata).where(TopicMetadata.topic.in_(names)))
+
+
+async def live_subscriptions(connection: AsyncConnection) -> list[Subscription]:
+    """Distinct subscriptions of live members, for the metadata refresh."""
+    result = await connection.execute(
+        select(Member.group_id, Member.subscribed_topics, Member.subscribed_topic_regex)
+        .where(Member.expires_at > func.now())
+        .distinct()
+    )
+    return [Subscription(row.group_id, list(row.subscribed_topics), row[2]) for row in result]
+
+
+async def request_rebalances(
+    connection: AsyncConnection, group_ids: Collection[str], reason: str
+) -> None:
+    if group_ids:
+        await connection.execute(
+            _REBALANCE_GROUPS, {"group_ids": sorted(group_ids), "reason": reason}
+        )
+
+
+async def lock_groups_to_reap(connection: AsyncConnection, limit: int) -> list[str]:
+    """Groups with expired members that no other transaction holds; they stay locked."""
+    result = await connection.execute(_GROUPS_TO_REAP, {"limit": limit})
+    return [row.group_id for row in result]
+
+
+async def live_member_counts(connection: AsyncConnection) -> dict[str, int]:
+    result = await connection.execute(
+        select(Member.group_id, func.count())
+        .where(Member.expires_at > func.now())
+        .group_by(Member.group_id)
+    )
+    return {row[0]: int(row[1]) for row in result}
+
+
+async def stable_offsets(connection: AsyncConnection) -> dict[tuple[str, str, int], int]:
+    """Every committed partition's stable offset, for the lag gauges."""
+    result = await connection.execute(
+        select(
+            PartitionOffsets.group_id,
+            PartitionOffsets.topic,
+            PartitionOffsets.partition,
+            PartitionOffsets.stable_offset,
+        )
+    )
+    return {(row[0], row[1], int(row[2])): int(row[3]) for row in result}

@@ -1,0 +1,135 @@
+"""Wire shapes of the heartbeat route and the membership admin routes (docs/api.md)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from coordinator.admin.schemas import AdminPartitionOffsets
+from coordinator.validation import INT32_MAX, KeyHash, MemberEpoch, PartitionId, TopicName
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+
+# Generous bounds that still keep one heartbeat body small and its handling cheap.
+MAX_SUBSCRIBED_TOPICS = 10_000
+MAX_OWNED_SLICES = 100_000
+MAX_RANGES_PER_SLICE = 10_000
+MAX_REGEX_CHARS = 1_000
+
+KeyRangeJson = tuple[KeyHash, KeyHash]
+MemberIdText = Annotated[str, Field(min_length=1, max_length=255)]
+LabelText = Annotated[str, Field(min_length=1, max_length=255)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SliceJson(StrictModel):
+    topic: TopicName
+    partition: PartitionId
+    ranges: Annotated[list[KeyRangeJson], Field(min_length=1, max_length=MAX_RANGES_PER_SLICE)]
+
+    @model_validator(mode="after")
+    def _ordered_ranges(self) -> SliceJson:
+        for start, end in self.ranges:
+            if start > end:
+                raise ValueError(f"key range [{start}, {end}] has start > end")
+        return self
+
+
+class HeartbeatRequest(StrictModel):
+    member_id: MemberIdText | None = None
+    member_epoch: MemberEpoch
+    instance_id: LabelText | None = None
+    client_id: Annotated[str, Field(max_length=255)] | None = None
+    subscribed_topics: (
+        Annotated[list[TopicName], Field(max_length=MAX_SUBSCRIBED_TOPICS)] | None
+    ) = None
+    subscribed_topic_regex: Annotated[str, Field(max_length=MAX_REGEX_CHARS)] | None = None
+    assignor: LabelText | None = None
+    allow_individual_commit: bool | None = None
+    session_timeout_ms: Annotated[int, Field(ge=1, le=INT32_MAX, strict=True)] | None = None
+    owned: Annotated[list[SliceJson], Field(max_length=MAX_OWNED_SLICES)] | None = None
+
+    @field_validator("subscribed_topic_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"subscribed_topic_regex does not compile: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HeartbeatRequest:
+        if self.member_epoch != JOIN_EPOCH and self.member_id is None:
+            raise ValueError("member_id is required unless joining (member_epoch 0)")
+        if (
+            self.member_epoch == JOIN_EPOCH
+            and self.subscribed_topics is None
+            and self.subscribed_topic_regex is None
+        ):
+            raise ValueError("a join needs subscribed_topics or subscribed_topic_regex")
+        if self.owned is not None:
+            seen: set[tuple[str, int]] = set()
+            for entry in self.owned:
+                key = (entry.topic, entry.partition)
+                if key in seen:
+                    raise ValueError(f"owned lists {entry.topic}-{entry.partition} twice")
+                seen.add(key)
+        return self
+
+
+class HeartbeatReply(BaseModel):
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+    assignment: list[SliceJson]
+
+
+class MemberDescription(BaseModel):
+    member_id: str
+    instance_id: str | None
+    client_id: str | None
+    client_host: str | None
+    joined_at: datetime
+    last_heartbeat: datetime
+    expires_at: datetime
+    member_epoch: int
+    subscribed_topics: list[str]
+    subscribed_topic_regex: str | None
+    assignor: str | None
+    allow_individual_commit: bool
+    session_timeout_ms: int
+    owned: list[SliceJson]
+    assigned: list[SliceJson]
+    target: list[SliceJson]
+
+
+class GroupDescription(BaseModel):
+    group_id: str
+    state: str
+    assignor: str | None
+    group_epoch: int
+    rebalance_requested: bool
+    rebalance_reason: str | None
+    members: list[MemberDescription]
+    partitions: list[AdminPartitionOffsets]
+
+
+class RebalanceReply(BaseModel):
+    group_id: str
+    group_epoch: int
+
+
+class RemovedMemberReply(BaseModel):
+    group_id: str
+    member_id: str
+    group_epoch: int

@@ -1,0 +1,765 @@
+"""Group membership: join, heartbeat, leave, session reaping and Kafka metadata refresh
+(DESIGN §5, in the manner of KIP-848). Protocol decisions are recorded in docs/membership.md.
+
+The pure parts live in ``coordinator.core``: assignors compute each member's *target*, and
+``reconcile`` decides what a member may own *now*. This module is the shell around them: it
+runs every change under the group's row lock inside the caller's transaction (never
+committing), so several coordinator replicas can share one database.
+
+Safety rests on one rule: a member's ``assigned`` changes only on that member's own
+heartbeat, when its request epoch proves it saw the previous assignment. Everything the
+member might still hold — what it reports owning, plus what it was told it may own and has not
+acknowledged losing — stays in its stored ``owned | assigned`` ("held"), and nobody is
+assigned a hash that another live member holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from client.keyspace import HASH_SPACE
+from coordinator import metrics
+from coordinator.core.assignment import (
+    GroupAssignment,
+    GroupSpec,
+    MemberSpec,
+    Slice,
+    TopicSpec,
+    member_loads,
+    moved_hash_count,
+    normalize_slices,
+    slices_from_wire,
+    slices_to_wire,
+    subtract_slices,
+    union_slices,
+)
+from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError, get_assignor
+from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
+from coordinator.errors import FencedMemberEpoch, GroupIdNotFound, InvalidRequest, UnknownMemberId
+from coordinator.groups import repository
+from coordinator.groups.repository import GroupRow, MemberRow, WireSlices
+from coordinator.groups.schemas import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    GroupDescription,
+    HeartbeatReply,
+    HeartbeatRequest,
+    MemberDescription,
+    RebalanceReply,
+    RemovedMemberReply,
+    SliceJson,
+)
+from coordinator.kafka import ClusterMetadata, KafkaClusterError
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
+
+# Epoch 0 means "joining" on the wire, so a member's first epoch is 1.
+FIRST_MEMBER_EPOCH = 1
+# Groups reaped per transaction: bounds how long one reaper pass holds its locks.
+REAP_BATCH = 50
+
+
+# --- slices: stored in the wire form, computed on as normalized Slice tuples ---------------
+
+
+def from_wire(slices: Iterable[Mapping[str, Any]]) -> tuple[Slice, ...]:
+    return slices_from_wire(slices)
+
+
+def canonical_wire(slices: Iterable[Slice]) -> WireSlices:
+    """Normalized and sorted, so stored JSONB compares by plain equality."""
+    return slices_to_wire(slices)
+
+
+def _request_slices(slices: Iterable[SliceJson]) -> tuple[Slice, ...]:
+    return slices_from_wire(s.model_dump() for s in slices)
+
+
+# --- request helpers -----------------------------------------------------------------------
+
+
+def clamp_session_timeout(requested: int | None, settings: Settings) -> int:
+    if requested is None:
+        requested = settings.session_timeout_default_ms
+    return max(settings.session_timeout_min_ms, min(settings.session_timeout_max_ms, requested))
+
+
+def heartbeat_interval(session_timeout_ms: int, settings: Settings) -> int:
+    """A third of the session at most, so two lost heartbeats never expire a member."""
+    return max(1, min(settings.heartbeat_interval_ms, session_timeout_ms // 3))
+
+
+def _requested_subscription(request: HeartbeatRequest) -> tuple[list[str], str | None] | None:
+    if request.subscribed_topics is None and request.subscribed_topic_regex is None:
+        return None
+    return sorted(set(request.subscribed_topics or [])), request.subscribed_topic_regex
+
+
+def _reply(member: MemberRow, settings: Settings) -> HeartbeatReply:
+    return HeartbeatReply(
+        member_id=member.member_id,
+        member_epoch=member.member_epoch,
+        heartbeat_interval_ms=heartbeat_interval(member.session_timeout_ms, settings),
+        session_timeout_ms=member.session_timeout_ms,
+        assignment=[SliceJson.model_validate(s) for s in member.assigned],
+    )
+
+
+def _check_assignor(name: str | None) -> None:
+    if name is not None and name not in ASSIGNORS:
+        raise InvalidRequest(str(UnknownAssignorError(name)))
+
+
+# --- Kafka metadata before the transaction -------------------------------------------------
+
+
+async def learn_subscribed_topics(
+    engine: AsyncEngine, cluster: ClusterMetadata | None, request: HeartbeatRequest
+) -> None:
+    """Store partition counts of subscribed topics the coordinator has not seen yet, in a
+    short transaction of its own, so the heartbeat's transaction assigns from the database."""
+    subscription = _requested_subscription(request)
+    if cluster is None or subscription is None:
+        return
+    topics, regex = subscription
+    wanted = set(topics)
+    try:
+        if regex is not None:
+            pattern = re.compile(regex)
+            wanted |= {t for t in await cluster.list_topics() if pattern.fullmatch(t)}
+        async with engine.connect() as connection:
+            known = await repository.read_partition_counts(connection, wanted)
+        missing = wanted - known.keys()
+        if not missing:
+            return
+        counts = await cluster.partition_counts(sorted(missing))
+    except KafkaClusterError as exc:
+        # A heartbeat still works without Kafka; the refresh loop fills the counts in later.
+        log.warning("partition counts unavailable", extra={"error": type(exc).__name__})
+        return
+    async with engine.begin() as connection:
+        await repository.write_partition_counts(connection, counts)
+
+
+# --- target assignment -----------------------------------------------------------------------
+
+
+def _group_assignor(members: Iterable[MemberRow], settings: Settings) -> str:
+    """The most requested assignor (ties: by name), as KIP-848 picks a group's assignor."""
+    votes = Counter(m.assignor or settings.default_assignor for m in members)
+    if not votes:
+        return settings.default_assignor
+    return min(votes, key=lambda name: (-votes[name], name))
+
+
+def _resolved_topics(member: MemberRow, known_topics: Iterable[str]) -> list[str]:
+    topics = set(member.subscribed_topics)
+    if member.subscribed_topic_regex is not None:
+        pattern = re.compile(member.subscribed_topic_regex)
+        topics |= {t for t in known_topics if pattern.fullmatch(t)}
+    return sorted(topics)
+
+
+async def _recompute_targets(
+    connection: AsyncConnection,
+    group: GroupRow,
+    members: Mapping[str, MemberRow],
+    settings: Settings,
+    reason: str,
+    *,
+    unsaved: str | None = None,
+) -> GroupRow:
+    """Run the group's assignor and store every member's new target. ``unsaved`` names a
+    member whose row the caller writes itself (a join not inserted yet)."""
+    assignor_name = _group_assignor(members.values(), settings)
+    if any(m.subscribed_topic_regex for m in members.values()):
+        counts = await repository.read_partition_counts(connection, None)
+    else:
+        counts = await repository.read_partition_counts(
+            connection, {t for m in members.values() for t in m.subscribed_topics}
+        )
+    subscriptions = {mid: _resolved_topics(m, counts) for mid, m in members.items()}
+    subscribed = {t for topics in subscriptions.values() for t in topics if t in counts}
+    range_fetch = await repository.read_range_fetch(connection, subscribed)
+    switches = await repository.read_switches(connection)
+    accept_individual, default_range_fetch = switches or (
+        settings.accept_individual_commit,
+        settings.default_accept_range_fetch,
+    )
+    old_targets = {mid: from_wire(m.target) for mid, m in members.items()}
+    spec = GroupSpec.of(
+        (
+            MemberSpec(
+                member_id=mid,
+                subscribed_topics=frozenset(t for t in subscriptions[mid] if t in counts),
+                allow_individual_commit=m.allow_individual_commit,
+                # Stickiness keeps the previous target: what members report lags behind it.
+                owned=old_targets[mid],
+                member_epoch=m.member_epoch,
+                instance_id=m.instance_id,
+            )
+            for mid, m in members.items()
+        ),
+        (
+            TopicSpec(
+                name=t,
+                partition_count=counts[t],
+                accept_range_fetch=range_fetch.get(t, default_range_fetch),
+            )
+            for t in sorted(subscribed)
+        ),
+        accept_individual_commit=accept_individual,
+    )
+    assignment = get_assignor(assignor_name).assign(spec)
+    _record_rebalance(group.group_id, reason, old_targets, assignment)
+    changed: dict[str, WireSlices] = {}
+    for mid, member in members.items():
+        wire = canonical_wire(assignment.get(mid, ()))
+        if wire != member.target:
+            member.target = wire
+            if mid != unsaved:
+                changed[mid] = wire
+    await repository.save_targets(connection, group.group_id, changed)
+    log.info(
+        "target assignment computed",
+        extra={
+            "group_id": group.group_id,
+            "reason": reason,
+            "assignor": assignor_name,
+            "members": len(members),
+            "changed_targets": len(changed),
+        },
+    )
+    return GroupRow(
+        group_id=group.group_id,
+        assignor=assignor_name,
+        group_epoch=group.group_epoch + 1,
+        rebalance_requested=False,
+        rebalance_reason=None,
+    )
+
+
+def _record_rebalance(
+    group_id: str, reason: str, before: GroupAssignment, after: GroupAssignment
+) -> None:
+    metrics.REBALANCES.labels(reason=reason).inc()
+    metrics.HASH_SPACE_MOVED.observe(moved_hash_count(before, after) / HASH_SPACE)
+    loads = list(member_loads(after).values())
+    metrics.MEMBER_LOAD.labels(group_id, "max").set(max(loads, default=0.0))
+    metrics.MEMBER_LOAD.labels(group_id, "min").set(min(loads, default=0.0))
+
+
+async def _settle_group(
+    connection: AsyncConnection,
+    group: GroupRow,
+    members: Mapping[str, MemberRow],
+    settings: Settings,
+    reasons: list[str],
+    *,
+    unsaved: str | None = None,
+) -> GroupRow:
+    """Recompute targets when membership, subscriptions or topics changed, then store the
+    group row."""
+    if group.rebalance_requested:
+        reasons.append(group.rebalance_reason or "rebalance requested")
+    if reasons:
+        group = await _recompute_targets(
+            connection, group, members, settings, reasons[0], unsaved=unsaved
+        )
+        await repository.save_group(connection, group)
+    return group
+
+
+# --- reconciliation of the heartbeating member -----------------------------------------------
+
+
+def _reconcile_member(
+    member: MemberRow, reported: tuple[Slice, ...] | None, members: Mapping[str, MemberRow]
+) -> None:
+    """Decide what ``member`` may own now; the caller has checked that the member saw its
+    current assignment (its request carries its current epoch)."""
+    holdings = {
+        mid: MemberHolding(
+            owned=from_wire(other.owned),
+            assigned=from_wire(other.assigned),
+            member_epoch=other.member_epoch,
+        )
+        for mid, other in members.items()
+    }
+    mine = holdings[member.member_id]
+    owned = mine.owned
+    if reported is not None:
+        owned = accept_reported_owned(reported, mine)
+        if owned != normalize_slices(reported):
+            log.warning(
+                "member reported slices it was never assigned; ignored",
+                extra={"group_id": member.group_id, "member_id": member.member_id},
+            )
+    holdings[member.member_id] = MemberHolding(owned, mine.assigned, mine.member_epoch)
+    decision = reconcile_member(member.member_id, holdings, from_wire(member.target))
+    # What was assignable until now and is not any more may have been started after the
+    # request was sent: it stays held until a later report leaves it out.
+    revoked = subtract_slices(mine.assigned, decision.assigned)
+    member.owned = canonical_wire(union_slices(owned, revoked))
+    if decision.member_epoch != member.member_epoch:
+        member.previous_member_epoch = member.member_epoch
+        member.member_epoch = decision.member_epoch
+        member.assigned = canonical_wire(decision.assigned)
+
+
+# --- the heartbeat ---------------------------------------------------------------------------
+
+
+async def heartbeat(
+    connection: AsyncConnection,
+    group_id: str,
+    request: HeartbeatRequest,
+    settings: Settings,
+    client_host: str | None,
+) -> HeartbeatReply:
+    subscription = _requested_subscription(request)
+    session_timeout = (
+        None
+        if request.session_timeout_ms is None
+        else clamp_session_timeout(request.session_timeout_ms, settings)
+    )
+    if request.member_epoch > JOIN_EPOCH and request.member_id is not None:
+        stable = await repository.extend_stable_session(
+            connection,
+            group_id,
+            request.member_id,
+            request.member_epoch,
+            None if request.owned is None else canonical_wire(_request_slices(request.owned)),
+            subscription,
+            request.assignor,
+            request.allow_individual_commit,
+            session_timeout,
+        )
+        if stable is not None:
+            return HeartbeatReply(
+                member_id=request.member_id,
+                member_epoch=request.member_epoch,
+                heartbeat_interval_ms=heartbeat_interval(stable.session_timeout_ms, settings),
+                session_timeout_ms=stable.session_timeout_ms,
+                assignment=[SliceJson.model_validate(s) for s in stable.assigned],
+            )
+    _check_assignor(request.assignor)
+
+    group = await repository.lock_group(connection, group_id)
+    members = {m.member_id: m for m in await repository.read_members(connection, group_id)}
+    reasons = _expiry_reasons(await _reap_locked(connection, group_id, members))
+
+    if request.member_epoch == LEAVE_EPOCH:
+        return await _leave(connection, group, members, request, settings, reasons)
+    reported = None if request.owned is None else _request_slices(request.owned)
+    if request.member_epoch == JOIN_EPOCH:
+        member, is_new = await _join(
+            connection, group_id, members, request, settings, client_host, reasons
+        )
+        acknowledged = True
+    else:
+        member = _current_member(group_id, members, request)
+        is_new = False
+        acknowledged = request.member_epoch == member.member_epoch
+        _apply_member_fields(member, request, subscription, session_timeout, reasons)
+    group = await _settle_group(
+        connection, group, members, settings, reasons, unsaved=member.member_id if is_new else None
+    )
+    if acknowledged:
+        _reconcile_member(member, reported, members)
+    if is_new:
+        await repository.insert_member(connection, member)
+    else:
+        await repository.save_member(connection, member, heartbeat=True)
+    return _reply(member, settings)
+
+
+async def _reap_locked(
+    connection: AsyncConnection, group_id: str, members: dict[str, MemberRow]
+) -> list[str]:
+    """Remove the group's expired members (its row is locked); returns their ids."""
+    expired = await repository.delete_expired_members(connection, group_id)
+    for member_id in expired:
+        members.pop(member_id, None)
+        log.info("member session expired", extra={"group_id": group_id, "member_id": member_id})
+    return expired
+
+
+def _expiry_reasons(expired: list[str]) -> list[str]:
+    return ["member session expired"] if expired else []
+
+
+def _current_member(
+    group_id: str, members: Mapping[str, MemberRow], request: HeartbeatRequest
+) -> MemberRow:
+    assert request.member_id is not None  # the schema requires it for epochs other than 0
+    member = members.get(request.member_id)
+    if member is None:
+        raise UnknownMemberId(
+            f"member '{request.member_id}' is not a live member of '{group_id}'; rejoin with "
+            "member_epoch 0"
+        )
+    # The previous epoch is a retry whose reply was lost: answered, but nothing is released.
+    if request.member_epoch not in (member.member_epoch, member.previous_member_epoch):
+        raise FencedMemberEpoch(
+            f"member epoch {request.member_epoch} is stale; the member's epoch is "
+            f"{member.member_epoch}: release every slice and rejoin with member_epoch 0",
+            member_epoch=member.member_epoch,
+        )
+    return member
+
+
+def _apply_member_fields(
+    member: MemberRow,
+    request: HeartbeatRequest,
+    subscription: tuple[list[str], str | None] | None,
+    session_timeout: int | None,
+    reasons: list[str],
+) -> None:
+    if subscription is not None and subscription != (
+        sorted(member.subscribed_topics),
+        member.subscribed_topic_regex,
+    ):
+        member.subscribed_topics, member.subscribed_topic_regex = subscription
+        reasons.append("subscription changed")
+    if (
+        request.allow_individual_commit is not None
+        and request.allow_individual_commit != member.allow_individual_commit
+    ):
+        member.allow_individual_commit = request.allow_individual_commit
+        reasons.append("member switches changed")
+    if request.assignor is not None and request.assignor != member.assignor:
+        member.assignor = request.assignor
+        reasons.append("assignor changed")
+    if session_timeout is not None:
+        member.session_timeout_ms = session_timeout
+    if request.client_id is not None:
+        member.client_id = request.client_id
+
+
+async def _join(
+    connection: AsyncConnection,
+    group_id: str,
+    members: dict[str, MemberRow],
+    request: HeartbeatRequest,
+    settings: Settings,
+    client_host: str | None,
+    reasons: list[str],
+) -> tuple[MemberRow, bool]:
+    """A new member, a member rejoining in place after being fenced, or a static member
+    taking its old place. Returns the member and whether its row is new."""
+    subscription = _requested_subscription(request) or ([], None)
+    session_timeout = clamp_session_timeout(request.session_timeout_ms, settings)
+    if request.member_id is not None and request.member_id in members:
+        member = members[request.member_id]
+        _take_over_held(member)
+        member.client_host = client_host
+        _apply_member_fields(member, request, subscription, session_timeout, reasons)
+        log.info("member rejoined", extra={"group_id": group_id, "member_id": member.member_id})
+        return member, False
+    predecessor = next(
+        (
+            m
+            for m in members.values()
+            if request.instance_id is not None and m.instance_id == request.instance_id
+        ),
+        None,
+    )
+    member = MemberRow(
+        group_id=group_id,
+        member_id=f"m-{uuid.uuid4().hex}",
+        instance_id=request.instance_id,
+        client_id=request.client_id,
+        client_host=client_host,
+        member_epoch=FIRST_MEMBER_EPOCH,
+        previous_member_epoch=FIRST_MEMBER_EPOCH,
+        subscribed_topics=subscription[0],
+        subscribed_topic_regex=subscription[1],
+        assignor=request.assignor,
+        allow_individual_commit=(
+            True if request.allow_individual_commit is None else request.allow_individual_commit
+        ),
+        session_timeout_ms=session_timeout,
+        owned=[],
+        assigned=[],
+        target=[],
+    )
+    if predecessor is not None:
+        # Static membership: the restarted instance inherits its predecessor's place and
+        # target without a rebalance; the predecessor's commits are fenced from now on.
+        del members[predecessor.member_id]
+        await repository.delete_member(connection, group_id, predecessor.member_id)
+        member.owned, member.assigned = predecessor.owned, predecessor.assigned
+        member.target = predecessor.target
+        member.member_epoch = predecessor.member_epoch
+        _take_over_held(member)
+        if (predecessor.subscribed_topics, predecessor.subscribed_topic_regex) != subscription or (
+            predecessor.allow_individual_commit != member.allow_individual_commit
+        ):
+            reasons.append("subscription changed")
+        log.info(
+            "static member replaced",
+            extra={
+                "group_id": group_id,
+                "instance_id": request.instance_id,
+                "member_id": member.member_id,
+                "replaced_member_id": predecessor.member_id,
+            },
+        )
+    else:
+        reasons.append("member joined")
+        log.info("member joined", extra={"group_id": group_id, "member_id": member.member_id})
+    members[member.member_id] = member
+    return member, True
+
+
+def _take_over_held(member: MemberRow) -> None:
+    """A (re)joining process may still hold anything its predecessor was given, until its
+    first report at the new epoch says otherwise; the epoch bump fences the old one."""
+    member.owned = canonical_wire(union_slices(from_wire(member.owned), from_wire(member.assigned)))
+    member.assigned = []
+    member.member_epoch += 1
+    member.previous_member_epoch = member.member_epoch
+
+
+async def _leave(
+    connection: AsyncConnection,
+    group: GroupRow,
+    members: dict[str, MemberRow],
+    request: HeartbeatRequest,
+    settings: Settings,
+    reasons: list[str],
+) -> HeartbeatReply:
+    """Leaving is idempotent: a retried leave whose first reply was lost succeeds too."""
+    assert request.member_id is not None  # the schema requires it for a leave
+    leaving = members.pop(request.member_id, None)
+    if leaving is not None:
+        await repository.delete_member(connection, group.group_id, request.member_id)
+        reasons.append("member left")
+        log.info("member left", extra={"group_id": group.group_id, "member_id": request.member_id})
+    await _settle_group(connection, group, members, settings, reasons)
+    session_timeout = leaving.session_timeout_ms if leaving else settings.session_timeout_default_ms
+    return HeartbeatReply(
+        member_id=request.member_id,
+        member_epoch=LEAVE_EPOCH,
+        heartbeat_interval_ms=heartbeat_interval(session_timeout, settings),
+        session_timeout_ms=session_timeout,
+        assignment=[],
+    )
+
+
+# --- admin -----------------------------------------------------------------------------------
+
+
+def _group_state(members: Iterable[MemberRow], group: GroupRow) -> str:
+    live = list(members)
+    if not live:
+        return "empty"
+    if group.rebalance_requested or any(
+        m.owned != m.assigned or m.assigned != m.target for m in live
+    ):
+        return "reconciling"
+    return "stable"
+
+
+async def describe(connection: AsyncConnection, group_id: str) -> GroupDescription:
+    group = await repository.find_group(connection, group_id, lock=False)
+    if group is None:
+        raise GroupIdNotFound(f"group '{group_id}' does not exist")
+    members = await repository.read_members(connection, group_id, live_only=True)
+    return GroupDescription(
+        group_id=group_id,
+        state=_group_state(members, group),
+        assignor=group.assignor,
+        group_epoch=group.group_epoch,
+        rebalance_requested=group.rebalance_requested,
+        rebalance_reason=group.rebalance_reason,
+        members=[
+            MemberDescription(
+                member_id=m.member_id,
+                instance_id=m.instance_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                joined_at=m.joined_at,
+                last_heartbeat=m.last_heartbeat,
+                expires_at=m.expires_at,
+                member_epoch=m.member_epoch,
+                subscribed_topics=m.subscribed_topics,
+                subscribed_topic_regex=m.subscribed_topic_regex,
+                assignor=m.assignor,
+                allow_individual_commit=m.allow_individual_commit,
+                session_timeout_ms=m.session_timeout_ms,
+                owned=[SliceJson.model_validate(s) for s in m.owned],
+                assigned=[SliceJson.model_validate(s) for s in m.assigned],
+                target=[SliceJson.model_validate(s) for s in m.target],
+            )
+            for m in members
+        ],
+        partitions=[],
+    )
+
+
+async def _lock_existing_group(
+    connection: AsyncConnection, group_id: str
+) -> tuple[GroupRow, dict[str, MemberRow], list[str]]:
+    group = await repository.find_group(connection, group_id, lock=True)
+    if group is None:
+        raise GroupIdNotFound(f"group '{group_id}' does not exist")
+    members = {m.member_id: m for m in await repository.read_members(connection, group_id)}
+    expired = await _reap_locked(connection, group_id, members)
+    return group, members, expired
+
+
+async def force_rebalance(
+    connection: AsyncConnection, group_id: str, settings: Settings
+) -> RebalanceReply:
+    group, members, expired = await _lock_existing_group(connection, group_id)
+    reasons = ["admin request", *_expiry_reasons(expired)]
+    group = await _settle_group(connection, group, members, settings, reasons)
+    log.info("rebalance forced", extra={"group_id": group_id, "group_epoch": group.group_epoch})
+    return RebalanceReply(group_id=group_id, group_epoch=group.group_epoch)
+
+
+async def remove_member(
+    connection: AsyncConnection, group_id: str, member_id: str, settings: Settings
+) -> RemovedMemberReply:
+    group, members, expired = await _lock_existing_group(connection, group_id)
+    if members.pop(member_id, None) is None:
+        raise UnknownMemberId(f"member '{member_id}' is not a live member of '{group_id}'")
+    await repository.delete_member(connection, group_id, member_id)
+    reasons = ["member removed by admin", *_expiry_reasons(expired)]
+    group = await _settle_group(connection, group, members, settings, reasons)
+    log.info("member removed by admin", extra={"group_id": group_id, "member_id": member_id})
+    return RemovedMemberReply(group_id=group_id, member_id=member_id, group_epoch=group.group_epoch)
+
+
+# --- background loops ------------------------------------------------------------------------
+
+
+async def reap_once(engine: AsyncEngine, settings: Settings) -> list[tuple[str, str]]:
+    """Remove expired members of groups no other replica is working on, and reassign.
+    ``SKIP LOCKED`` lets replicas split the groups instead of queueing on them."""
+    reaped: list[tuple[str, str]] = []
+    async with engine.begin() as connection:
+        for group_id in await repository.lock_groups_to_reap(connection, REAP_BATCH):
+            group, members, expired = await _lock_existing_group(connection, group_id)
+            reaped.extend((group_id, member_id) for member_id in expired)
+            await _settle_group(connection, group, members, settings, _expiry_reasons(expired))
+    return reaped
+
+
+async def refresh_metadata_once(
+    engine: AsyncEngine, cluster: ClusterMetadata
+) -> dict[str, int | None]:
+    """Re-read partition counts of every live subscription and mark the groups whose topics
+    changed for rebalance. Returns the changes (None: the topic is gone)."""
+    async with engine.connect() as connection:
+        subscriptions = await repository.live_subscriptions(connection)
+        known = await repository.read_partition_counts(connection, None)
+    wanted = {t for s in subscriptions for t in s.topics}
+    patterns = {s.regex: re.compile(s.regex) for s in subscriptions if s.regex is not None}
+    if patterns:
+        cluster_topics = await cluster.list_topics()
+        wanted |= {t for t in cluster_topics if any(p.fullmatch(t) for p in patterns.values())}
+    counts = await cluster.partition_counts(sorted(wanted)) if wanted else {}
+    changes: dict[str, int | None] = {t: c for t, c in counts.items() if known.get(t) != c}
+    changes.update({t: None for t in wanted if t in known and t not in counts})
+    if not changes:
+        return {}
+    affected = {
+        s.group_id
+        for s in subscriptions
+        if any(t in changes for t in s.topics)
+        or (s.regex is not None and any(patterns[s.regex].fullmatch(t) for t in changes))
+    }
+    async with engine.begin() as connection:
+        await repository.write_partition_counts(
+            connection, {t: c for t, c in changes.items() if c is not None}
+        )
+        await repository.delete_partition_counts(
+            connection, [t for t, c in changes.items() if c is None]
+        )
+        await repository.request_rebalances(connection, affected, "partition count changed")
+    log.info(
+        "topic metadata changed",
+        extra={"topics": sorted(changes), "groups": sorted(affected)},
+    )
+    return changes
+
+
+class _GaugeLabels:
+    """Remembers which label sets this process exported, to drop those that disappeared."""
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.lag: set[tuple[str, str, str]] = set()
+
+
+async def update_gauges(
+    engine: AsyncEngine, cluster: ClusterMetadata | None, exported: _GaugeLabels
+) -> None:
+    async with engine.connect() as connection:
+        counts = await repository.live_member_counts(connection)
+        stable = await repository.stable_offsets(connection) if cluster is not None else {}
+    for group_id in exported.members - counts.keys():
+        metrics.GROUP_MEMBERS.remove(group_id)
+    for group_id, count in counts.items():
+        metrics.GROUP_MEMBERS.labels(group_id).set(count)
+    exported.members = set(counts)
+    if cluster is None or not stable:
+        return
+    marks = await cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
+    current: set[tuple[str, str, str]] = set()
+    for (group_id, topic, partition), offset in stable.items():
+        high = marks.get((topic, partition))
+        if high is None:
+            continue
+        labels = (group_id, topic, str(partition))
+        metrics.PARTITION_LAG.labels(*labels).set(max(0, high - offset))
+        current.add(labels)
+    for labels in exported.lag - current:
+        metrics.PARTITION_LAG.remove(*labels)
+    exported.lag = current
+
+
+def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
+    """The membership loops ``create_app`` runs; each runs until cancelled."""
+
+    async def reaper(app: FastAPI) -> None:
+        while True:
+            await reap_once(app.state.engine, settings)
+            await asyncio.sleep(settings.reaper_interval_ms / 1000)
+
+    async def topic_metadata(app: FastAPI) -> None:
+        while True:
+            cluster = getattr(app.state, "cluster", None)
+            if cluster is not None:
+                try:
+                    await refresh_metadata_once(app.state.engine, cluster)
+                except KafkaClusterError as exc:
+                    log.warning("metadata refresh failed", extra={"error": type(exc).__name__})
+            await asyncio.sleep(settings.metadata_refresh_ms / 1000)
+
+    async def membership_metrics(app: FastAPI) -> None:
+        exported = _GaugeLabels()
+        while True:
+            await update_gauges(app.state.engine, getattr(app.state, "cluster", None), exported)
+            await asyncio.sleep(settings.metadata_refresh_ms / 1000)
+
+    return {
+        "membership-reaper": reaper,
+        "topic-metadata-refresh": topic_metadata,
+        "membership-metrics": membership_metrics,
+    }
