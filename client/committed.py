@@ -11,7 +11,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, cast
 
 from client.keyspace import HASH_MAX, KeyRange
 
@@ -85,13 +86,14 @@ class CommittedOffsets:
     _piece_offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        ranges = tuple((start, end) for start, end in self.ranges)
+        # Accept any sequences but store tuples, so states hash and compare by value.
+        ranges = cast(tuple[tuple[int, int], ...], tuple(map(tuple, self.ranges)))
         watermarks = tuple(self.watermarks)
         object.__setattr__(self, "ranges", ranges)
         object.__setattr__(self, "watermarks", watermarks)
         self._check_invariants()
-        object.__setattr__(self, "_range_starts", tuple(start for start, _ in ranges))
-        object.__setattr__(self, "_range_ends", tuple(end for _, end in ranges))
+        object.__setattr__(self, "_range_starts", tuple(map(itemgetter(0), ranges)))
+        object.__setattr__(self, "_range_ends", tuple(map(itemgetter(1), ranges)))
         object.__setattr__(self, "_piece_starts", tuple(w.keys.start for w in watermarks))
         object.__setattr__(self, "_piece_ends", tuple(w.keys.end for w in watermarks))
         object.__setattr__(self, "_piece_offsets", tuple(w.offset for w in watermarks))

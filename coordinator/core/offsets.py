@@ -19,6 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from operator import itemgetter
 
 from client.committed import OFFSET_MAX, CommittedOffsets, Watermark
 from client.keyspace import HASH_MAX, HASH_MIN, KeyRange
@@ -62,11 +63,8 @@ def apply_individual_commit(
     watermarks are refused separately when they would grow the stored state past its limit.
     """
     stable = state.stable_offset
-    commit_ranges = _validated_ranges(ranges)
-    too_old = bool(commit_ranges) and all(end < stable for _, end in commit_ranges)
-    fresh = _coalesce(
-        sorted((max(start, stable), end) for start, end in commit_ranges if end >= stable)
-    )
+    fresh = _clipped_ranges(ranges, floor=stable)
+    too_old = bool(ranges) and not fresh
     merged_ranges = _merge_ranges(state.ranges, fresh) if fresh else state.ranges
     raised_pieces = _raise_watermarks(state.watermarks, watermarks, floor=stable)
 
@@ -97,7 +95,7 @@ def apply_individual_commit(
         outcome = CommitOutcome.TOO_OLD
     else:
         outcome = CommitOutcome.OK
-    carried = bool(commit_ranges) or bool(watermarks)
+    carried = bool(ranges) or bool(watermarks)
     return PartitionCommitResult(
         state=candidate,
         outcome=outcome,
@@ -142,14 +140,18 @@ def _check_offset(value: int, what: str) -> None:
         raise ValueError(f"{what} must be within [0, 2**63-1], got {value}")
 
 
-def _validated_ranges(ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
-    # The HTTP layer validates first; this is defence in depth for any other caller.
-    checked = []
+def _clipped_ranges(ranges: Sequence[OffsetRange], *, floor: int) -> list[OffsetRange]:
+    """The ranges' parts at or above ``floor``, in input order.
+
+    Validates each range although the HTTP layer already did: defence in depth for any caller.
+    """
+    clipped = []
     for start, end in ranges:
         if not 0 <= start <= end <= OFFSET_MAX:
             raise ValueError(f"offset range [{start}, {end}] needs 0 <= start <= end <= 2**63-1")
-        checked.append((start, end))
-    return checked
+        if end >= floor:
+            clipped.append((start if start >= floor else floor, end))
+    return clipped
 
 
 def _exceeds(count: int, stored_count: int, limit: int) -> bool:
@@ -165,26 +167,34 @@ def _range_end(offset_range: OffsetRange) -> int:
 
 
 def _coalesce(sorted_ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
-    """Merge overlapping and adjacent ranges of a sorted sequence."""
+    """Merge overlapping and adjacent ranges of a non-empty sorted sequence."""
     merged: list[OffsetRange] = []
+    run_start, run_end = sorted_ranges[0]
     for start, end in sorted_ranges:
-        if merged and start <= merged[-1][1] + 1:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
+        if start <= run_end + 1:
+            if end > run_end:
+                run_end = end
         else:
-            merged.append((start, end))
+            merged.append((run_start, run_end))
+            run_start, run_end = start, end
+    merged.append((run_start, run_end))
     return merged
 
 
 def _merge_ranges(
     stored: Sequence[OffsetRange], fresh: Sequence[OffsetRange]
 ) -> Sequence[OffsetRange]:
-    """Union of two normalized range lists, re-merging only the stored stretch ``fresh`` spans."""
-    low = bisect_left(stored, fresh[0][0] - 1, key=_range_end)
-    high = bisect_right(stored, fresh[-1][1] + 1, key=_range_start)
-    # Both inputs are sorted runs, which Timsort merges in linear time.
-    middle = _coalesce(sorted([*stored[low:high], *fresh]))
-    return [*stored[:low], *middle, *stored[high:]]
+    """Union of normalized ``stored`` and non-empty unsorted ``fresh``.
+
+    Only the stored stretch that ``fresh`` spans (with its touching neighbours) is re-merged.
+    """
+    span_start: int = min(fresh)[0]
+    span_end: int = max(map(itemgetter(1), fresh))
+    low = bisect_left(stored, span_start - 1, key=_range_end)
+    high = bisect_right(stored, span_end + 1, key=_range_start)
+    middle = [*stored[low:high], *fresh]
+    middle.sort(key=itemgetter(0))  # Timsort takes the stored stretch as one presorted run
+    return [*stored[:low], *_coalesce(middle), *stored[high:]]
 
 
 def _piece_start(piece: Watermark) -> int:

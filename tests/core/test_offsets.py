@@ -344,8 +344,7 @@ def test_sixty_thousand_ranges_in_one_commit_merge_with_ten_thousand_stored() ->
 # The model: records (offset, hash); the marked offsets (IC ranges and classic commits) and the
 # watermarks applied so far; everything else is derived naively and compared exactly.
 
-RECORDS = 24
-OFFSET_LIMIT = RECORDS + 4  # commits may reach a little past the last record
+RECORDS = 64
 MAX_RANGES = 4
 MAX_PIECES = 4
 HASHES = [0, 1, 2**61, HALF - 1, HALF, HALF + 7, HASH_MAX - 1, HASH_MAX]
@@ -368,12 +367,13 @@ key_ranges = (
         lambda pair: KeyRange(min(pair), max(pair))
     )
 )
-watermarks = st.builds(
-    Watermark, key_ranges, st.sampled_from([4, 8, 12]) | st.integers(0, OFFSET_LIMIT)
-)
-offset_ranges = st.tuples(st.integers(0, OFFSET_LIMIT), st.integers(0, 5)).map(
-    lambda pair: (pair[0], pair[0] + pair[1])
-)
+# Offsets are drawn relative to the current stable offset, where all the behaviour is: a
+# slightly negative distance probes TOO_OLD and no-op watermarks; few distinct watermark
+# distances make equal neighbours common.
+RelativeRange = tuple[int, int]  # (distance of the start from the stable offset, length - 1)
+RelativeWatermark = tuple[KeyRange, int]  # (keys, distance of W from the stable offset)
+relative_ranges = st.tuples(st.integers(-4, 10), st.integers(0, 3))
+relative_watermarks = st.tuples(key_ranges, st.sampled_from([2, 4, 6]) | st.integers(-3, 10))
 
 
 class Model:
@@ -439,24 +439,34 @@ class CommitMachine(RuleBasedStateMachine):
 
     # Three commit rules against one classic and one reset rule, so that state builds up.
     @rule(
-        ranges=st.lists(offset_ranges, max_size=4),
-        raises=st.lists(watermarks, max_size=3),
+        ranges=st.lists(relative_ranges, max_size=4),
+        raises=st.lists(relative_watermarks, max_size=3),
     )
-    def individual_commit(self, ranges: list[tuple[int, int]], raises: list[Watermark]) -> None:
+    def individual_commit(
+        self, ranges: list[RelativeRange], raises: list[RelativeWatermark]
+    ) -> None:
         self.check_individual_commit(ranges, raises)
 
-    @rule(raises=st.lists(watermarks, min_size=1, max_size=2))
-    def watermark_commit(self, raises: list[Watermark]) -> None:
+    @rule(raises=st.lists(relative_watermarks, min_size=1, max_size=2))
+    def watermark_commit(self, raises: list[RelativeWatermark]) -> None:
         self.check_individual_commit([], raises)
 
-    @rule(ranges=st.lists(offset_ranges, min_size=1, max_size=2))
-    def range_commit(self, ranges: list[tuple[int, int]]) -> None:
+    @rule(ranges=st.lists(relative_ranges, min_size=1, max_size=2))
+    def range_commit(self, ranges: list[RelativeRange]) -> None:
         self.check_individual_commit(ranges, [])
 
     def check_individual_commit(
-        self, ranges: list[tuple[int, int]], raises: list[Watermark]
+        self, relative: list[RelativeRange], relative_raises: list[RelativeWatermark]
     ) -> None:
         before = self.state
+        starts = [max(0, before.stable_offset + distance) for distance, _ in relative]
+        ranges = [
+            (start, start + extra) for start, (_, extra) in zip(starts, relative, strict=True)
+        ]
+        raises = [
+            Watermark(keys, max(0, before.stable_offset + distance))
+            for keys, distance in relative_raises
+        ]
         result = commit(
             before, ranges, raises, max_ic_ranges=MAX_RANGES, max_watermark_pieces=MAX_PIECES
         )
@@ -492,9 +502,10 @@ class CommitMachine(RuleBasedStateMachine):
         )
         self.model, self.state = candidate, result.state
 
-    @rule(offset=st.integers(0, OFFSET_LIMIT))
-    def classic_commit(self, offset: int) -> None:
+    @rule(distance=st.integers(-3, 4))
+    def classic_commit(self, distance: int) -> None:
         before = self.state
+        offset = max(0, before.stable_offset + distance)
         result = apply_classic_commit(before, offset)
 
         self.model = self.model.with_commit([(0, offset - 1)] if offset else [], [])
@@ -505,7 +516,7 @@ class CommitMachine(RuleBasedStateMachine):
         assert result.duplicate == (expected == before)
         self.state = result.state
 
-    @rule(to_offset=st.none() | st.integers(0, OFFSET_LIMIT))
+    @rule(to_offset=st.none() | st.integers(0, RECORDS))
     def admin_reset(self, to_offset: int | None) -> None:
         stable = self.state.stable_offset if to_offset is None else to_offset
         self.state = reset_offsets(self.state, to_offset)
