@@ -305,6 +305,9 @@ class EmbeddedPostgres:
         await asyncio.to_thread(self.stop)
 
 
+_HAVE_PROCFS = Path("/proc/self/stat").exists()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -315,17 +318,21 @@ def _pid_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True
+        # Without procfs (macOS) the kill() probe is all we have; with it, the process just
+        # exited between the two looks.
+        return not _HAVE_PROCFS
     # A zombie has exited and only waits for its parent (often init) to reap it.
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _looks_like_postgres(pid: int) -> bool:
     """Guards against a stale ``postmaster.pid`` whose pid now belongs to another program."""
+    if not _HAVE_PROCFS:
+        return True
     try:
         command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return True  # no procfs to check with (macOS): trust the pid file
+        return False
     return b"postgres" in command_line
 
 
@@ -343,7 +350,7 @@ def _import_pgserver() -> ModuleType:
     unset (containers, CI) although its fallback directory works fine."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
             import pgserver
     except ImportError as err:
         raise EmbeddedServiceError(
@@ -407,6 +414,8 @@ class EmbeddedBroker:
         """Start the broker and return its bootstrap address once it answers metadata."""
         if self.running:
             return self.bootstrap
+        # A broker that died on its own still holds a log file and an unreaped process.
+        self._terminate()
         started = time.monotonic()
         binary = _broker_binary()
         try:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -173,3 +174,21 @@ def test_broker_dies_with_a_killed_parent(tmp_path: Path) -> None:
     while _alive(broker_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(broker_pid)
+
+
+def test_a_crashed_broker_can_be_started_again(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path / "broker")
+    try:
+        broker.start()
+        first_pid = broker.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while broker.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not broker.running
+        broker.start()
+        assert broker.running and broker.pid != first_pid
+    finally:
+        broker.stop()
+    assert not _alive(first_pid)

@@ -141,3 +141,19 @@ async def test_a_stopped_broker_becomes_kafka_unavailable(tmp_path: Path) -> Non
     finally:
         broker.stop()
         await cluster.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_reader_that_started_before_kafka_recovers_once_it_is_up(tmp_path: Path) -> None:
+    port = _closed_port()
+    cluster = ClusterMetadata(f"127.0.0.1:{port}", request_timeout_ms=1_000)
+    broker = EmbeddedBroker(tmp_path / "broker", port=port)
+    try:
+        with pytest.raises(KafkaUnavailable):
+            await cluster.start()
+        broker.start()
+        await cluster.create_topic("late", 3)
+        assert await cluster.partition_counts(["late"]) == {"late": 3}
+    finally:
+        broker.stop()
+        await cluster.close()
