@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from client.keyspace import KeyRange, normalize, subtract
+from client.keyspace import KeyRange, intersect, normalize, subtract
 from coordinator.groups import repository
 
 SESSION_MS = 1_000
@@ -54,15 +54,20 @@ def overlapping(left: Holding, right: Holding) -> list[tuple[str, int]]:
 
 
 class SimulatedMember:
-    """A client process. It starts what a reply assigns at once and reports what it owns on
-    its next heartbeat; a lazy one keeps revoked slices one heartbeat longer (finishing
-    in-flight work). Without a successful heartbeat for a session it drops everything."""
+    """A client process. It reports what it owns on its next heartbeat. A lazy one keeps
+    revoked slices one heartbeat longer (finishing in-flight work); a late starter starts
+    what a reply assigned only after sending its next heartbeat, so that report leaves the
+    new slices out although it is about to own them. Without a successful heartbeat for a
+    session it drops everything."""
 
-    def __init__(self, name: str, api: httpx.AsyncClient, group: str, lazy: bool) -> None:
+    def __init__(
+        self, name: str, api: httpx.AsyncClient, group: str, lazy: bool, late_start: bool
+    ) -> None:
         self.name = name
         self.api = api
         self.group = group
         self.lazy = lazy
+        self.late_start = late_start
         self.member_id: str | None = None
         self.epoch = 0
         self.owned: Holding = {}
@@ -111,14 +116,17 @@ class SimulatedMember:
         answer = reply.json()
         self.member_id, self.epoch = answer["member_id"], answer["member_epoch"]
         self.deadline = sent_at + answer["session_timeout_ms"] / 1000
-        self.assignment = from_wire(answer["assignment"])
-        revoked = {k: subtract(v, self.assignment.get(k, [])) for k, v in self.owned.items()}
-        if self.lazy and any(revoked.values()) and not self.kept_revoked:
+        if self.late_start:
             self.owned = merged(self.owned, self.assignment)
+        self.assignment = from_wire(answer["assignment"])
+        kept = {k: intersect(v, self.assignment.get(k, [])) for k, v in self.owned.items()}
+        if self.lazy and kept != self.owned and not self.kept_revoked:
             self.kept_revoked = True
         else:
-            self.owned = dict(self.assignment)
+            self.owned = {k: v for k, v in kept.items() if v}
             self.kept_revoked = False
+        if not self.late_start:
+            self.owned = merged(self.owned, self.assignment)
 
     async def leave(self) -> None:
         self._drop_everything()
@@ -179,7 +187,13 @@ async def test_no_two_live_members_ever_hold_the_same_keys(
         return [m for m in everyone if not m.crashed and not m.left]
 
     async def join_one() -> None:
-        member = SimulatedMember(f"c{len(everyone)}", api, group, lazy=rng.random() < 0.4)
+        member = SimulatedMember(
+            f"c{len(everyone)}",
+            api,
+            group,
+            lazy=rng.random() < 0.5,
+            late_start=rng.random() < 0.5,
+        )
         everyone.append(member)
         await member.heartbeat(topics)
 
