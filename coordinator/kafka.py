@@ -170,7 +170,8 @@ class ClusterMetadata:
             create_topic_requests=[
                 (name, partitions, replication_factor, [], list((config or {}).items()))
             ],
-            timeout=self.request_timeout_ms,
+            # Half the budget: the rest is for retrying and waiting until metadata shows it.
+            timeout=self.request_timeout_ms // 2,
             validate_only=False,
         )
         async with self._bounded(f"creating topic {name!r}"):
