@@ -720,7 +720,11 @@ async def update_gauges(
     exported.members = set(counts)
     if cluster is None or not stable:
         return
-    marks = await cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
+    try:
+        marks = await cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
+    except KafkaClusterError as exc:
+        log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
+        return
     current: set[tuple[str, str, str]] = set()
     for (group_id, topic, partition), offset in stable.items():
         high = marks.get((topic, partition))
