@@ -24,6 +24,16 @@ VERSION = "0.1.0"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from coordinator.embedded import EmbeddedServiceError
+
+    try:
+        return _serve_with_services(args)
+    except EmbeddedServiceError as exc:
+        print(f"keyrange: {exc}", file=sys.stderr)
+        return 1
+
+
+def _serve_with_services(args: argparse.Namespace) -> int:
     import uvicorn
 
     from coordinator.app import create_app

@@ -9,7 +9,12 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+# uvicorn adds a copy of each message with terminal colours; it is noise in structured logs.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
