@@ -179,6 +179,8 @@ class OffsetTracker:
     def __init__(self, *, mode: CommitMode = "watermarks") -> None:
         self.mode: CommitMode = mode
         self._slices: dict[TopicPartition, list[SliceProgress]] = {}
+        # Kept as a running total because the consumer checks it after every mark.
+        self._runs_total = 0
 
     def add_slice(
         self,
@@ -194,6 +196,9 @@ class OffsetTracker:
             raise ValueError(f"{tp} already tracks a slice overlapping {keys}")
         slices.append(SliceProgress(keys, position, committed))
         slices.sort(key=lambda progress: progress.keys.start)
+
+    def partitions(self) -> list[TopicPartition]:
+        return list(self._slices)
 
     def slices_of(self, tp: TopicPartition) -> Sequence[SliceProgress]:
         return self._slices.get(tp, ())
@@ -229,18 +234,10 @@ class OffsetTracker:
         """Out-of-order marks are fine; marks for slices no longer tracked are ignored."""
         for progress in self._slices.get(tp, ()):
             if progress.keys.start <= key_hash <= progress.keys.end:
+                before = progress.runs
                 progress.mark(offset, key_hash, self.mode)
+                self._runs_total += progress.runs - before
                 return
-
-    def in_flight(self, tp: TopicPartition, keys: Iterable[KeyRange]) -> int:
-        """Registered own records of ``keys`` not processed yet (buffered or handed out)."""
-        ranges = normalize(keys)
-        count = 0
-        for progress in self._slices.get(tp, ()):
-            for offset, key_hash in progress.pending:
-                if offset not in progress.completed and any(r.contains(key_hash) for r in ranges):
-                    count += 1
-        return count
 
     def deactivate(self, tp: TopicPartition, keys: Iterable[KeyRange]) -> None:
         """Stop accepting records of ``keys`` (being revoked) but keep their progress so the
@@ -262,6 +259,7 @@ class OffsetTracker:
         if result:
             result.sort(key=lambda progress: progress.keys.start)
             self._slices[tp] = result
+        self._recount()
 
     def remove_inactive(self) -> dict[TopicPartition, list[KeyRange]]:
         """Forget deactivated slices (after their final commit); returns what was removed."""
@@ -275,18 +273,25 @@ class OffsetTracker:
                     self._slices[tp] = kept
                 else:
                     del self._slices[tp]
+        self._recount()
         return removed
 
     def clear(self) -> dict[TopicPartition, list[KeyRange]]:
         """Forget everything (slices lost): nothing of it may be committed any more."""
         owned = {tp: [p.keys for p in slices] for tp, slices in self._slices.items()}
         self._slices.clear()
+        self._runs_total = 0
         return owned
 
     @property
     def uncommitted_ranges(self) -> int:
         """An upper bound of the IC ranges the next commit would carry."""
-        return sum(progress.runs for slices in self._slices.values() for progress in slices)
+        return self._runs_total
+
+    def _recount(self) -> None:
+        self._runs_total = sum(
+            progress.runs for slices in self._slices.values() for progress in slices
+        )
 
     def prepare_commit(self, *, max_ranges: int = 60_000) -> CommitBatch | None:
         """What to commit now, or None when everything is already committed.
@@ -346,6 +351,7 @@ class OffsetTracker:
                 refused.append(reply)
             for progress in slices:
                 progress.drop_below(reply.last_stable_offset)
+        self._recount()
         return refused
 
     def _apply_claims(

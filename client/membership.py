@@ -1,0 +1,317 @@
+"""Group membership through the coordinator's heartbeat endpoint (DESIGN §5, docs/api.md).
+
+Two long-lived tasks, one per concern. ``Membership`` heartbeats on a ``time.monotonic()``
+schedule and publishes each reply's ``assignment`` (what the member may own *now*).
+``Reconciler`` moves what the consumer owns towards that target: it first releases
+``owned - assignment`` (stop, drain, commit, notify) and wakes the heartbeat so the smaller
+``owned`` is reported at once, then acquires ``assignment - owned``. Keeping them apart lets
+the member keep heartbeating while a revocation drains in-flight work.
+
+Losing the membership (fenced, unknown member, or no successful heartbeat for a whole session
+timeout while the coordinator is unreachable) drops every slice without committing and
+rejoins with epoch 0, so a zombie never commits over the slices' new owners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from aiokafka.structs import TopicPartition
+
+from client.errors import (
+    CoordinatorUnavailable,
+    FencedMemberEpoch,
+    KeyrangeClientError,
+    UnknownMemberId,
+)
+from client.http import CoordinatorClient, HeartbeatRequest, Slices
+from client.keyspace import KeyRange, normalize, subtract
+
+logger = logging.getLogger(__name__)
+
+# Reconnect backoff: quick first retries for a coordinator replica restart, capped so a
+# member notices a returning coordinator within a couple of seconds.
+_BACKOFF_INITIAL_S = 0.1
+_BACKOFF_MAX_S = 2.0
+LEAVE_EPOCH = -1
+JOIN_EPOCH = 0
+
+
+class SliceOwner(Protocol):
+    """What the consumer exposes to reconciliation."""
+
+    def owned_slices(self) -> Slices:
+        """Every slice still held, including those being released (reported as owned)."""
+
+    def active_slices(self) -> Slices:
+        """Slices whose records are being handed out."""
+
+    async def release(self, revoked: Slices) -> None: ...
+
+    async def acquire(self, added: Slices) -> None: ...
+
+    async def lose_all(self) -> None: ...
+
+
+def slices_minus(left: Mapping[TopicPartition, Sequence[KeyRange]], right: Slices) -> Slices:
+    result: Slices = {}
+    for tp, ranges in left.items():
+        rest = subtract(ranges, right.get(tp, ()))
+        if rest:
+            result[tp] = rest
+    return result
+
+
+class Reconciler:
+    """Applies target assignments one at a time, in the order revoke-then-acquire."""
+
+    def __init__(self, owner: SliceOwner, on_released: Callable[[], None]) -> None:
+        self._owner = owner
+        self._on_released = on_released
+        self._target: Slices = {}
+        self._changed = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="keyrange-reconciler")
+
+    def set_target(self, target: Slices) -> None:
+        normalized = {tp: normalize(ranges) for tp, ranges in target.items() if ranges}
+        if normalized != self._target:
+            self._target = normalized
+            self._settled.clear()
+            self._changed.set()
+
+    async def wait_settled(self) -> None:
+        """Until what the consumer owns matches the latest target."""
+        await self._settled.wait()
+
+    async def reset(self) -> None:
+        """Abandon whatever is in progress and drop every slice (the membership is lost)."""
+        await self.stop()
+        self._target = {}
+        await self._owner.lose_all()
+        self.start()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_INITIAL_S
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self._apply(self._target)
+            except Exception:
+                logger.exception("applying the assignment failed; retrying")
+                self._changed.set()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                continue
+            backoff = _BACKOFF_INITIAL_S
+            if not self._changed.is_set():
+                self._settled.set()
+
+    async def _apply(self, target: Slices) -> None:
+        revoked = slices_minus(self._owner.active_slices(), target)
+        if revoked:
+            await self._owner.release(revoked)
+            self._on_released()
+        added = slices_minus(target, self._owner.active_slices())
+        if added:
+            await self._owner.acquire(added)
+
+
+class Membership:
+    """A member of one group: join, heartbeat, follow the assignment, leave."""
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        group_id: str,
+        owner: SliceOwner,
+        *,
+        topics: Sequence[str],
+        assignor: str,
+        allow_individual_commit: bool,
+        session_timeout_ms: int,
+        instance_id: str | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self._client = client
+        self._group_id = group_id
+        self._owner = owner
+        self._topics = list(topics)
+        self._assignor = assignor
+        self._allow_individual_commit = allow_individual_commit
+        self._instance_id = instance_id
+        self._client_id = client_id
+        self.member_id: str | None = None
+        self.member_epoch = JOIN_EPOCH
+        self._session_s = session_timeout_ms / 1000
+        self._requested_session_ms = session_timeout_ms
+        self._interval_s = self._session_s / 3
+        self._last_success: float | None = None
+        self.reconciler = Reconciler(owner, self.wake)
+        self._wake: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[bool]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def start(self) -> None:
+        self.reconciler.start()
+        self._task = asyncio.create_task(self._run(), name="keyrange-heartbeat")
+
+    def identity(self) -> tuple[str | None, int | None]:
+        if self.member_id is None:
+            return None, None
+        return self.member_id, self.member_epoch
+
+    def wake(self) -> None:
+        """Heartbeat now rather than at the next interval (owned slices shrank)."""
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def refresh(self) -> bool:
+        """Heartbeat once now; True when the member is still in the group afterwards."""
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self.wake()
+        return await waiter
+
+    async def leave(self) -> None:
+        """Stop heartbeating and tell the coordinator, so the slices move without waiting
+        for the session to expire."""
+        await self.reconciler.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._resolve_waiters(False)
+        if self.member_id is None:
+            return
+        request = HeartbeatRequest(
+            member_epoch=LEAVE_EPOCH,
+            member_id=self.member_id,
+            instance_id=self._instance_id,
+            client_id=self._client_id,
+        )
+        try:
+            await asyncio.wait_for(self._client.heartbeat(self._group_id, request), self._session_s)
+        except (KeyrangeClientError, TimeoutError) as error:
+            logger.warning(
+                "leaving the group failed; the session will expire instead",
+                extra={"group_id": self._group_id, "error": str(error)},
+            )
+        self.member_id, self.member_epoch = None, JOIN_EPOCH
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_INITIAL_S
+        while True:
+            # Created before the heartbeat so a wake() during it is not lost.
+            self._wake = asyncio.get_running_loop().create_future()
+            sent_at = time.monotonic()
+            error = await self._beat()
+            if error is None:
+                backoff = _BACKOFF_INITIAL_S
+                self._resolve_waiters(True)
+                delay = self._interval_s - (time.monotonic() - sent_at)
+            elif isinstance(error, FencedMemberEpoch | UnknownMemberId):
+                logger.warning(
+                    "membership lost; rejoining",
+                    extra={"group_id": self._group_id, "error": error.error},
+                )
+                self._resolve_waiters(False)
+                await self._lose()
+                delay = 0.0
+            elif error.retriable:
+                self._resolve_waiters(False)
+                if self._session_expired():
+                    logger.warning(
+                        "no heartbeat succeeded for a session timeout; slices are lost",
+                        extra={"group_id": self._group_id, "error": str(error)},
+                    )
+                    await self._lose()
+                delay = backoff
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+            else:
+                self._resolve_waiters(False)
+                self.failure.set_exception(error)
+                return
+            await self._sleep(delay)
+
+    async def _beat(self) -> KeyrangeClientError | None:
+        joining = self.member_epoch == JOIN_EPOCH
+        request = HeartbeatRequest(
+            member_epoch=self.member_epoch,
+            member_id=self.member_id,
+            instance_id=self._instance_id,
+            client_id=self._client_id,
+            subscribed_topics=self._topics if joining else None,
+            assignor=self._assignor if joining else None,
+            allow_individual_commit=self._allow_individual_commit,
+            session_timeout_ms=self._requested_session_ms,
+            owned=self._owner.owned_slices(),
+        )
+        sent_at = time.monotonic()
+        try:
+            # Bounded by the session: a reply later than that is worthless anyway.
+            reply = await asyncio.wait_for(
+                self._client.heartbeat(self._group_id, request), self._session_s
+            )
+        except TimeoutError:
+            return CoordinatorUnavailable("heartbeat timed out")
+        except KeyrangeClientError as error:
+            return error
+        self._last_success = sent_at
+        if reply.member_id != self.member_id or reply.member_epoch != self.member_epoch:
+            logger.info(
+                "member epoch changed",
+                extra={
+                    "group_id": self._group_id,
+                    "member_id": reply.member_id,
+                    "member_epoch": reply.member_epoch,
+                },
+            )
+        self.member_id = reply.member_id
+        self.member_epoch = reply.member_epoch
+        self._interval_s = reply.heartbeat_interval_ms / 1000
+        self._session_s = reply.session_timeout_ms / 1000
+        self.reconciler.set_target(reply.assignment)
+        return None
+
+    def _session_expired(self) -> bool:
+        # Measured from when the last good heartbeat was *sent*, which is no later than when
+        # the coordinator received it: the member gives up no later than the coordinator.
+        if self._last_success is None or self.member_id is None:
+            return False
+        return time.monotonic() - self._last_success >= self._session_s
+
+    async def _lose(self) -> None:
+        self.member_id, self.member_epoch = None, JOIN_EPOCH
+        self._last_success = None
+        await self.reconciler.reset()
+
+    async def _sleep(self, delay: float) -> None:
+        if self._wake is None or self._waiters:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._wake), max(delay, 0.0))
+
+    def _resolve_waiters(self, outcome: bool) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(outcome)

@@ -1,0 +1,288 @@
+"""KeyrangeConsumer against the embedded broker and a real coordinator (standalone mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from client import CoordinatorClient, KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
+from client.http import Slices
+from tests.fixtures.services import MakeTopic
+
+LOWER, UPPER = KeyRange.full().split(2)
+
+
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:10]}"
+
+
+async def produce(bootstrap: str, topic: str, keys: list[bytes | None], partition: int = 0) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for index, key in enumerate(keys):
+            await producer.send(topic, value=b"v%d" % index, key=key, partition=partition)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def consumer_for(
+    bootstrap: str, coordinator: str, group_id: str, **options: object
+) -> KeyrangeConsumer:
+    return KeyrangeConsumer(
+        bootstrap_servers=bootstrap,
+        coordinator_url=coordinator,
+        group_id=group_id,
+        auto_commit_interval_ms=None,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def take(consumer: KeyrangeConsumer, count: int, *, mark: bool = True) -> list[object]:
+    taken: list[object] = []
+    async with asyncio.timeout(30):
+        while len(taken) < count:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    taken.append(record)
+                    if mark:
+                        consumer.mark_processed(record)
+    return taken
+
+
+KEYS = [b"key-%d" % (i % 23) for i in range(120)]
+
+
+async def test_a_slice_owner_gets_exactly_its_keys_in_offset_order(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    expected = [o for o, key in enumerate(KEYS) if LOWER.contains(key_hash(key, o))]
+    assert 0 < len(expected) < len(KEYS)
+    async with consumer_for(kafka_bootstrap, coordinator_url, group()) as consumer:
+        consumer.assign({TopicPartition(topic, 0): [LOWER]})
+        records = await take(consumer, len(expected))
+        assert [r.offset for r in records] == expected  # type: ignore[attr-defined]
+        assert await consumer.getmany(timeout_ms=300) == {}
+
+
+async def test_null_keys_spread_by_offset_over_the_slices(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, [None] * 40)
+    expected = [o for o in range(40) if UPPER.contains(key_hash(None, o))]
+    async with consumer_for(kafka_bootstrap, coordinator_url, group()) as consumer:
+        consumer.assign({TopicPartition(topic, 0): [UPPER]})
+        records = await take(consumer, len(expected))
+        assert [r.offset for r in records] == expected  # type: ignore[attr-defined]
+
+
+async def test_a_restarted_consumer_skips_what_was_committed_even_out_of_order(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+    processed: set[int] = set()
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as first:
+        first.assign({tp: []})
+        records = await take(first, len(KEYS), mark=False)
+        random.Random(7).shuffle(records)
+        for record in records[: len(records) // 2]:
+            first.mark_processed(record)
+            processed.add(record.offset)  # type: ignore[attr-defined]
+        await first.commit()
+    async with CoordinatorClient(coordinator_url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert all(committed.is_processed(o, key_hash(KEYS[o], o)) for o in processed)
+    assert not any(
+        committed.is_processed(o, key_hash(KEYS[o], o))
+        for o in range(len(KEYS))
+        if o not in processed
+    )
+    remaining = [o for o in range(len(KEYS)) if o not in processed]
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as second:
+        second.assign({tp: []})
+        again = await take(second, len(remaining))
+        assert [r.offset for r in again] == remaining  # type: ignore[attr-defined]
+        await second.commit()
+    async with CoordinatorClient(coordinator_url) as api:
+        final = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert final.stable_offset == len(KEYS)
+
+
+async def test_two_slice_owners_of_one_partition_commit_without_overlap(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+    seen: list[int] = []
+    for keys in (LOWER, UPPER):
+        async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as consumer:
+            consumer.assign({tp: [keys]})
+            count = sum(keys.contains(key_hash(k, o)) for o, k in enumerate(KEYS))
+            seen += [r.offset for r in await take(consumer, count)]  # type: ignore[attr-defined]
+            await consumer.commit()
+    assert sorted(seen) == list(range(len(KEYS)))
+    async with CoordinatorClient(coordinator_url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert committed.stable_offset == len(KEYS)
+    assert committed.ranges == ()
+
+
+async def test_async_for_marks_the_previous_record_when_the_next_is_requested(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, [b"a", b"b", b"c"])
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as consumer:
+        consumer.assign({tp: []})
+        async with asyncio.timeout(30):
+            async for record in consumer:
+                if record.offset == 2:
+                    break
+        await consumer.commit()
+    async with CoordinatorClient(coordinator_url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert committed.stable_offset == 2  # offset 2 was handed out, never marked
+
+
+async def test_run_keeps_each_key_sequential_and_in_offset_order(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(2)
+    for partition in (0, 1):
+        await produce(kafka_bootstrap, topic, KEYS, partition=partition)
+    order: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    busy: set[tuple[int, bytes]] = set()
+    overlaps: list[tuple[int, bytes]] = []
+    peak = 0
+    done = asyncio.Event()
+    rng = random.Random(3)
+
+    async def handle(record: object) -> None:
+        nonlocal peak
+        ident = (record.partition, record.key)  # type: ignore[attr-defined]
+        if ident in busy:
+            overlaps.append(ident)
+        busy.add(ident)
+        peak = max(peak, len(busy))
+        await asyncio.sleep(rng.random() / 500)
+        order[ident].append(record.offset)  # type: ignore[attr-defined]
+        busy.discard(ident)
+        if sum(map(len, order.values())) == 2 * len(KEYS):
+            done.set()
+
+    async with consumer_for(kafka_bootstrap, coordinator_url, group()) as consumer:
+        consumer.assign({TopicPartition(topic, 0): [], TopicPartition(topic, 1): []})
+        runner = asyncio.create_task(consumer.run(handle, max_concurrency=8))
+        async with asyncio.timeout(30):
+            await done.wait()
+        await consumer.stop()
+        await runner
+    assert not overlaps
+    assert peak > 1
+    for (partition, key), offsets in order.items():
+        assert offsets == [o for o, k in enumerate(KEYS) if k == key], (partition, key)
+
+
+async def test_run_raises_the_handler_error_and_leaves_its_record_unprocessed(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, [b"a", b"b", b"c", b"d"])
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+
+    async def handle(record: object) -> None:
+        if record.offset == 2:  # type: ignore[attr-defined]
+            raise RuntimeError("boom")
+
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as consumer:
+        consumer.assign({tp: []})
+        with pytest.raises(RuntimeError, match="boom"):
+            async with asyncio.timeout(30):
+                await consumer.run(handle)
+        await consumer.commit()
+    async with CoordinatorClient(coordinator_url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert not committed.is_processed(2, key_hash(b"c", 2))
+    assert committed.is_processed(1, key_hash(b"b", 1))
+
+
+async def test_deserializers_apply_after_the_raw_key_is_hashed(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:30])
+    expected = [o for o, key in enumerate(KEYS[:30]) if LOWER.contains(key_hash(key, o))]
+    async with consumer_for(
+        kafka_bootstrap,
+        coordinator_url,
+        group(),
+        key_deserializer=bytes.decode,
+        value_deserializer=bytes.decode,
+    ) as consumer:
+        consumer.assign({TopicPartition(topic, 0): [LOWER]})
+        records = await take(consumer, len(expected))
+    assert [r.offset for r in records] == expected  # type: ignore[attr-defined]
+    assert all(isinstance(r.key, str) for r in records)  # type: ignore[attr-defined]
+
+
+async def test_reassigning_commits_and_reports_the_dropped_slices(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    tp = TopicPartition(topic, 0)
+    events: list[tuple[str, Slices]] = []
+
+    class Recorder(RebalanceListener):
+        async def on_slices_assigned(self, slices: Slices) -> None:
+            events.append(("assigned", slices))
+
+        async def on_slices_revoked(self, slices: Slices) -> None:
+            events.append(("revoked", slices))
+
+    group_id = group()
+    async with consumer_for(
+        kafka_bootstrap, coordinator_url, group_id, rebalance_listener=Recorder()
+    ) as consumer:
+        consumer.assign({tp: []})
+        assert await consumer.wait_for_assignment() == {tp: [KeyRange.full()]}
+        await take(consumer, len(KEYS))
+        consumer.assign({tp: [LOWER]})
+        assert await consumer.wait_for_assignment() == {tp: [LOWER]}
+        async with CoordinatorClient(coordinator_url) as api:
+            committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+        assert committed.stable_offset == len(KEYS)
+    assert events[:2] == [("assigned", {tp: [KeyRange.full()]}), ("revoked", {tp: [UPPER]})]
+
+
+def test_importing_the_client_pulls_in_no_server_packages() -> None:
+    probe = (
+        "import sys, client, client.consumer, client.membership, client.tracker; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'fastapi', 'sqlalchemy', 'coordinator', 'starlette', 'asyncpg', 'pyspark'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]"
