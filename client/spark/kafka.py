@@ -1,0 +1,173 @@
+"""Kafka I/O for the Spark source: partition discovery, log ends, and reading one slice.
+
+The log end is the high watermark carried by a fetch response, never ListOffsets
+("latest"): it is what the broker serves to readers at that moment, and some
+Kafka-protocol brokers answer ListOffsets inexactly. Executors are synchronous Python, so
+``read_slice`` drives its own event loop around an aiokafka consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from client.spark.planning import Slice
+
+logger = logging.getLogger(__name__)
+
+# One poll waits this long for records before checking whether the slice is complete;
+# short enough that the end of a slice is noticed quickly, long enough not to spin.
+_POLL_TIMEOUT_MS = 500
+# A slice whose reader makes no progress for this long fails its task (Spark retries it)
+# rather than hanging: the records it expects were promised by the high watermark.
+_STALL_TIMEOUT_S = 60.0
+# Bytes per partition per fetch: large fetches amortise the per-request cost, which
+# dominates reading small records in Python.
+_FETCH_BYTES = 8 * 1024 * 1024
+
+
+def kafka_arguments(settings: Mapping[str, str]) -> dict[str, Any]:
+    """``kafka.*`` option strings as aiokafka keyword arguments (ints and booleans typed)."""
+    arguments: dict[str, Any] = {}
+    for name, raw in settings.items():
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        elif raw.lstrip("-").isdigit():
+            value = int(raw)
+        arguments[name] = value
+    return arguments
+
+
+def _consumer(bootstrap: str, settings: Mapping[str, str]) -> AIOKafkaConsumer:
+    arguments: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "group_id": None,
+        "enable_auto_commit": False,
+        "max_partition_fetch_bytes": _FETCH_BYTES,
+        "fetch_max_bytes": 4 * _FETCH_BYTES,
+    }
+    arguments.update(kafka_arguments(settings))
+    return AIOKafkaConsumer(**arguments)
+
+
+async def _consumer_at(
+    bootstrap: str, settings: Mapping[str, str], tp: TopicPartition, offset: int
+) -> AIOKafkaConsumer:
+    # aiokafka binds a consumer and its assignment to the event loop running at creation.
+    consumer = _consumer(bootstrap, settings)
+    await consumer.start()
+    consumer.assign([tp])
+    consumer.seek(tp, offset)
+    return consumer
+
+
+class ClusterView:
+    """A short-lived consumer for planning: which partitions exist and where their logs end."""
+
+    def __init__(self, bootstrap: str, settings: Mapping[str, str]) -> None:
+        # One byte per partition: a fetch still returns the first record batch (KIP-74), and
+        # only its high watermark is wanted, not a prefetch of the log.
+        self._consumer = _consumer(
+            bootstrap,
+            {"max_partition_fetch_bytes": "1", **settings, "auto_offset_reset": "earliest"},
+        )
+        self._read_committed = settings.get("isolation_level") == "read_committed"
+
+    async def __aenter__(self) -> ClusterView:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self._consumer.stop()
+
+    async def partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
+        existing = await self._consumer.topics()
+        result = []
+        for topic in topics:
+            if topic not in existing:
+                raise LookupError(f"topic {topic!r} does not exist in the Kafka cluster")
+            for partition in sorted(self._consumer.partitions_for_topic(topic) or ()):
+                result.append(TopicPartition(topic, partition))
+        return result
+
+    async def earliest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        offsets = await self._consumer.beginning_offsets(list(partitions))
+        return {tp: int(offset) for tp, offset in offsets.items()}
+
+    async def latest(
+        self, positions: Mapping[TopicPartition, int], timeout_s: float = 30.0
+    ) -> dict[TopicPartition, int]:
+        """High watermark (or last stable offset under read_committed) of each partition.
+
+        Fetching from a known position (the previous batch end) keeps each response small;
+        a position outside the log is reset to its start, which still yields the watermark.
+        """
+        if not positions:
+            return {}
+        consumer = self._consumer
+        consumer.assign(list(positions))
+        for tp, offset in positions.items():
+            consumer.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ends = {tp: self._log_end(tp) for tp in positions}
+            if all(end is not None for end in ends.values()):
+                return {tp: int(end) for tp, end in ends.items() if end is not None}
+            if time.monotonic() > deadline:
+                missing = sorted(tp for tp, end in ends.items() if end is None)
+                raise TimeoutError(f"no fetch response carried the high watermark of {missing}")
+            await consumer.getmany(timeout_ms=100, max_records=1)
+
+    def _log_end(self, tp: TopicPartition) -> int | None:
+        if self._read_committed:
+            return self._consumer.last_stable_offset(tp)  # type: ignore[no-any-return]
+        return self._consumer.highwater(tp)  # type: ignore[no-any-return]
+
+
+def read_slice(
+    piece: Slice, bootstrap: str, settings: Mapping[str, str]
+) -> Iterator[list[ConsumerRecord[bytes, bytes]]]:
+    """Chunks of the records of ``[piece.start, piece.end)``, in offset order, unfiltered."""
+    if piece.start >= piece.end:
+        return
+    loop = asyncio.new_event_loop()
+    # "none": a start below the log start means records were deleted under us; failing
+    # the task is better than silently skipping them (planning already clamps to the
+    # log start, so this only fires when retention races a running job).
+    tp = piece.topic_partition
+    consumer = loop.run_until_complete(
+        _consumer_at(bootstrap, {**settings, "auto_offset_reset": "none"}, tp, piece.start)
+    )
+    try:
+        next_offset = piece.start
+        last_progress = time.monotonic()
+        while next_offset < piece.end:
+            fetched = loop.run_until_complete(consumer.getmany(tp, timeout_ms=_POLL_TIMEOUT_MS))
+            records = [r for r in fetched.get(tp, ()) if r.offset < piece.end]
+            if records:
+                yield records
+            position = loop.run_until_complete(consumer.position(tp))
+            if position > next_offset:
+                next_offset = position
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > _STALL_TIMEOUT_S:
+                raise TimeoutError(
+                    f"reading {tp.topic}/{tp.partition} stalled at offset {next_offset}, "
+                    f"below the slice end {piece.end}"
+                )
+    finally:
+        loop.run_until_complete(consumer.stop())
+        loop.close()
