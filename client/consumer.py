@@ -566,9 +566,7 @@ class KeyrangeConsumer:
     async def _commit_locked(self) -> None:
         refreshed = False
         while True:
-            batch = self._tracker.prepare_commit(
-                max_ranges=max(self._max_ranges, _MAX_RANGES_PER_REQUEST)
-            )
+            batch = self._tracker.prepare_commit(max_ranges=_MAX_RANGES_PER_REQUEST)
             if batch is None:
                 return
             member_id, member_epoch = (

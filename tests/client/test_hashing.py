@@ -1,0 +1,61 @@
+"""DESIGN §2: the key hash every client must share, and how key ranges split."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import mmh3
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from client import KeyRange, key_hash
+from client.keyspace import HASH_MAX
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [(b"", 0), (b"a", 4803839638238968900), (b"user-42", 2781376373611560273)],
+)
+def test_design_vectors(key: bytes, expected: int) -> None:
+    assert key_hash(key, offset=123) == expected
+
+
+@given(st.integers(min_value=0, max_value=2**63 - 1))
+def test_a_null_key_hashes_its_offset_as_eight_big_endian_bytes(offset: int) -> None:
+    assert key_hash(None, offset) == key_hash(offset.to_bytes(8, "big"), offset)
+
+
+def test_null_keys_spread_over_the_hash_space() -> None:
+    lower, _ = KeyRange.full().split(2)
+    in_lower = sum(lower.contains(key_hash(None, offset)) for offset in range(1000))
+    assert 400 < in_lower < 600
+
+
+@given(st.binary(max_size=64))
+def test_hashes_are_63_bit_and_match_the_java_definition(key: bytes) -> None:
+    hashed = key_hash(key, 0)
+    assert 0 <= hashed <= HASH_MAX
+    # Java: Hashing.murmur3_128().hashBytes(k).asLong() >>> 1 (low 8 bytes, little-endian).
+    low_64 = int.from_bytes(mmh3.hash_bytes(key, 0)[:8], "little")
+    assert hashed == low_64 >> 1
+
+
+@given(
+    st.integers(min_value=0, max_value=HASH_MAX),
+    st.integers(min_value=0, max_value=HASH_MAX),
+    st.integers(min_value=1, max_value=64),
+)
+def test_split_parts_are_contiguous_balanced_and_stable(a: int, b: int, parts: int) -> None:
+    whole = KeyRange(min(a, b), max(a, b))
+    if parts > whole.size:
+        with pytest.raises(ValueError):
+            whole.split(parts)
+        return
+    pieces = whole.split(parts)
+    assert len(pieces) == parts
+    assert pieces[0].start == whole.start and pieces[-1].end == whole.end
+    assert all(left.end + 1 == right.start for left, right in pairwise(pieces))
+    sizes = [piece.size for piece in pieces]
+    assert max(sizes) - min(sizes) <= 1
+    assert whole.split(parts) == pieces
