@@ -209,10 +209,9 @@ class KeyrangeConsumer:
             self._reconciler.start()
             if self._standalone_target is not None:
                 self._reconciler.set_target(self._standalone_target)
-        if self._auto_commit_s is not None:
-            self._auto_commit_task = asyncio.create_task(
-                self._auto_commit(self._auto_commit_s), name="keyrange-auto-commit"
-            )
+        self._auto_commit_task = asyncio.create_task(
+            self._auto_commit(self._auto_commit_s), name="keyrange-auto-commit"
+        )
 
     async def stop(self) -> None:
         """Commit what was processed, leave the group and close every connection."""
@@ -264,7 +263,8 @@ class KeyrangeConsumer:
     async def wait_for_assignment(self) -> Slices:
         """Until the consumer owns what the coordinator (or ``assign``) currently grants."""
         self._check_running()
-        assert self._reconciler is not None
+        if self._reconciler is None:
+            raise ConsumerStopped("the consumer is not started")
         settled = asyncio.ensure_future(self._reconciler.wait_settled())
         try:
             await self._until(settled)
@@ -536,15 +536,17 @@ class KeyrangeConsumer:
 
     # ----------------------------------------------------------------- committing
 
-    async def _auto_commit(self, interval_s: float) -> None:
-        next_at = time.monotonic() + interval_s
+    async def _auto_commit(self, interval_s: float | None) -> None:
+        """Commit every ``interval_s`` (never, with None) and whenever the uncommitted ranges
+        reach ``max_num_ranges_to_commit``, which applies even without periodic commits."""
+        next_at = None if interval_s is None else time.monotonic() + interval_s
         while True:
             self._commit_soon = asyncio.get_running_loop().create_future()
+            timeout = None if next_at is None else max(next_at - time.monotonic(), 0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(self._commit_soon), max(next_at - time.monotonic(), 0)
-                )
-            next_at = time.monotonic() + interval_s
+                await asyncio.wait_for(asyncio.shield(self._commit_soon), timeout)
+            if interval_s is not None:
+                next_at = time.monotonic() + interval_s
             await self._commit(raise_errors=False)
 
     def _request_commit(self) -> None:

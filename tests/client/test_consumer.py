@@ -276,6 +276,29 @@ async def test_reassigning_commits_and_reports_the_dropped_slices(
     assert events[:2] == [("assigned", {tp: [KeyRange.full()]}), ("revoked", {tp: [UPPER]})]
 
 
+async def test_enough_uncommitted_ranges_trigger_a_commit_without_waiting(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:20])
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+    async with (
+        consumer_for(kafka_bootstrap, coordinator_url, group_id, max_num_ranges_to_commit=3) as c,
+        CoordinatorClient(coordinator_url) as api,
+    ):
+        c.assign({tp: []})
+        records = await take(c, 20, mark=False)
+        for record in records[1:6:2]:  # offsets 1, 3, 5: three IC ranges above offset 0
+            c.mark_processed(record)
+        for _ in range(200):  # the coordinator is polled: the commit runs in the background
+            committed = await api.fetch_offsets(group_id, [topic])
+            if tp in committed:
+                break
+            await asyncio.sleep(0.05)
+    assert committed[tp].ranges == ((1, 1), (3, 3), (5, 5))
+
+
 def test_importing_the_client_pulls_in_no_server_packages() -> None:
     probe = (
         "import sys, client, client.consumer, client.membership, client.tracker; "

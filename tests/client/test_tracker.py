@@ -274,6 +274,8 @@ def test_a_commit_never_claims_an_unprocessed_offset(
             while stable in known or stable in others:
                 stable += 1
             tracker.commit_succeeded(batch, ok(batch, stable_offset=stable))
+        total = sum(progress.runs for progress in tracker.slices_of(TP))
+        assert tracker.uncommitted_ranges == total
 
 
 def test_offset_mode_commits_the_lowest_unprocessed_offset_of_a_whole_partition() -> None:
