@@ -109,7 +109,8 @@ def find_overlaps(holdings: Mapping[str, Iterable[Slice]]) -> list[tuple[str, st
         for keys, member_id in entries[1:]:
             common = keys.intersection(reach_keys)
             if common is not None and member_id != reach_member:
-                overlaps.append((reach_member, member_id, Slice(topic, partition, common)))
+                first, second = sorted((reach_member, member_id))
+                overlaps.append((first, second, Slice(topic, partition, common)))
             if keys.end > reach_keys.end:
                 reach_keys, reach_member = keys, member_id
     return overlaps
