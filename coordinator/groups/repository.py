@@ -10,7 +10,8 @@ member or its group changed (the caller then takes the locked path).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import json
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,7 +20,7 @@ from sqlalchemy import bindparam, delete, func, literal_column, select, text, up
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import Text
+from sqlalchemy.types import Boolean, Integer, Text
 
 from coordinator.db.models import (
     CoordinatorConfig,
@@ -59,6 +60,51 @@ _REBALANCE_GROUPS = text(
     WHERE group_id = ANY(:group_ids)
     """
 ).bindparams(bindparam("group_ids", type_=ARRAY(Text)))
+
+
+_HELD_BY_OTHERS = text(
+    """
+    SELECT coalesce(jsonb_agg(held), '[]'::jsonb)
+    FROM members m, LATERAL jsonb_array_elements(m.owned || m.assigned) AS held
+    WHERE m.group_id = :group_id AND m.member_id <> :member_id
+      AND (held->>'topic', (held->>'partition')::int) IN (
+          SELECT t, p FROM unnest(:topics, :partitions) AS wanted(t, p))
+    """
+).bindparams(
+    bindparam("topics", type_=ARRAY(Text)),
+    bindparam("partitions", type_=ARRAY(Integer)),
+)
+
+# The common heartbeat in one statement: every condition under which renewing the session is
+# all there is to do. A NULL parameter means "the request leaves this unchanged".
+_EXTEND_STABLE_SESSION = text(
+    """
+    UPDATE members m
+    SET last_heartbeat = now(),
+        expires_at = now() + m.session_timeout_ms * interval '1 millisecond'
+    FROM groups g
+    WHERE m.group_id = :group_id AND m.member_id = :member_id AND g.group_id = m.group_id
+      AND m.member_epoch = :member_epoch AND m.expires_at > now()
+      AND NOT g.rebalance_requested
+      AND m.owned = m.assigned AND m.assigned = m.target
+      AND (CAST(:owned AS jsonb) IS NULL OR m.owned = CAST(:owned AS jsonb))
+      AND (NOT :check_subscription OR (
+            m.subscribed_topics = :topics
+            AND m.subscribed_topic_regex IS NOT DISTINCT FROM CAST(:regex AS text)))
+      AND (CAST(:assignor AS text) IS NULL OR m.assignor = :assignor)
+      AND (CAST(:allow AS boolean) IS NULL OR m.allow_individual_commit = :allow)
+      AND (CAST(:session_timeout AS integer) IS NULL OR m.session_timeout_ms = :session_timeout)
+    RETURNING m.assigned, m.session_timeout_ms
+    """
+).bindparams(
+    bindparam("owned", type_=Text),
+    bindparam("topics", type_=ARRAY(Text)),
+    bindparam("regex", type_=Text),
+    bindparam("assignor", type_=Text),
+    bindparam("allow", type_=Boolean),
+    bindparam("session_timeout", type_=Integer),
+    bindparam("check_subscription", type_=Boolean),
+)
 
 
 @dataclass(frozen=True)
@@ -140,25 +186,46 @@ def _group_from_row(row: Any) -> GroupRow:
 
 
 def _member_from_row(row: Any) -> MemberRow:
+    # Positional: attribute access on rows costs more than the rest of this function.
+    (
+        group_id,
+        member_id,
+        instance_id,
+        client_id,
+        client_host,
+        member_epoch,
+        previous_member_epoch,
+        subscribed_topics,
+        subscribed_topic_regex,
+        assignor,
+        allow_individual_commit,
+        session_timeout_ms,
+        owned,
+        assigned,
+        target,
+        joined_at,
+        last_heartbeat,
+        expires_at,
+    ) = row
     return MemberRow(
-        group_id=row.group_id,
-        member_id=row.member_id,
-        instance_id=row.instance_id,
-        client_id=row.client_id,
-        client_host=row.client_host,
-        member_epoch=row.member_epoch,
-        previous_member_epoch=row.previous_member_epoch,
-        subscribed_topics=list(row.subscribed_topics),
-        subscribed_topic_regex=row.subscribed_topic_regex,
-        assignor=row.assignor,
-        allow_individual_commit=row.allow_individual_commit,
-        session_timeout_ms=row.session_timeout_ms,
-        owned=list(row.owned),
-        assigned=list(row.assigned),
-        target=list(row.target),
-        joined_at=row.joined_at,
-        last_heartbeat=row.last_heartbeat,
-        expires_at=row.expires_at,
+        group_id,
+        member_id,
+        instance_id,
+        client_id,
+        client_host,
+        member_epoch,
+        previous_member_epoch,
+        list(subscribed_topics),
+        subscribed_topic_regex,
+        assignor,
+        allow_individual_commit,
+        session_timeout_ms,
+        owned,
+        assigned,
+        target,
+        joined_at,
+        last_heartbeat,
+        expires_at,
     )
 
 
@@ -213,6 +280,38 @@ async def read_members(
         query = query.where(Member.expires_at > func.now())
     result = await connection.execute(query.order_by(Member.member_id))
     return [_member_from_row(row) for row in result]
+
+
+async def read_member(
+    connection: AsyncConnection, group_id: str, member_id: str
+) -> MemberRow | None:
+    result = await connection.execute(
+        select(*_MEMBER_COLUMNS).where(Member.group_id == group_id, Member.member_id == member_id)
+    )
+    row = result.one_or_none()
+    return None if row is None else _member_from_row(row)
+
+
+async def held_by_others(
+    connection: AsyncConnection,
+    group_id: str,
+    member_id: str,
+    partitions: Sequence[tuple[str, int]],
+) -> WireSlices:
+    """Everything other members hold (owned and assigned) on ``partitions``, as wire slices
+    (possibly overlapping); one statement, whatever the group's size."""
+    if not partitions:
+        return []
+    result = await connection.execute(
+        _HELD_BY_OTHERS,
+        {
+            "group_id": group_id,
+            "member_id": member_id,
+            "topics": [topic for topic, _ in partitions],
+            "partitions": [partition for _, partition in partitions],
+        },
+    )
+    return list(result.scalar_one())
 
 
 def _member_values(member: MemberRow) -> dict[str, Any]:
@@ -300,41 +399,26 @@ async def extend_stable_session(
     """One statement for the common heartbeat: the member is live, at its epoch, owns exactly
     its assignment, which is its target, its group has no pending rebalance, and the request
     changes nothing. Returns None when any of that is false."""
-    conditions = [
-        Member.group_id == group_id,
-        Member.member_id == member_id,
-        Member.member_epoch == member_epoch,
-        Member.expires_at > func.now(),
-        Member.owned == Member.assigned,
-        Member.assigned == Member.target,
-        Group.group_id == Member.group_id,
-        Group.rebalance_requested.is_(False),
-    ]
-    if owned is not None:
-        conditions.append(Member.owned == bindparam("owned_json", owned, type_=JSONB))
-    if subscription is not None:
-        topics, regex = subscription
-        conditions.append(Member.subscribed_topics == topics)
-        conditions.append(Member.subscribed_topic_regex.is_not_distinct_from(regex))
-    if assignor is not None:
-        conditions.append(Member.assignor == assignor)
-    if allow_individual_commit is not None:
-        conditions.append(Member.allow_individual_commit.is_(allow_individual_commit))
-    if session_timeout_ms is not None:
-        conditions.append(Member.session_timeout_ms == session_timeout_ms)
+    topics, regex = subscription if subscription is not None else ([], None)
     result = await connection.execute(
-        update(Member)
-        .where(*conditions)
-        .values(
-            last_heartbeat=func.now(),
-            expires_at=func.now() + Member.session_timeout_ms * _ONE_MILLISECOND,
-        )
-        .returning(Member.assigned, Member.session_timeout_ms)
+        _EXTEND_STABLE_SESSION,
+        {
+            "group_id": group_id,
+            "member_id": member_id,
+            "member_epoch": member_epoch,
+            "owned": None if owned is None else json.dumps(owned),
+            "check_subscription": subscription is not None,
+            "topics": topics,
+            "regex": regex,
+            "assignor": assignor,
+            "allow": allow_individual_commit,
+            "session_timeout": session_timeout_ms,
+        },
     )
     row = result.one_or_none()
     if row is None:
         return None
-    return StableHeartbeat(list(row.assigned), int(row.session_timeout_ms))
+    return StableHeartbeat(list(row[0]), int(row[1]))
 
 
 async def read_partition_counts(

@@ -285,20 +285,29 @@ async def _settle_group(
 # --- reconciliation of the heartbeating member -----------------------------------------------
 
 
-def _reconcile_member(
-    member: MemberRow, reported: tuple[Slice, ...] | None, members: Mapping[str, MemberRow]
+# Stands for "every other member" in the holdings handed to ``reconcile_member``; member ids
+# the coordinator issues always start with "m-".
+_OTHERS = "*others*"
+
+
+async def _reconcile_member(
+    connection: AsyncConnection, member: MemberRow, reported: tuple[Slice, ...] | None
 ) -> None:
     """Decide what ``member`` may own now; the caller has checked that the member saw its
-    current assignment (its request carries its current epoch)."""
-    holdings = {
-        mid: MemberHolding(
-            owned=from_wire(other.owned),
-            assigned=from_wire(other.assigned),
-            member_epoch=other.member_epoch,
-        )
-        for mid, other in members.items()
-    }
-    mine = holdings[member.member_id]
+    current assignment (its request carries its current epoch). Only the other members'
+    holdings on the partitions this member targets matter, read as one union."""
+    target = from_wire(member.target)
+    others = await repository.held_by_others(
+        connection,
+        member.group_id,
+        member.member_id,
+        sorted({piece.topic_partition for piece in target}),
+    )
+    mine = MemberHolding(
+        owned=from_wire(member.owned),
+        assigned=from_wire(member.assigned),
+        member_epoch=member.member_epoch,
+    )
     owned = mine.owned
     if reported is not None:
         owned = accept_reported_owned(reported, mine)
@@ -307,8 +316,11 @@ def _reconcile_member(
                 "member reported slices it was never assigned; ignored",
                 extra={"group_id": member.group_id, "member_id": member.member_id},
             )
-    holdings[member.member_id] = MemberHolding(owned, mine.assigned, mine.member_epoch)
-    decision = reconcile_member(member.member_id, holdings, from_wire(member.target))
+    holdings = {
+        _OTHERS: MemberHolding(owned=from_wire(others)),
+        member.member_id: MemberHolding(owned, mine.assigned, mine.member_epoch),
+    }
+    decision = reconcile_member(member.member_id, holdings, target)
     # What was assignable until now and is not any more may have been started after the
     # request was sent: it stays held until a later report leaves it out.
     revoked = subtract_slices(mine.assigned, decision.assigned)
@@ -358,27 +370,35 @@ async def heartbeat(
     _check_assignor(request.assignor)
 
     group = await repository.lock_group(connection, group_id)
-    members = {m.member_id: m for m in await repository.read_members(connection, group_id)}
-    reasons = _expiry_reasons(await _reap_locked(connection, group_id, members))
-
+    reasons = _expiry_reasons(await _reap_locked(connection, group_id))
     if request.member_epoch == LEAVE_EPOCH:
-        return await _leave(connection, group, members, request, settings, reasons)
+        return await _leave(connection, group, request, settings, reasons)
     reported = None if request.owned is None else _request_slices(request.owned)
     if request.member_epoch == JOIN_EPOCH:
+        members = await _read_members(connection, group_id)
         member, is_new = await _join(
             connection, group_id, members, request, settings, client_host, reasons
         )
         acknowledged = True
     else:
-        member = _current_member(group_id, members, request)
+        member = await _current_member(connection, group_id, request)
         is_new = False
         acknowledged = request.member_epoch == member.member_epoch
         _apply_member_fields(member, request, subscription, session_timeout, reasons)
-    group = await _settle_group(
-        connection, group, members, settings, reasons, unsaved=member.member_id if is_new else None
-    )
+        if reasons or group.rebalance_requested:
+            members = await _read_members(connection, group_id)
+            members[member.member_id] = member
+    if reasons or group.rebalance_requested:
+        group = await _settle_group(
+            connection,
+            group,
+            members,
+            settings,
+            reasons,
+            unsaved=member.member_id if is_new else None,
+        )
     if acknowledged:
-        _reconcile_member(member, reported, members)
+        await _reconcile_member(connection, member, reported)
     if is_new:
         await repository.insert_member(connection, member)
     else:
@@ -386,13 +406,14 @@ async def heartbeat(
     return _reply(member, settings)
 
 
-async def _reap_locked(
-    connection: AsyncConnection, group_id: str, members: dict[str, MemberRow]
-) -> list[str]:
+async def _read_members(connection: AsyncConnection, group_id: str) -> dict[str, MemberRow]:
+    return {m.member_id: m for m in await repository.read_members(connection, group_id)}
+
+
+async def _reap_locked(connection: AsyncConnection, group_id: str) -> list[str]:
     """Remove the group's expired members (its row is locked); returns their ids."""
     expired = await repository.delete_expired_members(connection, group_id)
     for member_id in expired:
-        members.pop(member_id, None)
         log.info("member session expired", extra={"group_id": group_id, "member_id": member_id})
     return expired
 
@@ -401,11 +422,11 @@ def _expiry_reasons(expired: list[str]) -> list[str]:
     return ["member session expired"] if expired else []
 
 
-def _current_member(
-    group_id: str, members: Mapping[str, MemberRow], request: HeartbeatRequest
+async def _current_member(
+    connection: AsyncConnection, group_id: str, request: HeartbeatRequest
 ) -> MemberRow:
     assert request.member_id is not None  # the schema requires it for epochs other than 0
-    member = members.get(request.member_id)
+    member = await repository.read_member(connection, group_id, request.member_id)
     if member is None:
         raise UnknownMemberId(
             f"member '{request.member_id}' is not a live member of '{group_id}'; rejoin with "
@@ -537,19 +558,20 @@ def _take_over_held(member: MemberRow) -> None:
 async def _leave(
     connection: AsyncConnection,
     group: GroupRow,
-    members: dict[str, MemberRow],
     request: HeartbeatRequest,
     settings: Settings,
     reasons: list[str],
 ) -> HeartbeatReply:
     """Leaving is idempotent: a retried leave whose first reply was lost succeeds too."""
     assert request.member_id is not None  # the schema requires it for a leave
-    leaving = members.pop(request.member_id, None)
+    leaving = await repository.read_member(connection, group.group_id, request.member_id)
     if leaving is not None:
         await repository.delete_member(connection, group.group_id, request.member_id)
         reasons.append("member left")
         log.info("member left", extra={"group_id": group.group_id, "member_id": request.member_id})
-    await _settle_group(connection, group, members, settings, reasons)
+    if reasons or group.rebalance_requested:
+        members = await _read_members(connection, group.group_id)
+        await _settle_group(connection, group, members, settings, reasons)
     session_timeout = leaving.session_timeout_ms if leaving else settings.session_timeout_default_ms
     return HeartbeatReply(
         member_id=request.member_id,
@@ -617,9 +639,8 @@ async def _lock_existing_group(
     group = await repository.find_group(connection, group_id, lock=True)
     if group is None:
         raise GroupIdNotFound(f"group '{group_id}' does not exist")
-    members = {m.member_id: m for m in await repository.read_members(connection, group_id)}
-    expired = await _reap_locked(connection, group_id, members)
-    return group, members, expired
+    expired = await _reap_locked(connection, group_id)
+    return group, await _read_members(connection, group_id), expired
 
 
 async def force_rebalance(
