@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -79,6 +80,13 @@ def test_ranges_merge_on_overlap_and_on_adjacency_only() -> None:
     result = commit(CommittedOffsets(0, ((10, 12), (20, 22))), [(13, 14), (21, 25), (27, 27)])
 
     assert result.state.ranges == ((10, 14), (20, 25), (27, 27))
+
+
+def test_a_commits_ranges_may_come_in_any_order_and_overlap() -> None:
+    state = CommittedOffsets(0, ((3, 3), (10, 10), (20, 20), (40, 40)))
+    result = commit(state, [(8, 25), (6, 7), (12, 13), (1, 1)])
+
+    assert result.state.ranges == ((1, 1), (3, 3), (6, 25), (40, 40))
 
 
 def test_a_commit_wholly_below_the_stable_offset_is_too_old_and_changes_nothing() -> None:
@@ -356,16 +364,22 @@ HASH_BOUNDS = sorted(
 )
 
 QUARTERS = KeyRange.full().split(4)
+
+
+def quarters_between(pair: tuple[int, int]) -> KeyRange:
+    return KeyRange(QUARTERS[min(pair)].start, QUARTERS[max(pair)].end)
+
+
+def hashes_between(pair: tuple[int, int]) -> KeyRange:
+    return KeyRange(min(pair), max(pair))
+
+
 # Members commit per slice, so aligned neighbours with equal W are common; odd edges next to
 # the record hashes probe the boundaries.
 key_ranges = (
     st.just(KeyRange.full())
-    | st.tuples(st.integers(0, 3), st.integers(0, 3)).map(
-        lambda pair: KeyRange(QUARTERS[min(pair)].start, QUARTERS[max(pair)].end)
-    )
-    | st.tuples(st.sampled_from(HASH_BOUNDS), st.sampled_from(HASH_BOUNDS)).map(
-        lambda pair: KeyRange(min(pair), max(pair))
-    )
+    | st.tuples(st.integers(0, 3), st.integers(0, 3)).map(quarters_between)
+    | st.tuples(st.sampled_from(HASH_BOUNDS), st.sampled_from(HASH_BOUNDS)).map(hashes_between)
 )
 # Offsets are drawn relative to the current stable offset, where all the behaviour is: a
 # slightly negative distance probes TOO_OLD and no-op watermarks; few distinct watermark
@@ -377,25 +391,31 @@ relative_watermarks = st.tuples(key_ranges, st.sampled_from([2, 4, 6]) | st.inte
 
 
 class Model:
-    def __init__(self) -> None:
-        self.marked: set[int] = set()
-        self.raises: list[Watermark] = []
+    """Offsets marked by ranges and classic commits, and every watermark ever applied."""
 
-    def raised_w(self, key_hash: int) -> int:
-        return max((w.offset for w in self.raises if w.keys.contains(key_hash)), default=0)
-
-    def segments(self) -> list[tuple[int, int, int]]:
-        """The hash space cut at every watermark edge, with the raised W of each segment."""
+    def __init__(self, marked: frozenset[int] = frozenset(), raises: tuple[Watermark, ...] = ()):
+        self.marked = marked
+        self.raises = raises
         cuts = sorted(
             {0}
-            | {w.keys.start for w in self.raises}
-            | {w.keys.end + 1 for w in self.raises if w.keys.end < HASH_MAX}
+            | {w.keys.start for w in raises}
+            | {w.keys.end + 1 for w in raises if w.keys.end < HASH_MAX}
         )
-        ends = [cut - 1 for cut in cuts[1:]] + [HASH_MAX]
-        return [(s, e, self.raised_w(s)) for s, e in zip(cuts, ends, strict=True)]
+        # The hash space cut at every watermark edge; W is constant on each segment.
+        self.cuts = cuts
+        self.segment_w = [
+            max((w.offset for w in raises if w.keys.contains(cut)), default=0) for cut in cuts
+        ]
+
+    def raised_w(self, key_hash: int) -> int:
+        return self.segment_w[bisect_right(self.cuts, key_hash) - 1]
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        ends = [cut - 1 for cut in self.cuts[1:]] + [HASH_MAX]
+        return list(zip(self.cuts, ends, self.segment_w, strict=True))
 
     def stable_offset(self) -> int:
-        full_space_min = min(w for _, _, w in self.segments())
+        full_space_min = min(self.segment_w)
         offset = 0
         while offset in self.marked or offset < full_space_min:
             offset += 1
@@ -420,10 +440,8 @@ class Model:
         return CommittedOffsets(stable, tuple(ranges), tuple(pieces))
 
     def with_commit(self, ranges: Sequence[tuple[int, int]], raises: Sequence[Watermark]) -> Model:
-        model = Model()
-        model.marked = self.marked | {o for s, e in ranges for o in range(s, e + 1)}
-        model.raises = [*self.raises, *raises]
-        return model
+        marked = self.marked | {o for s, e in ranges for o in range(s, e + 1)}
+        return Model(marked, (*self.raises, *raises))
 
 
 class CommitMachine(RuleBasedStateMachine):
