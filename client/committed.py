@@ -102,20 +102,21 @@ class CommittedOffsets:
         stable = self.stable_offset
         if not 0 <= stable <= OFFSET_MAX:
             raise ValueError(f"stable_offset must be within [0, 2**63-1], got {stable}")
-        floor = stable  # each range must start above the previous end + 1 (non-adjacent)
+        previous_end: int | None = None
         for start, end in self.ranges:
             if not start <= end <= OFFSET_MAX:
                 raise ValueError(f"offset range [{start}, {end}] needs start <= end <= 2**63-1")
-            if start <= floor:
-                if floor == stable:
+            if previous_end is None:
+                if start <= stable:
                     raise ValueError(
                         f"offset range [{start}, {end}] must lie above stable_offset {stable}"
                     )
+            elif start <= previous_end + 1:
                 raise ValueError(
                     f"offset range [{start}, {end}] overlaps or touches the range before it; "
                     "ranges must be sorted, disjoint and non-adjacent"
                 )
-            floor = end + 1
+            previous_end = end
         previous: Watermark | None = None
         for piece in self.watermarks:
             if piece.offset <= stable:
@@ -139,6 +140,7 @@ class CommittedOffsets:
         return cls(stable_offset=start)
 
     def is_processed(self, offset: int, key_hash: int) -> bool:
+        """Whether a consumer may skip this record: it is on the hot path, once per record."""
         if offset < self.stable_offset:
             return True
         index = bisect_right(self._range_starts, offset) - 1

@@ -5,10 +5,14 @@ transaction, one partition at a time, and tests can check them against a naive m
 carry up to 60,000 ranges and a partition may hold ~10,000, so every step works on sorted
 sequences with bisect and touches only the stretch a commit overlaps.
 
-Decisions beyond DESIGN (also in docs/api.md): the stable offset is capped at 2**63-1, since no
-Kafka record can sit at that offset; a limit (``max_ic_ranges``, ``max_watermark_pieces``)
-refuses only a commit that would leave the stored count above the limit *and* above what was
-stored before, so a commit that fills gaps is always accepted even after the limit was lowered.
+Decisions DESIGN and docs/api.md leave open:
+- The stable offset is capped at 2**63-1: no Kafka record can sit at that offset (its next
+  offset would overflow int64), and storage keeps offsets in int8.
+- A limit (``max_ic_ranges``, ``max_watermark_pieces``) refuses only a commit that would leave
+  the stored count above the limit *and* above what was stored before, so a commit that fills
+  gaps is always accepted, even after the limit was lowered below what is stored.
+- ``MAX_REACHED`` wins over ``TOO_OLD``: the client must learn that part of its commit was not
+  applied.
 """
 
 from __future__ import annotations
