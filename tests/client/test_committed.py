@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
@@ -215,3 +216,12 @@ def test_queries_agree_with_a_naive_model(
         if start <= keys.end and keys.start <= end
     )
     assert CommittedOffsets.from_json(committed.to_json()) == committed
+
+
+def test_state_pickles_for_spark_executors_and_keeps_answering() -> None:
+    committed = CommittedOffsets(5, ((7, 8),), (watermark(0, 9, 20),), metadata="m")
+
+    copy = pickle.loads(pickle.dumps(committed))
+
+    assert copy == committed and hash(copy) == hash(committed)
+    assert copy.is_processed(19, 9) and not copy.is_processed(19, 10)
