@@ -120,19 +120,27 @@ GroupAssignment = Mapping[str, tuple[Slice, ...]]
 # Slice-set algebra, key-range granular: a member may hold part of a partition.
 
 
+def _normalized(ranges: Iterable[KeyRange]) -> list[KeyRange]:
+    # Most partitions carry one range per member; skip the sort for those (large groups
+    # normalize tens of thousands of them per assignment).
+    if isinstance(ranges, list | tuple) and len(ranges) < 2:
+        return list(ranges)
+    return normalize(ranges)
+
+
 def ranges_by_partition(slices: Iterable[Slice]) -> dict[TopicPartition, list[KeyRange]]:
     """Per partition, the normalized key ranges the slices cover."""
     grouped: dict[TopicPartition, list[KeyRange]] = defaultdict(list)
     for piece in slices:
         grouped[piece.topic_partition].append(piece.keys)
-    return {tp: normalize(ranges) for tp, ranges in grouped.items()}
+    return {tp: _normalized(ranges) for tp, ranges in grouped.items()}
 
 
 def slices_from_ranges(ranges: Mapping[TopicPartition, Iterable[KeyRange]]) -> tuple[Slice, ...]:
     return tuple(
         Slice(topic, partition, keys)
         for (topic, partition) in sorted(ranges)
-        for keys in normalize(ranges[(topic, partition)])
+        for keys in _normalized(ranges[(topic, partition)])
     )
 
 

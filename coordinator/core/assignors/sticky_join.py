@@ -78,21 +78,19 @@ class _CoPartitionedSet:
 
     def assign(self, group: GroupSpec, builder: AssignmentBuilder) -> None:
         claims = self._valid_claims()
+        topics_of = _TopicsOf(self.topics)
         sharers = [member for member in self.members if member.allow_individual_commit]
         splittable = all(group.can_split(topic) for topic in self.topics)
         if splittable and len(sharers) > self.numbers:
             for member, number, ranges in _split_numbers(sharers, claims, self.numbers):
-                for topic in self._topics_of(member):
+                for topic in topics_of(member):
                     for keys in ranges:
                         builder.add(member.member_id, topic, number, keys)
             return
         for member, numbers in _whole_numbers(list(self.members), claims, self.numbers):
-            for topic in self._topics_of(member):
+            for topic in topics_of(member):
                 for number in numbers:
                     builder.add_whole(member.member_id, topic, number)
-
-    def _topics_of(self, member: MemberSpec) -> list[str]:
-        return [topic for topic in self.topics if topic in member.subscribed_topics]
 
     def _valid_claims(self) -> _Claims:
         """What each member held, by partition number and over all its topics of the set, with
@@ -114,7 +112,8 @@ class _CoPartitionedSet:
         for number, by_member in wanted.items():
             taken: list[KeyRange] = []
             for member_id in sorted(by_member, key=priority.__getitem__):
-                granted = _claim(taken, normalize(by_member[member_id]))
+                # Co-partitioned topics usually carry the same ranges: dedupe before sorting.
+                granted = _claim(taken, normalize(set(by_member[member_id])))
                 if granted:
                     claims[member_id][number] = granted
         return claims
@@ -131,12 +130,16 @@ def _co_partitioned_sets(group: GroupSpec) -> list[_CoPartitionedSet]:
         return topic
 
     subscribed: dict[str, list[str]] = {}
+    by_subscription: dict[frozenset[str], list[str]] = {}
     for member in group.ordered_members:
-        topics = sorted(member.subscribed_topics & assignable)
-        if topics:
-            subscribed[member.member_id] = topics
+        topics = by_subscription.get(member.subscribed_topics)
+        if topics is None:
+            topics = sorted(member.subscribed_topics & assignable)
+            by_subscription[member.subscribed_topics] = topics
             for topic in topics[1:]:
                 parent[root(topic)] = root(topics[0])
+        if topics:
+            subscribed[member.member_id] = topics
     members_by_root: dict[str, list[MemberSpec]] = defaultdict(list)
     for member in group.ordered_members:
         if member.member_id in subscribed:
@@ -147,6 +150,21 @@ def _co_partitioned_sets(group: GroupSpec) -> list[_CoPartitionedSet]:
         numbers = min(group.topics[topic].partition_count for topic in topics)
         sets.append(_CoPartitionedSet(tuple(topics), tuple(members), numbers))
     return sorted(sets, key=lambda co_partitioned: co_partitioned.topics)
+
+
+class _TopicsOf:
+    """A member's topics within its co-partitioned set, computed once per subscription."""
+
+    def __init__(self, topics: tuple[str, ...]) -> None:
+        self._topics = topics
+        self._by_subscription: dict[frozenset[str], list[str]] = {}
+
+    def __call__(self, member: MemberSpec) -> list[str]:
+        topics = self._by_subscription.get(member.subscribed_topics)
+        if topics is None:
+            topics = [topic for topic in self._topics if topic in member.subscribed_topics]
+            self._by_subscription[member.subscribed_topics] = topics
+        return topics
 
 
 def _claim(taken: list[KeyRange], wanted: list[KeyRange]) -> list[KeyRange]:
