@@ -156,9 +156,10 @@ class KeyrangeConsumer:
         self._commit_lock = asyncio.Lock()
         self._buffer: deque[_Item] = deque()
         # Records given to user code and not marked yet: offset -> key hash per partition.
-        self._outstanding: dict[TopicPartition, dict[int, int]] = {}
+        self._outstanding: dict[tuple[str, int], dict[int, int]] = {}
         self._last_auto: Record | None = None
         self._marked = asyncio.Event()
+        self._draining = 0
         self._commit_soon: asyncio.Future[None] | None = None
         self._changed: asyncio.Future[None] | None = None
         self._dispatchers: set[_Dispatcher] = set()
@@ -291,7 +292,10 @@ class KeyrangeConsumer:
                 self.mark_processed(self._last_auto)
                 self._last_auto = None
             try:
-                tp, record, hashed = await self._next_item(None)
+                if self._buffer and not self._closed:
+                    tp, record, hashed = self._buffer.popleft()
+                else:
+                    tp, record, hashed = await self._next_item(None)
             except ConsumerStopped:
                 if self._closed:
                     return
@@ -321,7 +325,8 @@ class KeyrangeConsumer:
 
     def mark_processed(self, record: Record) -> None:
         """Count ``record`` as processed; marks of records no longer owned are ignored."""
-        tp = TopicPartition(record.topic, record.partition)
+        # A plain tuple finds TopicPartition keys (a NamedTuple) and is cheaper to build.
+        tp = (record.topic, record.partition)
         handed = self._outstanding.get(tp)
         if handed is None:
             return
@@ -329,7 +334,8 @@ class KeyrangeConsumer:
         if hashed is None:
             return
         self._tracker.mark_processed(tp, record.offset, hashed)
-        self._marked.set()
+        if self._draining:
+            self._marked.set()
         if self._tracker.uncommitted_ranges >= self._max_ranges:
             self._request_commit()
 
@@ -460,21 +466,34 @@ class KeyrangeConsumer:
         """Hot path: keep our unprocessed records, count every record as seen."""
         if not records:
             return
-        accept = self._tracker.accept
-        append = self._buffer.append
-        hash64 = mmh3.hash64
-        key_decode, value_decode = self._key_deserializer, self._value_deserializer
-        for record in records:
-            key = record.key
-            offset = record.offset
-            if key is None:
-                hashed = key_hash(None, offset)
+        active = [progress for progress in self._tracker.slices_of(tp) if progress.active]
+        if active:
+            accept: Callable[[TopicPartition, int, int], bool]
+            if len(active) == 1:
+                # The usual case, one slice per partition: the range check inlined.
+                only = active[0]
+                low, high, accept_own = only.keys.start, only.keys.end, only.accept
+
+                def accept_one(_: TopicPartition, offset: int, hashed: int) -> bool:
+                    return low <= hashed <= high and accept_own(offset, hashed)
+
+                accept = accept_one
             else:
-                hashed = int(hash64(key, seed=0, x64arch=True, signed=False)[0]) >> 1
-            if accept(tp, offset, hashed):
-                if key_decode is not None or value_decode is not None:
-                    record = _decoded(record, key_decode, value_decode)
-                append((tp, record, hashed))
+                accept = self._tracker.accept
+            append = self._buffer.append
+            hash64 = mmh3.hash64
+            key_decode, value_decode = self._key_deserializer, self._value_deserializer
+            for record in records:
+                key = record.key
+                offset = record.offset
+                if key is None:
+                    hashed = key_hash(None, offset)
+                else:
+                    hashed = int(hash64(key, seed=0, x64arch=True, signed=False)[0]) >> 1
+                if accept(tp, offset, hashed):
+                    if key_decode is not None or value_decode is not None:
+                        record = _decoded(record, key_decode, value_decode)
+                    append((tp, record, hashed))
         self._tracker.advance(tp, records[-1].offset + 1)
 
     def _hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> None:
@@ -515,17 +534,21 @@ class KeyrangeConsumer:
     async def _drain(self, slices: Slices) -> None:
         """Until no record of ``slices`` is with user code, or the revoke timeout."""
         deadline = time.monotonic() + self._revoke_timeout_s
-        while self._outstanding_in(slices):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                logger.warning(
-                    "revoke timeout: releasing slices with records still in processing",
-                    extra={"group_id": self._group_id, "slices": _describe(slices)},
-                )
-                return
-            self._marked.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._marked.wait(), remaining)
+        self._draining += 1
+        try:
+            while self._outstanding_in(slices):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    logger.warning(
+                        "revoke timeout: releasing slices with records still in processing",
+                        extra={"group_id": self._group_id, "slices": _describe(slices)},
+                    )
+                    return
+                self._marked.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._marked.wait(), remaining)
+        finally:
+            self._draining -= 1
 
     def _outstanding_in(self, slices: Slices) -> bool:
         for tp, ranges in slices.items():

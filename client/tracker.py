@@ -96,7 +96,8 @@ class SliceProgress:
             pending.popleft()
             if mode == "ranges":
                 self._add_uncommitted(offset, key_hash)
-            self._settle(mode)
+            if self.completed:
+                self._settle(mode)
             return
         if offset < self.watermark or offset >= self.position or offset in self.completed:
             return  # not registered here (dropped below the stable offset) or marked twice
