@@ -137,7 +137,10 @@ class KeyrangeCommitter(StreamingQueryListener):
             return self._terminated.setdefault(query_id, threading.Event())
 
     def _report(self, end_offset: str) -> None:
-        document: Any = json.loads(end_offset) if end_offset else None
+        try:
+            document: Any = json.loads(end_offset)
+        except (TypeError, ValueError):
+            return  # another source's offset, in a format of its own
         if not is_stream_offset(document):
             return
         group = group_of(document)

@@ -10,7 +10,14 @@ from client.committed import Watermark
 from client.http import CoordinatorClient, PartitionCommit
 from client.keyspace import KeyRange, key_hash
 from tests.fixtures.services import MakeTopic
-from tests.spark.conftest import in_spark_thread, keyed_record, log_ends, produce, stable_offsets
+from tests.spark.conftest import (
+    in_spark_thread,
+    keyed_record,
+    log_ends,
+    produce,
+    read_all,
+    stable_offsets,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -121,3 +128,27 @@ async def test_batch_read_skips_committed_work_and_commit_moves_the_stable_offse
 def _index(partition: int, offset: int) -> int:
     """``produce`` sends record i to partition i % PARTITIONS, in order."""
     return offset * PARTITIONS + partition
+
+
+async def test_sink_writes_key_value_and_headers_of_every_row(
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    output = await make_topic(1)
+    rows = [
+        (f"k{index}".encode(), f"v{index}".encode(), [("h", f"{index}".encode())])
+        for index in range(50)
+    ]
+
+    def write() -> None:
+        frame = spark.createDataFrame(
+            rows, "key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+        )
+        frame.write.format("keyrange").option("bootstrap", kafka_bootstrap).option(
+            "topic", output
+        ).mode("append").save()
+
+    await in_spark_thread(spark, write)
+    written = await read_all(kafka_bootstrap, output, 1, expected=len(rows))
+    assert sorted((r.key, r.value, list(r.headers)) for r in written) == sorted(
+        (key, value, headers) for key, value, headers in rows
+    )
