@@ -35,6 +35,7 @@ from aiokafka.structs import TopicPartition
 
 from client.errors import (
     FencedMemberEpoch,
+    IndividualCommitNotAllowed,
     InvalidRequest,
     KeyrangeClientError,
     UnknownMemberId,
@@ -606,6 +607,17 @@ class KeyrangeConsumer:
                     member_id=member_id,
                     member_epoch=member_epoch,
                 )
+            except IndividualCommitNotAllowed:
+                # The coordinator runs with accept.individual.commit off: whole partitions
+                # can still commit a classic offset (their lowest unprocessed record).
+                if self._tracker.mode == "offset":
+                    raise
+                logger.warning(
+                    "the coordinator refuses individual commits; committing classic offsets",
+                    extra={"group_id": self._group_id},
+                )
+                self._tracker.mode = "offset"
+                continue
             except FencedMemberEpoch:
                 # The epoch moved on (an assignment change); refresh it once and retry the
                 # slices still held. A second fence means the slices are gone.

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -15,7 +16,10 @@ from aiokafka.structs import TopicPartition
 
 from client import CoordinatorClient, KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
 from client.http import Slices
+from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator
 from tests.fixtures.services import MakeTopic
+
+StartCoordinator = Callable[..., Awaitable[RunningCoordinator]]
 
 LOWER, UPPER = KeyRange.full().split(2)
 
@@ -297,6 +301,30 @@ async def test_enough_uncommitted_ranges_trigger_a_commit_without_waiting(
                 break
             await asyncio.sleep(0.05)
     assert committed[tp].ranges == ((1, 1), (3, 3), (5, 5))
+
+
+async def test_without_individual_commit_a_whole_partition_commits_a_classic_offset(
+    kafka_bootstrap: str,
+    make_migrated_database: MakeDatabase,
+    start_coordinator: StartCoordinator,
+    make_topic: MakeTopic,
+) -> None:
+    coordinator = await start_coordinator(
+        await make_migrated_database(), accept_individual_commit=False
+    )
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:10])
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+    async with consumer_for(kafka_bootstrap, coordinator.url, group_id) as consumer:
+        consumer.assign({tp: []})
+        records = await take(consumer, 10, mark=False)
+        for record in records[:4] + records[6:]:
+            consumer.mark_processed(record)
+        await consumer.commit()
+    async with CoordinatorClient(coordinator.url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert (committed.stable_offset, committed.ranges, committed.watermarks) == (4, (), ())
 
 
 def test_importing_the_client_pulls_in_no_server_packages() -> None:
