@@ -84,9 +84,7 @@ def test_round_robin_deals_whole_partitions_when_the_topic_refuses_range_fetch()
     }
 
 
-def test_round_robin_deals_whole_partitions_when_the_coordinator_refuses_individual_commit() -> (
-    None
-):
+def test_round_robin_deals_whole_partitions_when_the_coordinator_refuses_ic() -> None:
     group = GroupSpec.of(
         members("M1", "M2", "M3", topics=frozenset({"t"})),
         [TopicSpec("t", 2, True)],

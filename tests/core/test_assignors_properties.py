@@ -122,8 +122,8 @@ def test_assignments_are_valid_and_deterministic(assignor: Assignor, group: Grou
 
     assert_valid(group, assignment)
     reordered = GroupSpec(
-        dict(reversed(group.members.items())),
-        dict(reversed(group.topics.items())),
+        dict(reversed(list(group.members.items()))),
+        dict(reversed(list(group.topics.items()))),
         group.accept_individual_commit,
     )
     assert assignor.assign(reordered) == assignment
