@@ -82,11 +82,13 @@ class Reconciler:
         self._task = asyncio.create_task(self._run(), name="keyrange-reconciler")
 
     def set_target(self, target: Slices) -> None:
+        # Applied even when unchanged: the diff is cheap, and it retries an acquire that
+        # failed and settles waiters when the grant is empty.
         normalized = {tp: normalize(ranges) for tp, ranges in target.items() if ranges}
         if normalized != self._target:
-            self._target = normalized
             self._settled.clear()
-            self._changed.set()
+        self._target = normalized
+        self._changed.set()
 
     async def wait_settled(self) -> None:
         """Until what the consumer owns matches the latest target."""
