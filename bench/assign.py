@@ -19,6 +19,8 @@ Per scenario and assignor:
   slices can move a little less than that).
 - ``max_ranges_per_partition``: most key ranges one member holds on one partition after the
   join (what minimal movement costs sticky-join in fragmentation).
+- ``reconcile_member_ms``: p50 time of one heartbeat's hand-off decision
+  (``reconcile_member``) in the settled round-robin group of that size.
 
 Prints one JSON object on its last line.
 """
@@ -52,6 +54,7 @@ from coordinator.core.assignment import (  # noqa: E402
 )
 from coordinator.core.assignors import ASSIGNORS, Assignor  # noqa: E402
 from coordinator.core.assignors.base import AssignmentBuilder  # noqa: E402
+from coordinator.core.reconcile import MemberHolding, reconcile_member  # noqa: E402
 
 SCENARIOS: dict[str, tuple[int, int, int]] = {
     # name: (members, topics, partitions per topic)
@@ -114,6 +117,12 @@ def output_floor_ms(assignment: GroupAssignment, repeats: int) -> float:
     return median_ms(rebuild, repeats)
 
 
+def reconcile_member_ms(assignment: GroupAssignment, repeats: int) -> float:
+    holdings = {member: MemberHolding(slices, slices, 1) for member, slices in assignment.items()}
+    member = sorted(assignment)[len(assignment) // 2]
+    return median_ms(lambda: reconcile_member(member, holdings, assignment[member]), repeats)
+
+
 def measure(assignor: Assignor, group: GroupSpec, repeats: int) -> dict[str, float]:
     members = list(group.ordered_members)
     settled = assignor.assign(with_previous(group, assignor.assign(group), members))
@@ -153,13 +162,18 @@ def run() -> dict[str, Any]:
             "moved_fraction_on_join",
             "moved_fraction_minimum",
             "max_ranges_per_partition",
+            "reconcile_member_ms",
         )
     }
     for scenario, (members, topics, partitions) in SCENARIOS.items():
         group = build_group(members, topics, partitions)
         repeats = REPEATS[members]
-        floor = output_floor_ms(ASSIGNORS["round-robin"].assign(group), repeats)
+        round_robin = ASSIGNORS["round-robin"].assign(group)
+        floor = output_floor_ms(round_robin, repeats)
         result["output_floor_ms"][scenario] = round(floor, 3)
+        result["reconcile_member_ms"][scenario] = round(
+            reconcile_member_ms(round_robin, repeats), 3
+        )
         per_assignor = {
             name: measure(assignor, group, repeats) for name, assignor in ASSIGNORS.items()
         }
