@@ -327,6 +327,45 @@ async def test_without_individual_commit_a_whole_partition_commits_a_classic_off
     assert (committed.stable_offset, committed.ranges, committed.watermarks) == (4, (), ())
 
 
+async def test_a_revoked_range_is_released_only_after_its_handed_out_records_are_marked(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    tp = TopicPartition(topic, 0)
+    group_id = group()
+    unmarked_at_revoke: list[int] = []
+    upper: list[object] = []
+
+    class Check(RebalanceListener):
+        async def on_slices_revoked(self, slices: Slices) -> None:
+            unmarked_at_revoke.append(sum(1 for r in upper if r not in marked))
+
+    marked: list[object] = []
+    async with consumer_for(
+        kafka_bootstrap, coordinator_url, group_id, rebalance_listener=Check()
+    ) as consumer:
+        consumer.assign({tp: []})
+        records = await take(consumer, len(KEYS), mark=False)
+        upper += [r for r in records if UPPER.contains(key_hash(r.key, r.offset))]  # type: ignore[attr-defined]
+        consumer.assign({tp: [LOWER]})
+
+        async def finish_upper_later() -> None:
+            await asyncio.sleep(0.3)
+            for record in upper:
+                marked.append(record)
+                consumer.mark_processed(record)
+
+        marking = asyncio.create_task(finish_upper_later())
+        async with asyncio.timeout(30):
+            assert await consumer.wait_for_assignment() == {tp: [LOWER]}
+        await marking
+    assert unmarked_at_revoke[0] == 0  # then stop() revokes LOWER too
+    async with CoordinatorClient(coordinator_url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert all(committed.is_processed(r.offset, key_hash(r.key, r.offset)) for r in upper)  # type: ignore[attr-defined]
+
+
 def test_importing_the_client_pulls_in_no_server_packages() -> None:
     probe = (
         "import sys, client, client.consumer, client.membership, client.tracker; "
