@@ -9,57 +9,95 @@ UPDATE, so a commit is checked against membership that cannot change until it co
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.errors import FencedMemberEpoch, UnknownMemberId
 
-_MEMBER = text(
-    """
-    SELECT member_epoch, previous_member_epoch, expires_at > now() AS alive
-    FROM members WHERE group_id = :group_id AND member_id = :member_id
-    FOR SHARE
-    """
-)
+# The checks as CTEs named ``fence`` (parameters :group_id, :member_id, :member_epoch), so the
+# offset store can fold them into the one statement that also locks a commit's partitions;
+# ``check_commit_fencing`` runs the same text on its own. A row means the subject (the group
+# row, or the member row) was found and is now locked; no row means it was not found.
+STANDALONE_FENCE = """
+    fence AS (
+        SELECT live.members = 0 AS passed, live.members AS live_members,
+               NULL::integer AS member_epoch, NULL::boolean AS alive
+        FROM groups g,
+             LATERAL (SELECT count(*) AS members FROM members m
+                      WHERE m.group_id = g.group_id AND m.expires_at > now()) AS live
+        WHERE g.group_id = :group_id
+        FOR SHARE OF g
+    )
+"""
 
-_LIVE_MEMBERS_LOCKING_GROUP = text(
-    """
-    SELECT (SELECT count(*) FROM members m
-            WHERE m.group_id = g.group_id AND m.expires_at > now())
-    FROM groups g WHERE g.group_id = :group_id
-    FOR SHARE OF g
-    """
-)
+# The previous epoch is accepted too: a member commits what it processed while its
+# revocation (which bumped the epoch) is in flight.
+MEMBER_FENCE = """
+    fence AS (
+        SELECT expires_at > now() AND CAST(:member_epoch AS integer)
+                   IN (member_epoch, previous_member_epoch) AS passed,
+               NULL::bigint AS live_members, member_epoch, expires_at > now() AS alive
+        FROM members WHERE group_id = :group_id AND member_id = :member_id
+        FOR SHARE
+    )
+"""
+
+_CHECK = {
+    standalone: text(f"WITH {cte} SELECT passed, live_members, member_epoch, alive FROM fence")
+    for standalone, cte in ((True, STANDALONE_FENCE), (False, MEMBER_FENCE))
+}
 
 _LIVE_MEMBERS = text(
     "SELECT count(*) FROM members WHERE group_id = :group_id AND expires_at > now()"
 )
 
 
+@dataclass(frozen=True)
+class CommitFence:
+    """The membership facts a commit is judged on, read under the lock that keeps them true."""
+
+    passed: bool
+    live_members: int | None
+    member_epoch: int | None
+    alive: bool | None
+
+
+def commit_refusal(
+    group_id: str, member_id: str | None, member_epoch: int | None, fence: CommitFence | None
+) -> UnknownMemberId | FencedMemberEpoch:
+    """The error refusing a commit whose fence did not pass (``fence`` None: nothing found)."""
+    if member_id is None:
+        live = fence.live_members if fence is not None else 0
+        return UnknownMemberId(
+            f"group '{group_id}' has {live} live member(s); a commit without member id is "
+            "only accepted while the group has none"
+        )
+    if fence is None or not fence.alive:
+        return UnknownMemberId(f"member '{member_id}' is not a live member of '{group_id}'")
+    return FencedMemberEpoch(
+        f"member epoch {member_epoch} is stale; the member's epoch is {fence.member_epoch}",
+        member_epoch=fence.member_epoch,
+    )
+
+
 async def check_commit_fencing(
     connection: AsyncConnection, group_id: str, member_id: str | None, member_epoch: int | None
 ) -> None:
-    if member_id is None:
-        result = await connection.execute(_LIVE_MEMBERS_LOCKING_GROUP, {"group_id": group_id})
-        live = result.scalar_one_or_none() or 0
-        if live:
-            raise UnknownMemberId(
-                f"group '{group_id}' has {live} live member(s); a commit without member id is "
-                "only accepted while the group has none"
-            )
+    standalone = member_id is None
+    parameters = (
+        {"group_id": group_id}
+        if standalone
+        else {"group_id": group_id, "member_id": member_id, "member_epoch": member_epoch}
+    )
+    result = await connection.execute(_CHECK[standalone], parameters)
+    row = result.one_or_none()
+    fence = None if row is None else CommitFence(*row)
+    # A standalone commit to a group not stored yet has no members to be fenced by.
+    if (fence is None and standalone) or (fence is not None and fence.passed):
         return
-    row = (
-        await connection.execute(_MEMBER, {"group_id": group_id, "member_id": member_id})
-    ).one_or_none()
-    if row is None or not row.alive:
-        raise UnknownMemberId(f"member '{member_id}' is not a live member of '{group_id}'")
-    # The previous epoch is accepted too: a member commits what it processed while its
-    # revocation (which bumped the epoch) is in flight.
-    if member_epoch not in (row.member_epoch, row.previous_member_epoch):
-        raise FencedMemberEpoch(
-            f"member epoch {member_epoch} is stale; the member's epoch is {row.member_epoch}",
-            member_epoch=row.member_epoch,
-        )
+    raise commit_refusal(group_id, member_id, member_epoch, fence)
 
 
 async def count_live_members(connection: AsyncConnection, group_id: str) -> int:

@@ -1,10 +1,12 @@
 """All SQL of the offset store.
 
-A commit costs a fixed number of round trips whatever it carries: one statement creates the
-group if needed and reads the switches, one locks and reads every partition row of the
-request (creating missing rows) in a single statement, one pipelined batch writes them back.
-Rows are always locked in (topic, partition) order so concurrent multi-partition commits
-cannot deadlock.
+A commit costs two statements whatever it carries, because at 64 concurrent committers the
+coordinator's CPU goes into per-statement work (driver, SQLAlchemy, round trips), not into
+the offset algebra: one statement creates the group if needed, reads the switch, runs the
+membership fence and locks (creating missing rows) and reads every partition row of the
+request; one ``UPDATE ... FROM unnest`` writes the changed rows back. Rows are always locked
+in (topic, partition) order, after the group or member row, so concurrent multi-partition
+commits cannot deadlock.
 """
 
 from __future__ import annotations
@@ -12,16 +14,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, select, text, update
-from sqlalchemy.dialects.postgresql import ARRAY, INT8MULTIRANGE, Range
+from sqlalchemy import bindparam, delete, select, text
+from sqlalchemy.dialects.postgresql import ARRAY, Range
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import BigInteger, Integer, Text
+from sqlalchemy.types import Integer, Text
 
 from client.committed import CommittedOffsets, Watermark
 from client.keyspace import KeyRange
 from coordinator.db.models import PartitionOffsets
+from coordinator.groups.fencing import MEMBER_FENCE, STANDALONE_FENCE, CommitFence
 
 TopicPartitionKey = tuple[str, int]
+
+_STATE_RETURNING = """
+    RETURNING topic, partition, stable_offset, ic_ranges, wm_starts, wm_ends, wm_offsets,
+              metadata
+"""
 
 _LOCK_ROWS = text(
     """
@@ -29,41 +37,75 @@ _LOCK_ROWS = text(
     SELECT :group_id, t, p FROM unnest(:topics, :partitions) AS requested(t, p)
     ON CONFLICT (group_id, topic, partition)
     DO UPDATE SET stable_offset = partition_offsets.stable_offset
-    RETURNING topic, partition, stable_offset, ic_ranges, wm_starts, wm_ends, wm_offsets,
-              metadata
     """
+    + _STATE_RETURNING
 ).bindparams(
     bindparam("topics", type_=ARRAY(Text)),
     bindparam("partitions", type_=ARRAY(Integer)),
 )
 
-_ENSURE_GROUP = text(
-    """
+
+# The partition rows are inserted and locked only once the switch and the fence passed (the
+# scalar subquery on ``checks`` also makes the group and member locks come first). A group
+# created by another transaction after this statement's snapshot is neither ``created`` nor
+# seen: membership was not read, and the caller checks it again in a statement of its own.
+_COMMIT_LOCK_TEMPLATE = """
     WITH created AS (
         INSERT INTO groups (group_id) VALUES (:group_id) ON CONFLICT (group_id) DO NOTHING
+        RETURNING group_id
+    ),
+    {fence},
+    checks AS (
+        SELECT (SELECT accept_individual_commit FROM coordinator_config WHERE id = 1)
+                   AS stored_switch,
+               EXISTS (SELECT FROM created) AS created,
+               EXISTS (SELECT FROM groups WHERE group_id = :group_id) AS group_seen,
+               (SELECT passed FROM fence) AS passed,
+               (SELECT live_members FROM fence) AS live_members,
+               (SELECT member_epoch FROM fence) AS member_epoch,
+               (SELECT alive FROM fence) AS alive
+    ),
+    locked AS (
+        INSERT INTO partition_offsets (group_id, topic, partition)
+        SELECT :group_id, t, p FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]))
+            AS requested(t, p)
+        WHERE (SELECT (NOT :individual OR coalesce(stored_switch, :default_switch))
+                      AND coalesce(passed, created AND :standalone)
+               FROM checks)
+        ON CONFLICT (group_id, topic, partition)
+        DO UPDATE SET stable_offset = partition_offsets.stable_offset
+        {returning}
     )
-    SELECT accept_individual_commit FROM coordinator_config WHERE id = 1
+    SELECT checks.*, locked.* FROM checks LEFT JOIN locked ON true
+"""
+
+_LOCK_FOR_COMMIT = {
+    standalone: text(_COMMIT_LOCK_TEMPLATE.format(fence=fence, returning=_STATE_RETURNING))
+    for standalone, fence in ((True, STANDALONE_FENCE), (False, MEMBER_FENCE))
+}
+
+# New states travel as text literals of their column types: one flat array per column keeps
+# the whole write one statement, and formatting integers is cheaper than per-element binding.
+_WRITE_ROWS = text(
+    """
+    UPDATE partition_offsets AS stored
+    SET stable_offset = new.stable_offset,
+        ic_ranges = CAST(new.ic_ranges AS int8multirange),
+        wm_starts = CAST(new.wm_starts AS bigint[]),
+        wm_ends = CAST(new.wm_ends AS bigint[]),
+        wm_offsets = CAST(new.wm_offsets AS bigint[]),
+        metadata = new.metadata,
+        updated_at = now()
+    FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]),
+                CAST(:stable_offsets AS bigint[]), CAST(:ic_ranges AS text[]),
+                CAST(:wm_starts AS text[]), CAST(:wm_ends AS text[]),
+                CAST(:wm_offsets AS text[]), CAST(:metadata AS text[]))
+        AS new(topic, partition, stable_offset, ic_ranges, wm_starts, wm_ends, wm_offsets,
+               metadata)
+    WHERE stored.group_id = :group_id
+      AND stored.topic = new.topic AND stored.partition = new.partition
     """
 )
-
-_WRITE_ROW = (
-    update(PartitionOffsets)
-    .where(
-        PartitionOffsets.group_id == bindparam("b_group_id"),
-        PartitionOffsets.topic == bindparam("b_topic"),
-        PartitionOffsets.partition == bindparam("b_partition"),
-    )
-    .values(
-        stable_offset=bindparam("b_stable_offset", type_=BigInteger),
-        ic_ranges=bindparam("b_ic_ranges", type_=INT8MULTIRANGE),
-        wm_starts=bindparam("b_wm_starts", type_=ARRAY(BigInteger)),
-        wm_ends=bindparam("b_wm_ends", type_=ARRAY(BigInteger)),
-        wm_offsets=bindparam("b_wm_offsets", type_=ARRAY(BigInteger)),
-        metadata_text=bindparam("b_metadata"),
-        updated_at=text("now()"),
-    )
-)
-
 
 _STATE_COLUMNS = (
     PartitionOffsets.topic,
@@ -78,6 +120,21 @@ _STATE_COLUMNS = (
 
 
 @dataclass(frozen=True)
+class CommitLock:
+    """What a commit's locking statement found.
+
+    ``states`` holds the locked rows, and is filled only when the switch and the fence let
+    the commit through. ``membership_read`` is False when the group row appeared after the
+    statement's snapshot, so neither the fence nor the rows were read.
+    """
+
+    stored_switch: bool | None
+    membership_read: bool
+    fence: CommitFence | None
+    states: dict[TopicPartitionKey, CommittedOffsets]
+
+
+@dataclass(frozen=True)
 class StoredPartition:
     topic: str
     partition: int
@@ -87,10 +144,6 @@ class StoredPartition:
 def _ranges_from_db(ranges: Sequence[Range[int]]) -> tuple[tuple[int, int], ...]:
     # Postgres returns canonical half-open int8 ranges [lower, upper).
     return tuple((r.lower, r.upper - 1) for r in ranges if r.lower is not None and r.upper)
-
-
-def _ranges_to_db(ranges: Sequence[tuple[int, int]]) -> list[Range[int]]:
-    return [Range(start, end, bounds="[]") for start, end in ranges]
 
 
 def _state_from_row(
@@ -112,11 +165,56 @@ def _state_from_row(
     )
 
 
-async def ensure_group(connection: AsyncConnection, group_id: str) -> bool | None:
-    """Create the group if new; return the stored ``accept.individual.commit`` switch."""
-    result = await connection.execute(_ENSURE_GROUP, {"group_id": group_id})
-    value = result.scalar_one_or_none()
-    return None if value is None else bool(value)
+async def lock_for_commit(
+    connection: AsyncConnection,
+    group_id: str,
+    member_id: str | None,
+    member_epoch: int | None,
+    keys: Sequence[TopicPartitionKey],
+    individual: bool,
+    default_switch: bool,
+) -> CommitLock:
+    """Create the group if new, read the switch, fence the committer and lock ``keys``.
+
+    ``individual``: the commit carries ranges or watermarks, which the switch may refuse;
+    ``default_switch`` stands in for a switch not stored yet.
+    """
+    ordered = sorted(keys)
+    standalone = member_id is None
+    parameters = {
+        "group_id": group_id,
+        "topics": [topic for topic, _ in ordered],
+        "partitions": [partition for _, partition in ordered],
+        "individual": individual,
+        "default_switch": default_switch,
+        "standalone": standalone,
+    }
+    if not standalone:
+        parameters["member_id"] = member_id
+        parameters["member_epoch"] = member_epoch
+    rows = (await connection.execute(_LOCK_FOR_COMMIT[standalone], parameters)).all()
+    (
+        stored_switch,
+        created,
+        group_seen,
+        passed,
+        live_members,
+        fenced_epoch,
+        alive,
+        *_,
+    ) = rows[0]
+    fence = None if passed is None else CommitFence(passed, live_members, fenced_epoch, alive)
+    states = {
+        (row[7], row[8]): _state_from_row(row[9], row[10], row[11], row[12], row[13], row[14])
+        for row in rows
+        if row[7] is not None
+    }
+    return CommitLock(
+        stored_switch=stored_switch,
+        membership_read=created or group_seen,
+        fence=fence,
+        states=states,
+    )
 
 
 async def lock_partitions(
@@ -145,27 +243,33 @@ async def lock_partitions(
     }
 
 
+def _bigint_array(values: Sequence[int]) -> str:
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 async def write_partitions(
     connection: AsyncConnection, group_id: str, states: dict[TopicPartitionKey, CommittedOffsets]
 ) -> None:
+    """Store ``states`` into rows the caller has locked."""
     if not states:
         return
+    ordered = sorted(states.items())
     await connection.execute(
-        _WRITE_ROW,
-        [
-            {
-                "b_group_id": group_id,
-                "b_topic": topic,
-                "b_partition": partition,
-                "b_stable_offset": state.stable_offset,
-                "b_ic_ranges": _ranges_to_db(state.ranges),
-                "b_wm_starts": [w.keys.start for w in state.watermarks],
-                "b_wm_ends": [w.keys.end for w in state.watermarks],
-                "b_wm_offsets": [w.offset for w in state.watermarks],
-                "b_metadata": state.metadata,
-            }
-            for (topic, partition), state in sorted(states.items())
-        ],
+        _WRITE_ROWS,
+        {
+            "group_id": group_id,
+            "topics": [topic for (topic, _), _ in ordered],
+            "partitions": [partition for (_, partition), _ in ordered],
+            "stable_offsets": [state.stable_offset for _, state in ordered],
+            "ic_ranges": [
+                "{" + ",".join(f"[{start},{end}]" for start, end in state.ranges) + "}"
+                for _, state in ordered
+            ],
+            "wm_starts": [_bigint_array([w.keys.start for w in s.watermarks]) for _, s in ordered],
+            "wm_ends": [_bigint_array([w.keys.end for w in s.watermarks]) for _, s in ordered],
+            "wm_offsets": [_bigint_array([w.offset for w in s.watermarks]) for _, s in ordered],
+            "metadata": [state.metadata for _, state in ordered],
+        },
     )
 
 

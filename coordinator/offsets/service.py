@@ -22,6 +22,7 @@ from coordinator.core.offsets import (
     apply_individual_commit,
 )
 from coordinator.errors import IndividualCommitNotAllowed, InvalidRequest
+from coordinator.groups.fencing import commit_refusal
 from coordinator.offsets import repository
 from coordinator.offsets.schemas import (
     CommitReply,
@@ -98,21 +99,39 @@ async def commit(
     settings: Settings,
     fencing: FencingCheck,
 ) -> CommitResult:
+    """Apply ``request`` in the caller's transaction.
+
+    The switch, the membership fence and the partition locks come from one statement;
+    ``fencing`` runs on its own only when that statement could not read the membership (the
+    group was created concurrently, after the statement's snapshot).
+    """
     _check_limits(request, settings)
-    stored_switch = await repository.ensure_group(connection, group_id)
-    accept_individual = (
-        settings.accept_individual_commit if stored_switch is None else stored_switch
+    individual = any(p.ranges or p.watermarks for p in request.partitions)
+    keys = [(p.topic, p.partition) for p in request.partitions]
+    lock = await repository.lock_for_commit(
+        connection,
+        group_id,
+        request.member_id,
+        request.member_epoch,
+        keys,
+        individual,
+        settings.accept_individual_commit,
     )
-    if not accept_individual and any(p.ranges or p.watermarks for p in request.partitions):
+    accept_individual = (
+        settings.accept_individual_commit if lock.stored_switch is None else lock.stored_switch
+    )
+    if individual and not accept_individual:
         raise IndividualCommitNotAllowed(
             "the coordinator does not accept individual commits (accept.individual.commit is "
             "off); commit a plain offset"
         )
-    await fencing(connection, group_id, request.member_id, request.member_epoch)
+    states = lock.states
+    if not lock.membership_read:
+        await fencing(connection, group_id, request.member_id, request.member_epoch)
+        states = await repository.lock_partitions(connection, group_id, keys)
+    elif not states:
+        raise commit_refusal(group_id, request.member_id, request.member_epoch, lock.fence)
 
-    states = await repository.lock_partitions(
-        connection, group_id, [(p.topic, p.partition) for p in request.partitions]
-    )
     replies: list[PartitionCommitReply] = []
     changed: dict[tuple[str, int], CommittedOffsets] = {}
     rebalance_needed = False

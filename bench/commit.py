@@ -1,0 +1,751 @@
+"""Commit throughput of the offset store, three ways in one run against one database.
+
+(a) HTTP commits/s through one coordinator process (``python -m coordinator serve``);
+(b) the same commits applied in-process through the storage layer (``service.commit`` inside
+    ``engine.begin()``, the route's transaction), no HTTP, no JSON;
+(c) raw asyncpg single-row ``UPDATE`` transactions/s: the database's own ceiling.
+
+``service_ratio = a / b`` says what HTTP, validation and serialisation cost on top of storage;
+``storage_ratio = b / c`` says how close a commit's transaction gets to the database's own
+single-statement rate. Both are measured at the same concurrency, so neither depends on how
+fast this machine is.
+
+Workload (the shape Keyrange clients send): ``--committers`` concurrent committers (64) over
+``--partitions`` partitions (2,000) of one group; each commit carries 4 partitions, each with
+one key-range watermark and two IC ranges. Committers come in pairs sharing a block of
+partitions, each owning one half of the key space of every partition in the block, as
+Keyrange members share partitions by key range; so a partition row is written by two
+committers and its stored state holds real watermark pieces and IC ranges, and rows are
+occasionally contended as in production. A committer walks its block four partitions at a time
+(its pair partner starts half a block further on); each visit raises the slice's watermark by
+10 and reports two out-of-order completions above it, which the next visit's watermark covers.
+Every request therefore changes the stored state: none hits the duplicate shortcut.
+
+The load generator is cheaper than the server: raw asyncio streams, one keep-alive HTTP/1.1
+connection per committer, request bytes built by ``%`` formatting into pre-serialised
+fragments, and replies checked by byte search. Its CPU share is reported.
+
+Prints one line per phase, then one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import httpx
+import psutil
+import uvloop
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator import migrate
+from coordinator.db.engine import make_engine
+from coordinator.groups.fencing import check_commit_fencing
+from coordinator.offsets import service
+from coordinator.offsets.schemas import CommitRequest
+from coordinator.settings import Settings
+
+TOPIC = "bench-orders"
+HASH_MAX = 2**63 - 1
+KEY_HALVES = ((0, HASH_MAX // 2), (HASH_MAX // 2 + 1, HASH_MAX))
+# Offsets a slice's watermark moves per commit; the two IC ranges sit inside the next step.
+WATERMARK_STEP = 10
+IC_RANGES_ABOVE_WATERMARK = ((2, 3), (6, 7))
+GOALS = {"service_ratio": 0.6, "storage_ratio": 0.3, "p99_ms": 50.0}
+SERVER_START_TIMEOUT_S = 60.0
+# Storage commits are pre-parsed before their phase; this many per committer and second of
+# the HTTP rate covers a storage layer several times faster than HTTP.
+PREPARSE_HEADROOM = 4.0
+
+RAW_UPDATE = (
+    "UPDATE partition_offsets SET stable_offset = stable_offset + 1 "
+    "WHERE group_id = $1 AND topic = $2 AND partition = $3"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Workload
+
+
+@dataclass
+class Slice:
+    partition: int
+    hash_start: int
+    hash_end: int
+    watermark: int = 0
+    prefix: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.prefix = b'{"topic":"%s","partition":%d,"watermarks":[[%d,%d,' % (
+            TOPIC.encode(),
+            self.partition,
+            self.hash_start,
+            self.hash_end,
+        )
+
+    def next_entry(self) -> bytes:
+        self.watermark += WATERMARK_STEP
+        mark = self.watermark
+        (low_a, high_a), (low_b, high_b) = IC_RANGES_ABOVE_WATERMARK
+        return self.prefix + b'%d]],"ranges":[[%d,%d],[%d,%d]]}' % (
+            mark,
+            mark + low_a,
+            mark + high_a,
+            mark + low_b,
+            mark + high_b,
+        )
+
+
+@dataclass
+class Committer:
+    """One client: a block of partitions, one key half of each, walked a few at a time."""
+
+    slices: list[Slice]
+    per_commit: int
+    cursor: int = 0
+
+    def next_body(self) -> bytes:
+        count = len(self.slices)
+        entries = [
+            self.slices[(self.cursor + i) % count].next_entry() for i in range(self.per_commit)
+        ]
+        self.cursor = (self.cursor + self.per_commit) % count
+        return b'{"member_id":null,"member_epoch":null,"partitions":[' + b",".join(entries) + b"]}"
+
+    def partitions(self) -> Iterator[int]:
+        """Endless walk over the block, for the raw phase."""
+        index = self.cursor
+        while True:
+            yield self.slices[index % len(self.slices)].partition
+            index += 1
+
+
+def make_committers(committers: int, partitions: int, per_commit: int) -> list[Committer]:
+    blocks = committers // 2
+    result = []
+    for number in range(committers):
+        block = [p for p in range(partitions) if p % blocks == number // 2]
+        low, high = KEY_HALVES[number % 2]
+        slices = [Slice(p, low, high) for p in block]
+        start = 0 if number % 2 == 0 else len(slices) // 2
+        result.append(Committer(slices, per_commit, cursor=start))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement
+
+
+@dataclass
+class Window:
+    """Counts what completes between the end of warm-up and the stop signal."""
+
+    measuring: bool = False
+    stopped: bool = False
+    done: int = 0
+    failed: int = 0
+    partition_errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def record(self, latency: float) -> None:
+        if self.measuring:
+            self.done += 1
+            self.latencies.append(latency)
+
+    def fail(self, reason: str) -> None:
+        if self.measuring:
+            self.failed += 1
+        self.failures[reason[:200]] += 1
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    failed: int
+    partition_errors: int
+    cpu_cores: dict[str, float]
+    failures: Counter[str]
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return math.nan
+    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+class CpuMeter:
+    """CPU seconds of the processes that matter, and of the whole machine, over a window."""
+
+    def __init__(self, finders: dict[str, Callable[[], list[psutil.Process]]]) -> None:
+        # Postgres forks a backend per connection, so processes are found when a window opens.
+        self.finders = finders
+        self.processes: dict[str, list[psutil.Process]] = {}
+        self._start: dict[str, float] = {}
+        self._machine_start = 0.0
+        self._wall_start = 0.0
+
+    @staticmethod
+    def _seconds(processes: list[psutil.Process]) -> float:
+        total = 0.0
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    @staticmethod
+    def _machine_busy() -> float:
+        times = psutil.cpu_times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+    def start(self) -> None:
+        self.processes = {name: find() for name, find in self.finders.items()}
+        self._start = {name: self._seconds(procs) for name, procs in self.processes.items()}
+        self._machine_start = self._machine_busy()
+        self._wall_start = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.perf_counter() - self._wall_start
+        cores = {
+            name: (self._seconds(procs) - self._start[name]) / wall
+            for name, procs in self.processes.items()
+        }
+        cores["machine"] = (self._machine_busy() - self._machine_start) / wall
+        return cores
+
+
+async def run_phase(
+    name: str,
+    workers: list[Callable[[Window], Awaitable[None]]],
+    warmup_s: float,
+    duration_s: float,
+    meter: CpuMeter,
+    during: Callable[[], Awaitable[None]] | None = None,
+) -> PhaseResult:
+    window = Window()
+    tasks = [asyncio.create_task(worker(window)) for worker in workers]
+    try:
+        await asyncio.sleep(warmup_s)
+        window.measuring = True
+        meter.start()
+        started = time.perf_counter()
+        side = asyncio.create_task(during()) if during else None
+        await asyncio.sleep(duration_s)
+        window.measuring = False
+        elapsed = time.perf_counter() - started
+        cpu = meter.stop()
+        window.stopped = True
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        if side is not None:
+            await side
+    finally:
+        for task in tasks:
+            task.cancel()
+    latencies = sorted(window.latencies)
+    return PhaseResult(
+        name=name,
+        rate=window.done / elapsed,
+        p50_ms=percentile(latencies, 0.50) * 1000,
+        p99_ms=percentile(latencies, 0.99) * 1000,
+        failed=window.failed,
+        partition_errors=window.partition_errors,
+        cpu_cores=cpu,
+        failures=window.failures,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# (a) HTTP
+
+
+def http_worker(
+    committer: Committer, port: int, group_id: str
+) -> Callable[[Window], Awaitable[None]]:
+    head = (
+        b"POST /v1/groups/%s/offsets/commit HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " % group_id.encode()
+    )
+    clean_reply = b'"error":null'
+
+    async def run(window: Window) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while not window.stopped:
+                body = committer.next_body()
+                started = time.perf_counter()
+                writer.write(head + b"%d\r\n\r\n" % len(body) + body)
+                reply_head = await reader.readuntil(b"\r\n\r\n")
+                lowered = reply_head.lower()
+                at = lowered.index(b"content-length:") + 15
+                length = int(lowered[at : lowered.index(b"\r\n", at)])
+                payload = await reader.readexactly(length)
+                latency = time.perf_counter() - started
+                if reply_head[9:12] != b"200":
+                    window.fail(f"HTTP {reply_head[9:12].decode()}: {payload[:160]!r}")
+                    continue
+                window.record(latency)
+                missing = committer.per_commit - payload.count(clean_reply)
+                if missing and window.measuring:
+                    window.partition_errors += missing
+                    window.failures[f"partition errors: {payload[:160]!r}"] += 1
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    return run
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def coordinator_process(database_url: str, port: int, log_path: Path) -> Iterator[psutil.Process]:
+    """The coordinator as operators run it, on a loopback port, without auth or Kafka use."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_TOKENS")}
+    env.update(
+        KEYRANGE_DATABASE_URL=database_url,
+        KEYRANGE_PORT=str(port),
+        KEYRANGE_HOST="127.0.0.1",
+        KEYRANGE_MIGRATE_ON_START="false",
+        KEYRANGE_LOG_LEVEL=env.get("KEYRANGE_LOG_LEVEL", "WARNING"),
+        # Commits never talk to Kafka; a bootstrap keeps `serve` from starting a broker.
+        KEYRANGE_KAFKA_BOOTSTRAP=env.get("KEYRANGE_KAFKA_BOOTSTRAP", "127.0.0.1:9"),
+    )
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "coordinator", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    try:
+        wait_until_ready(process, port, log_path)
+        yield psutil.Process(process.pid)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"coordinator exited early:\n{log_path.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"coordinator not ready in time:\n{log_path.read_text()[-3000:]}")
+
+
+# --------------------------------------------------------------------------------------------
+# (b) storage layer in-process
+
+
+def storage_worker(
+    requests: list[CommitRequest],
+    committer: Committer,
+    engine: AsyncEngine,
+    group_id: str,
+    settings: Settings,
+    parsed_late: list[int],
+) -> Callable[[Window], Awaitable[None]]:
+    async def run(window: Window) -> None:
+        queue = iter(requests)
+        while not window.stopped:
+            request = next(queue, None)
+            if request is None:
+                parsed_late[0] += 1
+                request = CommitRequest.model_validate_json(committer.next_body())
+            started = time.perf_counter()
+            try:
+                async with engine.begin() as connection:
+                    result = await service.commit(
+                        connection, group_id, request, settings, check_commit_fencing
+                    )
+            except Exception as exc:
+                window.fail(f"{type(exc).__name__}: {exc}")
+                continue
+            window.record(time.perf_counter() - started)
+            errors = sum(1 for p in result.reply.partitions if p.error is not None)
+            if errors and window.measuring:
+                window.partition_errors += errors
+                window.failures[f"partition errors: {result.reply.partitions}"] += 1
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# (c) raw database ceiling
+
+
+def raw_worker(
+    committer: Committer, pool: asyncpg.Pool, group_id: str
+) -> Callable[[Window], Awaitable[None]]:
+    async def run(window: Window) -> None:
+        walk = committer.partitions()
+        async with pool.acquire() as connection:
+            while not window.stopped:
+                started = time.perf_counter()
+                try:
+                    await connection.execute(RAW_UPDATE, group_id, TOPIC, next(walk))
+                except asyncpg.PostgresError as exc:
+                    window.fail(f"{type(exc).__name__}: {exc}")
+                    continue
+                window.record(time.perf_counter() - started)
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Profiling
+
+
+async def profile_process(pid: int, seconds: float, output: Path) -> None:
+    """Sample ``pid`` with py-spy (non-blocking, 100 Hz) into collapsed stacks."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    process = await asyncio.create_subprocess_exec(
+        py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(max(1, int(seconds))),
+        "--rate",
+        "100",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--output",
+        str(output),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, error = await process.communicate()
+    if process.returncode != 0:
+        print(f"py-spy failed: {error.decode()[-500:]}", file=sys.stderr)
+
+
+def profiler(
+    directory: Path | None, pid: int, name: str, seconds: float
+) -> Callable[[], Awaitable[None]] | None:
+    if directory is None:
+        return None
+    output = directory / name
+
+    async def sample() -> None:
+        await profile_process(pid, seconds, output)
+
+    return sample
+
+
+def _package_of(frame: str) -> str:
+    """``function (path:line)`` -> the library or our package the frame belongs to."""
+    location = frame[frame.rfind("(") + 1 :]
+    for marker in ("site-packages/", "/coordinator/", "/client/", "/lib/python3"):
+        at = location.find(marker)
+        if at < 0:
+            continue
+        if marker == "site-packages/":
+            return location[at + len(marker) :].split("/")[0].split(".")[0]
+        if marker == "/lib/python3":
+            rest = location[at:].split("/")
+            return f"stdlib:{rest[3].removesuffix('.py')}" if len(rest) > 3 else "stdlib"
+        return marker.strip("/") + "/" + location[at + len(marker) :].split(":")[0]
+    return location.split(":")[0] or frame
+
+
+def summarize_profile(path: Path, top: int = 12) -> str:
+    """Self time by package and by function, and inclusive time of our commit path."""
+    by_package: Counter[str] = Counter()
+    by_function: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        leaf = frames[-1]
+        by_package[_package_of(leaf)] += count
+        by_function[leaf.split(" (")[0] + " [" + _package_of(leaf) + "]"] += count
+        ours = {
+            f.split(" (")[0] + " [" + _package_of(f) + "]" for f in frames if "/coordinator/" in f
+        }
+        for name in ours:
+            inclusive[name] += count
+    if not total:
+        return "no samples"
+
+    def table(counter: Counter[str]) -> str:
+        return "\n".join(
+            f"  {100 * n / total:5.1f}%  {name}" for name, n in counter.most_common(top)
+        )
+
+    return (
+        f"{total} busy samples\nself time by package:\n{table(by_package)}\n"
+        f"self time by function:\n{table(by_function)}\n"
+        f"inclusive time, coordinator frames:\n{table(inclusive)}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Database
+
+
+@contextlib.contextmanager
+def bench_database(work_dir: Path) -> Iterator[tuple[str, str]]:
+    """(url, kind): KEYRANGE_BENCH_DATABASE_URL if set, else a fresh embedded Postgres."""
+    override = os.environ.get("KEYRANGE_BENCH_DATABASE_URL")
+    if override:
+        yield override, "override"
+        return
+    from coordinator.embedded import EmbeddedPostgres
+
+    with EmbeddedPostgres(work_dir / "postgres") as postgres:
+        postgres.start()
+        yield postgres.create_database("keyrange_bench"), "embedded"
+
+
+async def seed_raw_group(pool: asyncpg.Pool, group_id: str, partitions: int) -> None:
+    async with pool.acquire() as connection:
+        await connection.execute("INSERT INTO groups (group_id) VALUES ($1)", group_id)
+        await connection.execute(
+            "INSERT INTO partition_offsets (group_id, topic, partition) "
+            "SELECT $1, $2, p FROM generate_series(0, $3 - 1) AS p",
+            group_id,
+            TOPIC,
+            partitions,
+        )
+
+
+async def find_postmaster(database_url: str) -> psutil.Process | None:
+    """The server process whose backends we meter, when the database runs on this machine."""
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        backend = await connection.fetchval("SELECT pg_backend_pid()")
+    finally:
+        await connection.close()
+    try:
+        return psutil.Process(backend).parent()
+    except psutil.Error:
+        return None
+
+
+def asyncpg_dsn(sqlalchemy_url: str) -> str:
+    return (
+        make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def describe(result: PhaseResult) -> str:
+    cpu = " ".join(f"{name}={cores:.2f}" for name, cores in result.cpu_cores.items())
+    line = (
+        f"{result.name}: {result.rate:,.0f}/s p50={result.p50_ms:.1f}ms "
+        f"p99={result.p99_ms:.1f}ms failed={result.failed} "
+        f"partition_errors={result.partition_errors} cpu_cores[{cpu}]"
+    )
+    for reason, count in result.failures.most_common(3):
+        line += f"\n    {count}x {reason}"
+    return line
+
+
+async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> dict[str, object]:
+    profile_dir = Path(args.profile) if args.profile else None
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:8]
+    commit_group = f"bench-commit-{run_id}"
+    raw_group = f"bench-raw-{run_id}"
+    committers = make_committers(args.committers, args.partitions, args.partitions_per_commit)
+    me = psutil.Process()
+
+    def generator() -> list[psutil.Process]:
+        return [me]
+
+    postmaster = await find_postmaster(database_url)
+
+    def postgres() -> list[psutil.Process]:
+        if postmaster is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [postmaster, *postmaster.children()]
+        return []
+
+    settings = Settings()
+
+    port = free_port()
+    with coordinator_process(database_url, port, work_dir / "coordinator.log") as server:
+        meter = CpuMeter({"generator": generator, "server": lambda: [server], "postgres": postgres})
+
+        http = await run_phase(
+            "http",
+            [http_worker(c, port, commit_group) for c in committers],
+            args.warmup,
+            args.duration,
+            meter,
+            profiler(profile_dir, server.pid, "server.txt", args.duration),
+        )
+    print(describe(http), flush=True)
+    if profile_dir:
+        summary = summarize_profile(profile_dir / "server.txt")
+        print(f"coordinator profile under HTTP load:\n{summary}", flush=True)
+
+    # (b) Pre-parse enough commits that parsing stays outside the measured loop.
+    budget = int((args.warmup + args.duration) * max(http.rate, 100.0) * PREPARSE_HEADROOM)
+    per_committer = max(50, budget // len(committers))
+    requests = [
+        [CommitRequest.model_validate_json(c.next_body()) for _ in range(per_committer)]
+        for c in committers
+    ]
+    engine = make_engine(database_url, settings)
+    parsed_late = [0]
+    meter = CpuMeter({"generator": generator, "postgres": postgres})
+    try:
+        storage = await run_phase(
+            "storage",
+            [
+                storage_worker(r, c, engine, commit_group, settings, parsed_late)
+                for r, c in zip(requests, committers, strict=True)
+            ],
+            args.warmup,
+            args.duration,
+            meter,
+            profiler(profile_dir, os.getpid(), "storage.txt", args.duration),
+        )
+    finally:
+        await engine.dispose()
+    del requests
+    print(describe(storage) + f" parsed_in_loop={parsed_late[0]}", flush=True)
+    if profile_dir:
+        summary = summarize_profile(profile_dir / "storage.txt")
+        print(f"storage layer profile:\n{summary}", flush=True)
+
+    pool = await asyncpg.create_pool(
+        asyncpg_dsn(database_url), min_size=args.committers, max_size=args.committers
+    )
+    try:
+        await seed_raw_group(pool, raw_group, args.partitions)
+        raw = await run_phase(
+            "raw",
+            [raw_worker(c, pool, raw_group) for c in committers],
+            args.warmup,
+            args.duration,
+            meter,
+        )
+    finally:
+        await pool.close()
+    print(describe(raw), flush=True)
+
+    http_cpu = http.cpu_cores
+    summary: dict[str, object] = {
+        "http_commits_per_s": round(http.rate, 1),
+        "storage_commits_per_s": round(storage.rate, 1),
+        "raw_tx_per_s": round(raw.rate, 1),
+        "service_ratio": round(http.rate / storage.rate, 3) if storage.rate else None,
+        "storage_ratio": round(storage.rate / raw.rate, 3) if raw.rate else None,
+        "p50_ms": round(http.p50_ms, 2),
+        "p99_ms": round(http.p99_ms, 2),
+        "storage_p50_ms": round(storage.p50_ms, 2),
+        "storage_p99_ms": round(storage.p99_ms, 2),
+        "raw_p99_ms": round(raw.p99_ms, 2),
+        "generator_cpu_share": round(http_cpu["generator"] / http_cpu["machine"], 3)
+        if http_cpu["machine"]
+        else None,
+        "http_cpu_cores": {k: round(v, 2) for k, v in http_cpu.items()},
+        "storage_cpu_cores": {k: round(v, 2) for k, v in storage.cpu_cores.items()},
+        "errors": http.failed + storage.failed + raw.failed,
+        "partition_errors": http.partition_errors + storage.partition_errors,
+        "committers": args.committers,
+        "partitions": args.partitions,
+        "partitions_per_commit": args.partitions_per_commit,
+        "duration_s": args.duration,
+        "db_pool": settings.db_pool_size + settings.db_max_overflow,
+    }
+    ratios_met = (
+        summary["service_ratio"] is not None
+        and summary["storage_ratio"] is not None
+        and http.rate / storage.rate >= GOALS["service_ratio"]
+        and storage.rate / raw.rate >= GOALS["storage_ratio"]
+        and http.p99_ms <= GOALS["p99_ms"]
+    )
+    summary["goals_met"] = bool(ratios_met)
+    return summary
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=12.0, help="measured seconds per phase")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per phase")
+    parser.add_argument("--committers", type=int, default=64, help="concurrent committers (even)")
+    parser.add_argument("--partitions", type=int, default=2000)
+    parser.add_argument("--partitions-per-commit", type=int, default=4)
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="sample the coordinator during (a) and this process during (b) with py-spy; "
+        "write collapsed stacks under DIR and print summaries (sampling costs throughput)",
+    )
+    args = parser.parse_args()
+    if args.committers < 2 or args.committers % 2:
+        parser.error("--committers must be even: committers share partitions in pairs")
+    block = args.partitions // (args.committers // 2)
+    if block < args.partitions_per_commit:
+        parser.error("each pair of committers needs at least --partitions-per-commit partitions")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    work_dir = Path(tempfile.mkdtemp(prefix="keyrange-bench-commit-"))
+    try:
+        with bench_database(work_dir) as (database_url, kind):
+            migrate.upgrade(database_url)
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                summary = runner.run(run(args, database_url, work_dir))
+            summary["database"] = kind
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
