@@ -79,6 +79,8 @@ class RebalanceListener:
 
 
 class ConsumerStopped(KeyrangeClientError):
+    """The consumer is not started, or was stopped."""
+
     error = "CONSUMER_STOPPED"
 
 
@@ -94,6 +96,12 @@ class KeyrangeConsumer:
     no membership, commits carry no member id and are accepted only while the group has no
     live members). ``aiokafka_kwargs`` go to ``AIOKafkaConsumer`` (``key_deserializer`` and
     ``value_deserializer`` are applied by Keyrange after hashing the raw key).
+
+    ``commit_mode`` overrides what commits carry (``client.tracker``): ``"watermarks"`` (the
+    default with individual commit), ``"ranges"`` (plain IC ranges, the KIP's baseline) or
+    ``"offset"`` (classic offsets; the default with ``allow_individual_commit=False``).
+    ``coordinator`` shares one ``CoordinatorClient`` between consumers; it is then not closed
+    by ``stop()``.
     """
 
     def __init__(
@@ -683,19 +691,22 @@ class KeyrangeConsumer:
 
 
 class _Dispatcher:
-    """``run()``'s machinery: one chain per (partition, key hash) so a key's records run one
-    at a time in offset order, at most ``max_concurrency`` handlers at once."""
+    """``run()``'s machinery: one chain of records per (partition, key hash) and a fixed pool
+    of ``max_concurrency`` workers. A chain is scheduled at most once at any time, so a key's
+    records run one at a time in offset order; a worker takes one record of a chain and puts
+    the chain back at the end of the ready queue, so hot keys do not starve the others."""
 
-    # Records dispatched but not finished, per allowed concurrent handler: enough to keep
-    # every slot busy across hot keys without reading the whole partition into memory.
-    _QUEUED_PER_SLOT = 64
+    # Records dispatched but not finished, per worker: enough to keep every worker busy
+    # across hot keys without reading the whole partition into memory.
+    _QUEUED_PER_WORKER = 64
 
     def __init__(self, consumer: KeyrangeConsumer, handler: Handler, max_concurrency: int) -> None:
         self._consumer = consumer
         self._handler = handler
-        self._slots = asyncio.Semaphore(max_concurrency)
-        self._max_queued = max_concurrency * self._QUEUED_PER_SLOT
+        self._workers = max_concurrency
+        self._max_queued = max_concurrency * self._QUEUED_PER_WORKER
         self._chains: dict[tuple[TopicPartition, int], deque[_Item]] = {}
+        self._ready: asyncio.Queue[tuple[TopicPartition, int] | None] = asyncio.Queue()
         self._running: set[tuple[TopicPartition, int]] = set()
         self._queued = 0
         self._space = asyncio.Event()
@@ -706,6 +717,10 @@ class _Dispatcher:
 
     async def run(self) -> None:
         consumer = self._consumer
+        for index in range(self._workers):
+            task = asyncio.create_task(self._work(), name=f"keyrange-worker-{index}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         try:
             while not self._stopping:
                 try:
@@ -737,38 +752,36 @@ class _Dispatcher:
             chain.append(item)
             return
         self._chains[ident] = deque([item])
-        task = asyncio.create_task(self._chain(ident))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._ready.put_nowait(ident)
 
-    async def _chain(self, ident: tuple[TopicPartition, int]) -> None:
-        chain = self._chains[ident]
-        try:
-            while chain:
-                item = chain[0]
-                async with self._slots:
-                    if not chain or chain[0] is not item:
-                        continue  # withdrawn while waiting for a slot
-                    tp, record, hashed = item
-                    self._consumer._hand_out(tp, record, hashed)
-                    self._running.add(ident)
-                    try:
-                        await self._handler(record)
-                    finally:
-                        self._running.discard(ident)
-                chain.popleft()
-                self._done(1)
-                self._consumer.mark_processed(record)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            if not self._failure.done():
-                self._failure.set_exception(error)
-            self._done(len(chain))
-            chain.clear()
-        finally:
-            if self._chains.get(ident) is chain:
-                del self._chains[ident]
+    async def _work(self) -> None:
+        chains, ready = self._chains, self._ready
+        while True:
+            ident = await ready.get()
+            if ident is None or self._failure.done():
+                return
+            chain = chains[ident]
+            if not chain:  # withdrawn while waiting in the ready queue
+                del chains[ident]
+                continue
+            tp, record, hashed = chain[0]
+            self._consumer._hand_out(tp, record, hashed)
+            self._running.add(ident)
+            try:
+                await self._handler(record)
+            except Exception as error:
+                if not self._failure.done():
+                    self._failure.set_exception(error)
+                return
+            finally:
+                self._running.discard(ident)
+            chain.popleft()
+            self._done(1)
+            self._consumer.mark_processed(record)
+            if chain:
+                ready.put_nowait(ident)
+            else:
+                del chains[ident]
 
     def _done(self, count: int) -> None:
         self._queued -= count
@@ -793,6 +806,8 @@ class _Dispatcher:
         self.withdraw(None)
         if not self._failure.done():
             self._failure.set_result(None)
+        for _ in range(self._workers):
+            self._ready.put_nowait(None)
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=timeout_s)
             for task in late:
