@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 # member notices a returning coordinator within a couple of seconds.
 _BACKOFF_INITIAL_S = 0.1
 _BACKOFF_MAX_S = 2.0
+# A heartbeat call gets at least this long, even with almost no session left.
+_MIN_CALL_S = 0.05
 LEAVE_EPOCH = -1
 JOIN_EPOCH = 0
 
@@ -240,13 +242,14 @@ class Membership:
                 delay = 0.0
             elif error.retriable:
                 self._resolve_waiters(False)
-                if self._session_expired():
+                if self._session_left() <= 0:
                     logger.warning(
                         "no heartbeat succeeded for a session timeout; slices are lost",
                         extra={"group_id": self._group_id, "error": str(error)},
                     )
                     await self._lose()
-                delay = backoff
+                # Wake up in time to give the slices up when the session runs out.
+                delay = min(backoff, self._session_left())
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
             else:
                 self._resolve_waiters(False)
@@ -269,9 +272,11 @@ class Membership:
         )
         sent_at = time.monotonic()
         try:
-            # Bounded by the session: a reply later than that is worthless anyway.
+            # Bounded by what is left of the session: past it the slices are lost anyway,
+            # and the member must notice no later than the coordinator does.
             reply = await asyncio.wait_for(
-                self._client.heartbeat(self._group_id, request), self._session_s
+                self._client.heartbeat(self._group_id, request),
+                max(min(self._session_s, self._session_left()), _MIN_CALL_S),
             )
         except TimeoutError:
             return CoordinatorUnavailable("heartbeat timed out")
@@ -294,12 +299,15 @@ class Membership:
         self.reconciler.set_target(reply.assignment)
         return None
 
-    def _session_expired(self) -> bool:
-        # Measured from when the last good heartbeat was *sent*, which is no later than when
-        # the coordinator received it: the member gives up no later than the coordinator.
+    def _session_left(self) -> float:
+        """Seconds until the session expires; infinite while not a member.
+
+        Measured from when the last good heartbeat was *sent*, which is no later than when
+        the coordinator received it: the member gives up no later than the coordinator.
+        """
         if self._last_success is None or self.member_id is None:
-            return False
-        return time.monotonic() - self._last_success >= self._session_s
+            return float("inf")
+        return self._last_success + self._session_s - time.monotonic()
 
     async def _lose(self) -> None:
         self.member_id, self.member_epoch = None, JOIN_EPOCH
