@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, literal_column, select, text, update
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import Boolean, Integer, Text
@@ -104,6 +104,18 @@ _EXTEND_STABLE_SESSION = text(
     bindparam("allow", type_=Boolean),
     bindparam("session_timeout", type_=Integer),
     bindparam("check_subscription", type_=Boolean),
+)
+
+
+_SAVE_TARGETS = text(
+    """
+    UPDATE members m SET target = CAST(new.target AS jsonb)
+    FROM unnest(:member_ids, :targets) AS new(member_id, target)
+    WHERE m.group_id = :group_id AND m.member_id = new.member_id
+    """
+).bindparams(
+    bindparam("member_ids", type_=ARRAY(Text)),
+    bindparam("targets", type_=ARRAY(Text)),
 )
 
 
@@ -360,19 +372,17 @@ async def save_member(connection: AsyncConnection, member: MemberRow, *, heartbe
 async def save_targets(
     connection: AsyncConnection, group_id: str, targets: Mapping[str, WireSlices]
 ) -> None:
+    """All new targets of a group in one statement, whatever the group's size."""
     if not targets:
         return
+    ordered = sorted(targets.items())
     await connection.execute(
-        update(Member)
-        .where(
-            Member.group_id == bindparam("b_group_id"),
-            Member.member_id == bindparam("b_member_id"),
-        )
-        .values(target=bindparam("b_target", type_=JSONB)),
-        [
-            {"b_group_id": group_id, "b_member_id": member_id, "b_target": target}
-            for member_id, target in sorted(targets.items())
-        ],
+        _SAVE_TARGETS,
+        {
+            "group_id": group_id,
+            "member_ids": [member_id for member_id, _ in ordered],
+            "targets": [json.dumps(target) for _, target in ordered],
+        },
     )
 
 
