@@ -153,6 +153,7 @@ class KeyrangeConsumer:
         self._kafka_kwargs = {
             "bootstrap_servers": bootstrap_servers,
             "auto_offset_reset": auto_offset_reset,
+            **({} if client_id is None else {"client_id": client_id}),
             **aiokafka_kwargs,
         }
         self._owns_client = coordinator is None
@@ -197,8 +198,16 @@ class KeyrangeConsumer:
         if self._started:
             return
         self._started = True
-        self._kafka = AIOKafkaConsumer(enable_auto_commit=False, **self._kafka_kwargs)
-        await self._kafka.start()
+        kafka = AIOKafkaConsumer(enable_auto_commit=False, **self._kafka_kwargs)
+        try:
+            await kafka.start()
+        except BaseException:
+            self._closed = True
+            await kafka.stop()
+            if self._owns_client:
+                await self._client.aclose()
+            raise
+        self._kafka = kafka
         if self._topics:
             self._membership = Membership(
                 self._client,
