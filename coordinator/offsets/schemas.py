@@ -6,7 +6,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from coordinator.validation import GroupId, KeyHash, MemberEpoch, Offset, PartitionId, TopicName
+from coordinator.validation import (
+    INT64_MAX,
+    GroupId,
+    KeyHash,
+    MemberEpoch,
+    Offset,
+    PartitionId,
+    TopicName,
+)
 
 OffsetRangeJson = tuple[Offset, Offset]
 WatermarkJson = tuple[KeyHash, KeyHash, Offset]
@@ -29,6 +37,10 @@ class PartitionCommitRequest(StrictModel):
         for start, end in self.ranges:
             if start > end:
                 raise ValueError(f"offset range [{start}, {end}] has start > end")
+            if end == INT64_MAX:
+                # No record can sit at 2**63-1 (its next offset would overflow), and Postgres
+                # stores the range half-open, so its bound would not fit in int8.
+                raise ValueError("an offset range cannot end at 2**63-1; no record has that offset")
         for hash_start, hash_end, _ in self.watermarks:
             if hash_start > hash_end:
                 raise ValueError(f"watermark key range [{hash_start}, {hash_end}] has start > end")

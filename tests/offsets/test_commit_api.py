@@ -136,6 +136,7 @@ async def test_commit_is_all_or_nothing_on_bad_input(api: httpx.AsyncClient) -> 
             {"topic": "t", "partition": -1, "offset": 1},
         ],
         [{"topic": "t", "partition": 0, "ranges": [[5, 2**63]]}],
+        [{"topic": "t", "partition": 0, "ranges": [[5, 2**63 - 1]]}],
         [{"topic": "t", "partition": 0, "ranges": [[5, 6]], "offset": 7}],
         [{"topic": "t", "partition": 0}],
         [
