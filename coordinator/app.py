@@ -196,10 +196,13 @@ def create_app(
     background: dict[str, BackgroundLoop] | None = None,
 ) -> FastAPI:
     from coordinator.admin.endpoints import router as admin_router
+    from coordinator.groups.admin_endpoints import router as groups_admin_router
+    from coordinator.groups.endpoints import router as groups_router
+    from coordinator.groups.service import background_loops
     from coordinator.health.endpoints import router as health_router
     from coordinator.offsets.endpoints import router as offsets_router
 
-    loops = dict(background or {})
+    loops = dict(background_loops(settings) if background is None else background)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -236,7 +239,9 @@ def create_app(
     _install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(offsets_router)
+    app.include_router(groups_router)
     app.include_router(admin_router)
+    app.include_router(groups_admin_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(RouteMetrics)
     return app
