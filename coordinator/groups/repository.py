@@ -75,6 +75,33 @@ _HELD_BY_OTHERS = text(
     bindparam("partitions", type_=ARRAY(Integer)),
 )
 
+_REAP_AND_READ_MEMBER = text(
+    """
+    WITH expired AS (
+        DELETE FROM members WHERE group_id = :group_id AND expires_at <= now()
+        RETURNING member_id
+    ),
+    me AS (
+        SELECT * FROM members
+        WHERE group_id = :group_id AND member_id = :member_id AND expires_at > now()
+    )
+    SELECT
+        ARRAY(SELECT member_id FROM expired) AS expired,
+        (SELECT coalesce(jsonb_agg(held), '[]'::jsonb)
+         FROM members o, LATERAL jsonb_array_elements(o.owned || o.assigned) AS held
+         WHERE o.group_id = :group_id AND o.member_id <> :member_id AND o.expires_at > now()
+           AND (held->>'topic', held->>'partition') IN (
+               SELECT wanted->>'topic', wanted->>'partition'
+               FROM me, LATERAL jsonb_array_elements(me.target) AS wanted)) AS held,
+        me.group_id, me.member_id, me.instance_id, me.client_id, me.client_host,
+        me.member_epoch, me.previous_member_epoch, me.subscribed_topics,
+        me.subscribed_topic_regex, me.assignor, me.allow_individual_commit,
+        me.session_timeout_ms, me.owned, me.assigned, me.target, me.joined_at,
+        me.last_heartbeat, me.expires_at
+    FROM (SELECT 1) AS one LEFT JOIN me ON true
+    """
+)
+
 # The common heartbeat in one statement: every condition under which renewing the session is
 # all there is to do. A NULL parameter means "the request leaves this unchanged".
 _EXTEND_STABLE_SESSION = text(
@@ -302,6 +329,33 @@ async def read_member(
     )
     row = result.one_or_none()
     return None if row is None else _member_from_row(row)
+
+
+@dataclass(frozen=True)
+class HeartbeatView:
+    """What a heartbeat of an existing member needs, read in one statement under the group
+    lock: the members that just expired (now deleted), the member itself if still live, and
+    what the other live members hold on the partitions of its current target."""
+
+    expired: list[str]
+    member: MemberRow | None
+    held_by_others: WireSlices
+
+
+async def reap_and_read_member(
+    connection: AsyncConnection, group_id: str, member_id: str
+) -> HeartbeatView:
+    """Deletes the group's expired members and reads the rest in one round trip; the group
+    row must be locked. The reads see the rows as before the delete, so they filter on
+    ``expires_at`` themselves."""
+    row = (
+        await connection.execute(
+            _REAP_AND_READ_MEMBER, {"group_id": group_id, "member_id": member_id}
+        )
+    ).one()
+    expired, held, *member_columns = row
+    member = None if member_columns[0] is None else _member_from_row(member_columns)
+    return HeartbeatView(sorted(expired), member, list(held))
 
 
 async def held_by_others(

@@ -291,18 +291,24 @@ _OTHERS = "*others*"
 
 
 async def _reconcile_member(
-    connection: AsyncConnection, member: MemberRow, reported: tuple[Slice, ...] | None
+    connection: AsyncConnection,
+    member: MemberRow,
+    reported: tuple[Slice, ...] | None,
+    held_by_others: WireSlices | None = None,
 ) -> None:
     """Decide what ``member`` may own now; the caller has checked that the member saw its
     current assignment (its request carries its current epoch). Only the other members'
-    holdings on the partitions this member targets matter, read as one union."""
+    holdings on the partitions this member targets matter, read as one union unless the
+    caller already has it."""
     target = from_wire(member.target)
-    others = await repository.held_by_others(
-        connection,
-        member.group_id,
-        member.member_id,
-        sorted({piece.topic_partition for piece in target}),
-    )
+    others = held_by_others
+    if others is None:
+        others = await repository.held_by_others(
+            connection,
+            member.group_id,
+            member.member_id,
+            sorted({piece.topic_partition for piece in target}),
+        )
     mine = MemberHolding(
         owned=from_wire(member.owned),
         assigned=from_wire(member.assigned),
@@ -370,26 +376,21 @@ async def heartbeat(
     _check_assignor(request.assignor)
 
     group = await repository.lock_group(connection, group_id)
+    reported = None if request.owned is None else _request_slices(request.owned)
+    if request.member_epoch > JOIN_EPOCH:
+        member = await _heartbeat_locked(
+            connection, group, request, reported, subscription, session_timeout, settings
+        )
+        return _reply(member, settings)
     reasons = _expiry_reasons(await _reap_locked(connection, group_id))
     if request.member_epoch == LEAVE_EPOCH:
         return await _leave(connection, group, request, settings, reasons)
-    reported = None if request.owned is None else _request_slices(request.owned)
-    if request.member_epoch == JOIN_EPOCH:
-        members = await _read_members(connection, group_id)
-        member, is_new = await _join(
-            connection, group_id, members, request, settings, client_host, reasons
-        )
-        acknowledged = True
-    else:
-        member = await _current_member(connection, group_id, request)
-        is_new = False
-        acknowledged = request.member_epoch == member.member_epoch
-        _apply_member_fields(member, request, subscription, session_timeout, reasons)
-        if reasons or group.rebalance_requested:
-            members = await _read_members(connection, group_id)
-            members[member.member_id] = member
+    members = await _read_members(connection, group_id)
+    member, is_new = await _join(
+        connection, group_id, members, request, settings, client_host, reasons
+    )
     if reasons or group.rebalance_requested:
-        group = await _settle_group(
+        await _settle_group(
             connection,
             group,
             members,
@@ -397,13 +398,42 @@ async def heartbeat(
             reasons,
             unsaved=member.member_id if is_new else None,
         )
-    if acknowledged:
-        await _reconcile_member(connection, member, reported)
+    await _reconcile_member(connection, member, reported)
     if is_new:
         await repository.insert_member(connection, member)
     else:
         await repository.save_member(connection, member, heartbeat=True)
     return _reply(member, settings)
+
+
+async def _heartbeat_locked(
+    connection: AsyncConnection,
+    group: GroupRow,
+    request: HeartbeatRequest,
+    reported: tuple[Slice, ...] | None,
+    subscription: tuple[list[str], str | None] | None,
+    session_timeout: int | None,
+    settings: Settings,
+) -> MemberRow:
+    """A heartbeat of an existing member under its group's lock: three statements in the
+    common case (lock, read, write), a reassignment only when something changed."""
+    assert request.member_id is not None  # the schema requires it for epochs other than 0
+    view = await repository.reap_and_read_member(connection, group.group_id, request.member_id)
+    _log_expired(group.group_id, view.expired)
+    reasons = _expiry_reasons(view.expired)
+    member = _check_member(group.group_id, view.member, request)
+    acknowledged = request.member_epoch == member.member_epoch
+    _apply_member_fields(member, request, subscription, session_timeout, reasons)
+    held_by_others: WireSlices | None = view.held_by_others
+    if reasons or group.rebalance_requested:
+        members = await _read_members(connection, group.group_id)
+        members[member.member_id] = member
+        await _settle_group(connection, group, members, settings, reasons)
+        held_by_others = None  # the target moved: read the others on its partitions again
+    if acknowledged:
+        await _reconcile_member(connection, member, reported, held_by_others)
+    await repository.save_member(connection, member, heartbeat=True)
+    return member
 
 
 async def _read_members(connection: AsyncConnection, group_id: str) -> dict[str, MemberRow]:
@@ -413,20 +443,20 @@ async def _read_members(connection: AsyncConnection, group_id: str) -> dict[str,
 async def _reap_locked(connection: AsyncConnection, group_id: str) -> list[str]:
     """Remove the group's expired members (its row is locked); returns their ids."""
     expired = await repository.delete_expired_members(connection, group_id)
+    _log_expired(group_id, expired)
+    return expired
+
+
+def _log_expired(group_id: str, expired: list[str]) -> None:
     for member_id in expired:
         log.info("member session expired", extra={"group_id": group_id, "member_id": member_id})
-    return expired
 
 
 def _expiry_reasons(expired: list[str]) -> list[str]:
     return ["member session expired"] if expired else []
 
 
-async def _current_member(
-    connection: AsyncConnection, group_id: str, request: HeartbeatRequest
-) -> MemberRow:
-    assert request.member_id is not None  # the schema requires it for epochs other than 0
-    member = await repository.read_member(connection, group_id, request.member_id)
+def _check_member(group_id: str, member: MemberRow | None, request: HeartbeatRequest) -> MemberRow:
     if member is None:
         raise UnknownMemberId(
             f"member '{request.member_id}' is not a live member of '{group_id}'; rejoin with "
