@@ -3,6 +3,7 @@ membership, epochs and fencing, switches, and the membership admin routes."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -317,3 +318,35 @@ async def test_admin_describe_rebalance_and_remove_member(
     assert len((await second.heartbeat())["assignment"]) == 2
     again = await api.delete(f"/v1/admin/groups/admin-g/members/{first.member_id}")
     assert (again.status_code, again.json()["error"]) == (409, "UNKNOWN_MEMBER_ID")
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float | None:
+    for line in exposition.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        label_text, _, value = line[len(name) + 1 :].rpartition("} ")
+        found = dict(part.split("=", 1) for part in label_text.split(","))
+        if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+async def test_rebalances_export_load_and_member_gauges(
+    api: httpx.AsyncClient, coordinator_app: FastAPI
+) -> None:
+    await given_topics(coordinator_app, gauges=3)
+    members = [Member(api, "gauges") for _ in range(2)]
+    for member in members:
+        await member.join(["gauges"])
+    exposition = (await api.get("/metrics")).text
+    load = "keyrange_group_member_load"
+    assert metric_value(exposition, load, group_id="gauges", bound="max") == 2
+    assert metric_value(exposition, load, group_id="gauges", bound="min") == 1
+    joined = metric_value(exposition, "keyrange_rebalances_total", reason="member joined")
+    assert joined is not None and joined >= 2
+    for _ in range(50):
+        exposition = (await api.get("/metrics")).text
+        if metric_value(exposition, "keyrange_group_members", group_id="gauges") == 2:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("keyrange_group_members never reported the two members")
