@@ -28,6 +28,9 @@ _POLL_TIMEOUT_MS = 500
 # A slice whose reader makes no progress for this long fails its task (Spark retries it)
 # rather than hanging: the records it expects were promised by the high watermark.
 _STALL_TIMEOUT_S = 60.0
+# Records per chunk handed to Spark: large enough to amortise Arrow conversion, small
+# enough to keep a task's memory flat.
+_CHUNK_RECORDS = 10_000
 # Bytes per partition per fetch: large fetches amortise the per-request cost, which
 # dominates reading small records in Python.
 _FETCH_BYTES = 8 * 1024 * 1024
@@ -155,7 +158,12 @@ def read_slice(
         next_offset = piece.start
         last_progress = time.monotonic()
         while next_offset < piece.end:
-            fetched = loop.run_until_complete(consumer.getmany(tp, timeout_ms=_POLL_TIMEOUT_MS))
+            # Records are decoded as they are taken from the fetch buffer: taking no more
+            # than the slice still needs leaves the prefetched rest of the log undecoded.
+            wanted = min(piece.end - next_offset, _CHUNK_RECORDS)
+            fetched = loop.run_until_complete(
+                consumer.getmany(tp, timeout_ms=_POLL_TIMEOUT_MS, max_records=wanted)
+            )
             records = [r for r in fetched.get(tp, ()) if r.offset < piece.end]
             if records:
                 yield records
