@@ -36,6 +36,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -48,19 +49,28 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncpg
-import httpx
-import psutil
-import uvloop
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+# Run as ``python bench/commit.py``: this file's folder comes first on the path, and
+# bench/client.py would shadow the ``client`` package the coordinator imports, so the
+# repository root takes its place.
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path[:] = [
+    str(BENCH_DIR.parent),
+    *(p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR),
+]
 
-from coordinator import migrate
-from coordinator.db.engine import make_engine
-from coordinator.groups.fencing import check_commit_fencing
-from coordinator.offsets import service
-from coordinator.offsets.schemas import CommitRequest
-from coordinator.settings import Settings
+import asyncpg  # noqa: E402
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+import uvloop  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
+
+from coordinator import migrate  # noqa: E402
+from coordinator.db.engine import make_engine  # noqa: E402
+from coordinator.groups.fencing import check_commit_fencing  # noqa: E402
+from coordinator.offsets import service  # noqa: E402
+from coordinator.offsets.schemas import CommitRequest  # noqa: E402
+from coordinator.settings import Settings  # noqa: E402
 
 TOPIC = "bench-orders"
 HASH_MAX = 2**63 - 1
@@ -68,6 +78,7 @@ KEY_HALVES = ((0, HASH_MAX // 2), (HASH_MAX // 2 + 1, HASH_MAX))
 # Offsets a slice's watermark moves per commit; the two IC ranges sit inside the next step.
 WATERMARK_STEP = 10
 IC_RANGES_ABOVE_WATERMARK = ((2, 3), (6, 7))
+SERVE = [sys.executable, "-m", "coordinator", "serve"]
 GOALS = {"service_ratio": 0.6, "storage_ratio": 0.3, "p99_ms": 50.0}
 SERVER_START_TIMEOUT_S = 60.0
 # Storage commits are pre-parsed before their phase; this many per committer and second of
@@ -326,7 +337,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def coordinator_process(database_url: str, port: int, log_path: Path) -> Iterator[psutil.Process]:
+def coordinator_process(
+    command: list[str], database_url: str, port: int, log_path: Path
+) -> Iterator[psutil.Process]:
     """The coordinator as operators run it, on a loopback port, without auth or Kafka use."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_TOKENS")}
     env.update(
@@ -340,11 +353,11 @@ def coordinator_process(database_url: str, port: int, log_path: Path) -> Iterato
     )
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "coordinator", "serve"],
+            command,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=BENCH_DIR.parent,
         )
     try:
         wait_until_ready(process, port, log_path)
@@ -471,24 +484,38 @@ def profiler(
     return sample
 
 
+OUR_PACKAGES = ("coordinator/", "client/", "bench/")
+
+
+def _location(frame: str) -> str:
+    """``function (path:line)`` -> ``path``."""
+    return frame[frame.rfind("(") + 1 :].rsplit(":", 1)[0]
+
+
 def _package_of(frame: str) -> str:
-    """``function (path:line)`` -> the library or our package the frame belongs to."""
-    location = frame[frame.rfind("(") + 1 :]
-    for marker in ("site-packages/", "/coordinator/", "/client/", "/lib/python3"):
-        at = location.find(marker)
-        if at < 0:
-            continue
-        if marker == "site-packages/":
-            return location[at + len(marker) :].split("/")[0].split(".")[0]
-        if marker == "/lib/python3":
-            rest = location[at:].split("/")
-            return f"stdlib:{rest[3].removesuffix('.py')}" if len(rest) > 3 else "stdlib"
-        return marker.strip("/") + "/" + location[at + len(marker) :].split(":")[0]
-    return location.split(":")[0] or frame
+    """The library (or our module) a frame belongs to."""
+    location = _location(frame)
+    if "site-packages/" in location:
+        return location.split("site-packages/", 1)[1].split("/")[0].split(".")[0]
+    for package in OUR_PACKAGES:
+        if location.startswith(package) or f"/{package}" in location:
+            return package + location.split(f"{package}", 1)[1]
+    if "/lib/python3" in location:
+        return "stdlib:" + location.rsplit("/", 1)[1].removesuffix(".py")
+    return location or frame
+
+
+def _is_ours(frame: str) -> bool:
+    location = _location(frame)
+    return any(location.startswith(p) or f"/{p}" in location for p in OUR_PACKAGES)
+
+
+def _label(frame: str) -> str:
+    return f"{frame.split(' (')[0]} [{_package_of(frame)}]"
 
 
 def summarize_profile(path: Path, top: int = 12) -> str:
-    """Self time by package and by function, and inclusive time of our commit path."""
+    """Self time by package and by function, and inclusive time of our own frames."""
     by_package: Counter[str] = Counter()
     by_function: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -500,26 +527,22 @@ def summarize_profile(path: Path, top: int = 12) -> str:
         count = int(count_text)
         frames = stack.split(";")
         total += count
-        leaf = frames[-1]
-        by_package[_package_of(leaf)] += count
-        by_function[leaf.split(" (")[0] + " [" + _package_of(leaf) + "]"] += count
-        ours = {
-            f.split(" (")[0] + " [" + _package_of(f) + "]" for f in frames if "/coordinator/" in f
-        }
-        for name in ours:
+        by_package[_package_of(frames[-1])] += count
+        by_function[_label(frames[-1])] += count
+        for name in {_label(f) for f in frames if _is_ours(f)}:
             inclusive[name] += count
     if not total:
         return "no samples"
 
-    def table(counter: Counter[str]) -> str:
+    def table(counter: Counter[str], rows: int) -> str:
         return "\n".join(
-            f"  {100 * n / total:5.1f}%  {name}" for name, n in counter.most_common(top)
+            f"  {100 * n / total:5.1f}%  {name}" for name, n in counter.most_common(rows)
         )
 
     return (
-        f"{total} busy samples\nself time by package:\n{table(by_package)}\n"
-        f"self time by function:\n{table(by_function)}\n"
-        f"inclusive time, coordinator frames:\n{table(inclusive)}"
+        f"{total} busy samples\nself time by package:\n{table(by_package, top)}\n"
+        f"self time by function:\n{table(by_function, top)}\n"
+        f"inclusive time of our frames:\n{table(inclusive, 2 * top)}"
     )
 
 
@@ -558,12 +581,12 @@ async def find_postmaster(database_url: str) -> psutil.Process | None:
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
         backend = await connection.fetchval("SELECT pg_backend_pid()")
-    finally:
-        await connection.close()
-    try:
+        # Asked while connected: the backend exits with the connection.
         return psutil.Process(backend).parent()
     except psutil.Error:
         return None
+    finally:
+        await connection.close()
 
 
 def asyncpg_dsn(sqlalchemy_url: str) -> str:
@@ -574,6 +597,17 @@ def asyncpg_dsn(sqlalchemy_url: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Main
+
+
+def cpu_ms_per_op(result: PhaseResult, process: str) -> float | None:
+    cores = result.cpu_cores.get(process)
+    if cores is None or not result.rate:
+        return None
+    return round(1000 * cores / result.rate, 3)
+
+
+def foreign_load(cpu_cores: dict[str, float]) -> float:
+    return cpu_cores["machine"] - sum(v for k, v in cpu_cores.items() if k != "machine")
 
 
 def describe(result: PhaseResult) -> str:
@@ -598,7 +632,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
     committers = make_committers(args.committers, args.partitions, args.partitions_per_commit)
     me = psutil.Process()
 
-    def generator() -> list[psutil.Process]:
+    def this_process() -> list[psutil.Process]:
         return [me]
 
     postmaster = await find_postmaster(database_url)
@@ -613,8 +647,11 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
     settings = Settings()
 
     port = free_port()
-    with coordinator_process(database_url, port, work_dir / "coordinator.log") as server:
-        meter = CpuMeter({"generator": generator, "server": lambda: [server], "postgres": postgres})
+    command = shlex.split(args.server_command) if args.server_command else SERVE
+    with coordinator_process(command, database_url, port, work_dir / "coordinator.log") as server:
+        meter = CpuMeter(
+            {"generator": this_process, "server": lambda: [server], "postgres": postgres}
+        )
 
         http = await run_phase(
             "http",
@@ -638,7 +675,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
     ]
     engine = make_engine(database_url, settings)
     parsed_late = [0]
-    meter = CpuMeter({"generator": generator, "postgres": postgres})
+    meter = CpuMeter({"bench": this_process, "postgres": postgres})
     try:
         storage = await run_phase(
             "storage",
@@ -675,23 +712,31 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
         await pool.close()
     print(describe(raw), flush=True)
 
+    service_ratio = http.rate / storage.rate if storage.rate else 0.0
+    storage_ratio = storage.rate / raw.rate if raw.rate else 0.0
     http_cpu = http.cpu_cores
     summary: dict[str, object] = {
         "http_commits_per_s": round(http.rate, 1),
         "storage_commits_per_s": round(storage.rate, 1),
         "raw_tx_per_s": round(raw.rate, 1),
-        "service_ratio": round(http.rate / storage.rate, 3) if storage.rate else None,
-        "storage_ratio": round(storage.rate / raw.rate, 3) if raw.rate else None,
+        "service_ratio": round(service_ratio, 3),
+        "storage_ratio": round(storage_ratio, 3),
         "p50_ms": round(http.p50_ms, 2),
         "p99_ms": round(http.p99_ms, 2),
         "storage_p50_ms": round(storage.p50_ms, 2),
         "storage_p99_ms": round(storage.p99_ms, 2),
         "raw_p99_ms": round(raw.p99_ms, 2),
-        "generator_cpu_share": round(http_cpu["generator"] / http_cpu["machine"], 3)
-        if http_cpu["machine"]
-        else None,
-        "http_cpu_cores": {k: round(v, 2) for k, v in http_cpu.items()},
-        "storage_cpu_cores": {k: round(v, 2) for k, v in storage.cpu_cores.items()},
+        "generator_cpu_share": round(http_cpu["generator"] / max(http_cpu["machine"], 1e-9), 3),
+        # CPU per commit does not depend on how much of the machine this run was given.
+        "server_cpu_ms_per_commit": cpu_ms_per_op(http, "server"),
+        "storage_cpu_ms_per_commit": cpu_ms_per_op(storage, "bench"),
+        "postgres_cpu_ms_per_http_commit": cpu_ms_per_op(http, "postgres"),
+        "postgres_cpu_ms_per_storage_commit": cpu_ms_per_op(storage, "postgres"),
+        "postgres_cpu_ms_per_raw_tx": cpu_ms_per_op(raw, "postgres"),
+        # Cores busy with other work on the machine: the run shares it.
+        "foreign_load_cores": {
+            phase.name: round(foreign_load(phase.cpu_cores), 2) for phase in (http, storage, raw)
+        },
         "errors": http.failed + storage.failed + raw.failed,
         "partition_errors": http.partition_errors + storage.partition_errors,
         "committers": args.committers,
@@ -699,15 +744,12 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
         "partitions_per_commit": args.partitions_per_commit,
         "duration_s": args.duration,
         "db_pool": settings.db_pool_size + settings.db_max_overflow,
+        "goals_met": (
+            service_ratio >= GOALS["service_ratio"]
+            and storage_ratio >= GOALS["storage_ratio"]
+            and http.p99_ms <= GOALS["p99_ms"]
+        ),
     }
-    ratios_met = (
-        summary["service_ratio"] is not None
-        and summary["storage_ratio"] is not None
-        and http.rate / storage.rate >= GOALS["service_ratio"]
-        and storage.rate / raw.rate >= GOALS["storage_ratio"]
-        and http.p99_ms <= GOALS["p99_ms"]
-    )
-    summary["goals_met"] = bool(ratios_met)
     return summary
 
 
@@ -723,6 +765,11 @@ def parse_args() -> argparse.Namespace:
         metavar="DIR",
         help="sample the coordinator during (a) and this process during (b) with py-spy; "
         "write collapsed stacks under DIR and print summaries (sampling costs throughput)",
+    )
+    parser.add_argument(
+        "--server-command",
+        help="command starting the coordinator for (a), configured through the usual "
+        "KEYRANGE_* variables (default: python -m coordinator serve); for comparing variants",
     )
     args = parser.parse_args()
     if args.committers < 2 or args.committers % 2:
