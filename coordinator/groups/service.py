@@ -376,8 +376,8 @@ async def heartbeat(
     _check_assignor(request.assignor)
 
     group = await repository.lock_group(connection, group_id)
-    reported = None if request.owned is None else _request_slices(request.owned)
     if request.member_epoch > JOIN_EPOCH:
+        reported = None if request.owned is None else _request_slices(request.owned)
         member = await _heartbeat_locked(
             connection, group, request, reported, subscription, session_timeout, settings
         )
@@ -398,7 +398,9 @@ async def heartbeat(
             reasons,
             unsaved=member.member_id if is_new else None,
         )
-    await _reconcile_member(connection, member, reported)
+    # A join's report of owned slices predates its new epoch: a rejoining member keeps what
+    # it held until its first heartbeat at that epoch (``_take_over_held``).
+    await _reconcile_member(connection, member, None)
     if is_new:
         await repository.insert_member(connection, member)
     else:
