@@ -52,7 +52,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slices", type=int, default=4, help="key-range slices per partition")
     parser.add_argument("--max-records-per-trigger", type=int, default=10_000)
     parser.add_argument("--checkpoint", help="Spark checkpoint dir (default: a temp dir)")
-    parser.add_argument("--master", default="local[*]")
+    parser.add_argument(
+        "--master", help="Spark master (default: spark-submit's, or local[*] under python)"
+    )
     return parser.parse_args()
 
 
@@ -125,9 +127,11 @@ def run_pipeline(
 
     from client.spark import enable_commits, register
 
+    builder = (
+        SparkSession.builder if args.master is None else SparkSession.builder.master(args.master)
+    )
     spark = (
-        SparkSession.builder.master(args.master)
-        .appName("keyrange-spark-example")
+        builder.appName("keyrange-spark-example")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .getOrCreate()
