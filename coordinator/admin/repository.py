@@ -50,7 +50,9 @@ async def list_groups(
 async def group_exists(connection: AsyncConnection, group_id: str, *, lock: bool) -> bool:
     query = select(Group.group_id).where(Group.group_id == group_id)
     if lock:
-        query = query.with_for_update()
+        # Not FOR UPDATE: that would block the KEY SHARE lock concurrent commits take on the
+        # group when they write offset rows, while this waits on those rows (a deadlock).
+        query = query.with_for_update(key_share=True)
     return (await connection.execute(query)).scalar_one_or_none() is not None
 
 

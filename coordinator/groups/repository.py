@@ -50,7 +50,7 @@ _GROUPS_TO_REAP = text(
                   WHERE m.group_id = g.group_id AND m.expires_at <= now())
     ORDER BY g.group_id
     LIMIT :limit
-    FOR UPDATE OF g SKIP LOCKED
+    FOR NO KEY UPDATE OF g SKIP LOCKED
     """
 )
 
@@ -283,7 +283,10 @@ async def find_group(connection: AsyncConnection, group_id: str, *, lock: bool) 
         Group.rebalance_reason,
     ).where(Group.group_id == group_id)
     if lock:
-        query = query.with_for_update()
+        # NO KEY UPDATE serialises membership changes of the group without blocking the
+        # KEY SHARE lock that writing its offset rows takes (their foreign key): a commit
+        # holding a member row FOR SHARE must not wait on a heartbeat that waits on it.
+        query = query.with_for_update(key_share=True)
     row = (await connection.execute(query)).one_or_none()
     return None if row is None else _group_from_row(row)
 
