@@ -33,6 +33,9 @@ PROBLEM = "application/problem+json"
 
 BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
 
+# deadlock_detected, serialization_failure
+_RETRIABLE_SQLSTATES = {"40P01", "40001"}
+
 
 def problem(status: int, error: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
@@ -139,6 +142,16 @@ def _install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(DBAPIError)
+    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # Postgres aborted the transaction to break a lock cycle or a serialisation conflict:
+        # nothing was applied and the same request will succeed when retried.
+        if getattr(exc.orig, "sqlstate", None) in _RETRIABLE_SQLSTATES:
+            log.warning("transaction aborted by the database", extra={"error": type(exc).__name__})
+            return problem(
+                503, "SERVICE_UNAVAILABLE", "Service unavailable", "transaction conflict; retry"
+            )
+        return await unexpected(request, exc)
+
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", extra={"error": type(exc).__name__})
