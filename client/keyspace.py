@@ -34,8 +34,7 @@ class KeyRange:
     def __post_init__(self) -> None:
         if not (HASH_MIN <= self.start <= self.end <= HASH_MAX):
             raise ValueError(
-                f"key range [{self.start}, {self.end}] is not within [0, 2**63-1] "
-                "with start <= end"
+                f"key range [{self.start}, {self.end}] is not within [0, 2**63-1] with start <= end"
             )
 
     @classmethod
@@ -57,7 +56,7 @@ class KeyRange:
         return KeyRange(start, end) if start <= end else None
 
     def split(self, parts: int) -> list[KeyRange]:
-        """Contiguous parts whose sizes differ by at most one; the same input gives the same parts."""
+        """Contiguous parts whose sizes differ by at most one; stable for the same input."""
         if parts < 1:
             raise ValueError("a key range splits into at least one part")
         if parts > self.size:
