@@ -193,25 +193,27 @@ async def lock_for_commit(
         parameters["member_id"] = member_id
         parameters["member_epoch"] = member_epoch
     rows = (await connection.execute(_LOCK_FOR_COMMIT[standalone], parameters)).all()
-    (
-        stored_switch,
-        created,
-        group_seen,
-        passed,
-        live_members,
-        fenced_epoch,
-        alive,
-        *_,
-    ) = rows[0]
-    fence = None if passed is None else CommitFence(passed, live_members, fenced_epoch, alive)
+    checks = rows[0]
+    fence = (
+        None
+        if checks.passed is None
+        else CommitFence(checks.passed, checks.live_members, checks.member_epoch, checks.alive)
+    )
     states = {
-        (row[7], row[8]): _state_from_row(row[9], row[10], row[11], row[12], row[13], row[14])
+        (row.topic, row.partition): _state_from_row(
+            row.stable_offset,
+            row.ic_ranges,
+            row.wm_starts,
+            row.wm_ends,
+            row.wm_offsets,
+            row.metadata,
+        )
         for row in rows
-        if row[7] is not None
+        if row.topic is not None
     }
     return CommitLock(
-        stored_switch=stored_switch,
-        membership_read=created or group_seen,
+        stored_switch=checks.stored_switch,
+        membership_read=checks.created or checks.group_seen,
         fence=fence,
         states=states,
     )
