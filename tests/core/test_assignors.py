@@ -303,18 +303,20 @@ def test_sticky_join_joiner_takes_a_little_from_each_member_of_its_number() -> N
 
     after = StickyJoinAssignor().assign(group)
 
-    # A and B each give up a sixth at the top of their half; fixed thirds would move a third
-    # of the space *plus* shift B's boundary.
-    b_kept = KeyRange(HALF, HALF + THIRD[1].size - 1)
-    c_ranges = [KeyRange(THIRD[0].end + 1, HALF - 1), KeyRange(b_kept.end + 1, HASH_MAX)]
+    # Three members cut the number into 64 tiles (22 + 21 + 21); A and B each keep the bottom
+    # of their half and C takes what they give up. Fixed thirds would move a third of the
+    # space *and* shift B's boundary.
+    tile = 2**57
+    a_kept, b_kept = KeyRange(0, 22 * tile - 1), KeyRange(32 * tile, 53 * tile - 1)
+    c_ranges = [KeyRange(22 * tile, 32 * tile - 1), KeyRange(53 * tile, HASH_MAX)]
     assert after == {
-        "A": (Slice("clicks", 0, THIRD[0]), Slice("impressions", 0, THIRD[0])),
+        "A": (Slice("clicks", 0, a_kept), Slice("impressions", 0, a_kept)),
         "B": (Slice("clicks", 0, b_kept), Slice("impressions", 0, b_kept)),
         "C": tuple(
             Slice(topic, 0, keys) for topic in ("clicks", "impressions") for keys in c_ranges
         ),
     }
-    assert moved_fraction(before, after) == pytest.approx(1 / 3)
+    assert moved_fraction(before, after) == 21 / 64
 
 
 def test_sticky_join_members_that_keep_their_place_keep_their_ranges() -> None:

@@ -7,9 +7,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client.keyspace import KeyRange, normalize, subtract
+from client.keyspace import HASH_SPACE, KeyRange, normalize, subtract
 from coordinator.core.assignment import GroupAssignment, GroupSpec, MemberSpec
-from coordinator.core.assignors.base import AssignmentBuilder, even_split
+from coordinator.core.assignors.base import AssignmentBuilder
 
 # member id -> partition number -> key ranges it may keep claiming (disjoint across members)
 _Claims = dict[str, dict[int, list[KeyRange]]]
@@ -52,13 +52,16 @@ class StickyJoinAssignor:
     accepts range fetch and the sharers outnumber the numbers. Every sharer sits on exactly one
     number (so it reads one partition per topic), ``ceil`` or ``floor`` of sharers/numbers to a
     number, the crowded numbers being those most members already claim. A sharer takes the seat
-    where it holds most hashes. On each number the hash space is divided into equal quotas;
-    each member keeps the lowest hashes of what it held up to its quota, and members short of
-    their quota take the freed hashes, lowest first. A joiner thus takes a little from each
-    member of its number rather than shifting every boundary, which keeps movement minimal at
-    the cost of the joiner's share being several ranges. The ranges of a member are the same on
-    every topic of the set. Members that do not allow individual commit stand by while the
-    numbers are split (see ``RoundRobinAssignor``).
+    where it holds most hashes. On each number the hash space is cut into a power-of-two grid
+    of about 16 tiles per member (``TILES_PER_MEMBER``) and members get whole tiles, as evenly as
+    possible (shares differ by at most one tile); each member keeps the lowest tiles of what it
+    held up to its quota, and members short of their quota first grow their own ranges into
+    adjacent free tiles, then take the lowest free ones. A joiner thus takes a few tiles from
+    several members of its number rather than shifting every boundary, so movement stays
+    minimal, and no member ever holds more ranges on a partition than it holds tiles, however
+    long the churn (exact equal shares would hand every member a new sliver on every change).
+    The ranges of a member are the same on every topic of the set. Members that do not allow
+    individual commit stand by while the numbers are split (see ``RoundRobinAssignor``).
     """
 
     name = "sticky-join"
@@ -258,53 +261,183 @@ def _split_numbers(
     return result
 
 
+# A number shared by k members is cut into a power-of-two grid of about k * TILES_PER_MEMBER
+# equal tiles, and members hold whole tiles. Exact equal shares would make every change hand
+# each member a sliver, so a member's ranges would grow without bound under churn; whole tiles
+# bound them (a member never holds more ranges than tiles) at the price of shares differing by
+# one tile: 16 keeps that within ~6% of a share.
+TILES_PER_MEMBER = 16
+# The grid a number already uses is kept while it has between 1x and 4x the tiles it needs, so
+# a group that shrinks does not re-cut (and move) on every leave; finer grids are free to adopt.
+GRID_SLACK = 4
+
+_Run = tuple[int, int]  # inclusive tile indexes
+
+
 def _share_number(
     members: list[MemberSpec], claims: _Claims, number: int
 ) -> list[tuple[MemberSpec, list[KeyRange]]]:
-    """Equal quotas of one number's hash space; members keep what they held up to theirs."""
-    quotas = [keys.size for keys in even_split(len(members))]
+    """Whole tiles of one number's hash space, balanced within one tile; members keep the
+    tiles they held up to their quota, and fill up next to what they keep where they can."""
+    held = [claims[member.member_id].get(number, []) for member in members]
+    tiles = _tile_grid(len(members), held)
+    tile_size = HASH_SPACE // tiles
+    runs = _majority_runs(held, tile_size)
+    counts = [sum(last - first + 1 for first, last in member_runs) for member_runs in runs]
+    base, extra = divmod(tiles, len(members))
+    by_holding = sorted(range(len(members)), key=lambda index: (-counts[index], index))
+    quotas = [base] * len(members)
+    for index in by_holding[:extra]:
+        quotas[index] += 1
     kept = [
-        _prefix(claims[member.member_id].get(number, []), quota)
-        for member, quota in zip(members, quotas, strict=True)
+        _prefix_runs(member_runs, quota) for member_runs, quota in zip(runs, quotas, strict=True)
     ]
-    free = _FreeSpace(subtract([KeyRange.full()], (keys for ranges in kept for keys in ranges)))
+    free = _FreeTiles(
+        _complement(sorted(run for member_runs in kept for run in member_runs), tiles)
+    )
+    short = [index for index in range(len(members)) if _count(kept[index]) < quotas[index]]
+    for index in short:
+        kept[index] = free.extend_adjacent(kept[index], quotas[index] - _count(kept[index]))
+    for index in short:
+        kept[index] = _merge([*kept[index], *free.take_lowest(quotas[index] - _count(kept[index]))])
     return [
-        (member, normalize([*ranges, *free.take(quota - _total(ranges))]))
-        for member, quota, ranges in zip(members, quotas, kept, strict=True)
+        (
+            member,
+            [
+                KeyRange(first * tile_size, (last + 1) * tile_size - 1)
+                for first, last in member_runs
+            ],
+        )
+        for member, member_runs in zip(members, kept, strict=True)
     ]
 
 
-def _prefix(ranges: list[KeyRange], amount: int) -> list[KeyRange]:
-    taken: list[KeyRange] = []
-    for keys in ranges:
-        if amount <= 0:
-            break
-        if keys.size <= amount:
-            taken.append(keys)
-            amount -= keys.size
+def _tile_grid(members: int, held: list[list[KeyRange]]) -> int:
+    needed = min(1 << (members * TILES_PER_MEMBER - 1).bit_length(), HASH_SPACE)
+    alignment = HASH_SPACE
+    seen = False
+    for ranges in held:
+        for keys in ranges:
+            seen = True
+            for boundary in (keys.start, keys.end + 1):
+                if 0 < boundary < HASH_SPACE:
+                    alignment = min(alignment, boundary & -boundary)
+    previous = HASH_SPACE // alignment
+    if seen and needed <= previous <= GRID_SLACK * needed:
+        return previous
+    return needed
+
+
+def _majority_runs(held: list[list[KeyRange]], tile_size: int) -> list[list[_Run]]:
+    """Per member, the tiles it holds: whole tiles it held, and a tile held in parts (after a
+    re-cut of the grid, or ranges from another assignor) goes to whoever held most of it."""
+    runs: list[list[_Run]] = [[] for _ in held]
+    partial: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for index, ranges in enumerate(held):
+        for keys in ranges:
+            first_full = -(-keys.start // tile_size)
+            last_full = (keys.end + 1) // tile_size - 1
+            if first_full <= last_full:
+                runs[index].append((first_full, last_full))
+            for tile in {keys.start // tile_size, keys.end // tile_size}:
+                if not first_full <= tile <= last_full:
+                    start = max(keys.start, tile * tile_size)
+                    end = min(keys.end, (tile + 1) * tile_size - 1)
+                    partial[tile].append((end - start + 1, index))
+    for tile, pieces in partial.items():
+        amounts: dict[int, int] = defaultdict(int)
+        for amount, index in pieces:
+            amounts[index] += amount
+        winner = min(amounts, key=lambda index: (-amounts[index], index))
+        runs[winner].append((tile, tile))
+    return [_merge(member_runs) for member_runs in runs]
+
+
+def _merge(runs: Iterable[_Run]) -> list[_Run]:
+    merged: list[_Run] = []
+    for first, last in sorted(runs):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
         else:
-            taken.append(KeyRange(keys.start, keys.start + amount - 1))
-            amount = 0
-    return taken
+            merged.append((first, last))
+    return merged
 
 
-class _FreeSpace:
-    """Hands out freed hashes lowest first, in amounts, without re-scanning what is gone."""
+def _count(runs: list[_Run]) -> int:
+    return sum(last - first + 1 for first, last in runs)
 
-    def __init__(self, ranges: list[KeyRange]) -> None:
-        self._ranges = ranges
-        self._index = 0
 
-    def take(self, amount: int) -> list[KeyRange]:
-        taken: list[KeyRange] = []
-        while amount > 0:
-            head = self._ranges[self._index]
-            if head.size <= amount:
-                taken.append(head)
-                amount -= head.size
-                self._index += 1
-            else:
-                taken.append(KeyRange(head.start, head.start + amount - 1))
-                self._ranges[self._index] = KeyRange(head.start + amount, head.end)
-                amount = 0
+def _prefix_runs(runs: list[_Run], quota: int) -> list[_Run]:
+    kept: list[_Run] = []
+    for first, last in runs:
+        if quota <= 0:
+            break
+        length = min(last - first + 1, quota)
+        kept.append((first, first + length - 1))
+        quota -= length
+    return kept
+
+
+def _complement(runs: list[_Run], tiles: int) -> list[_Run]:
+    free: list[_Run] = []
+    cursor = 0
+    for first, last in runs:
+        if first > cursor:
+            free.append((cursor, first - 1))
+        cursor = max(cursor, last + 1)
+    if cursor < tiles:
+        free.append((cursor, tiles - 1))
+    return free
+
+
+class _FreeTiles:
+    """Free tile runs, found by either end so a member can grow its own runs first."""
+
+    def __init__(self, runs: list[_Run]) -> None:
+        self._last_of = dict(runs)
+        self._first_of = {last: first for first, last in runs}
+
+    def extend_adjacent(self, runs: list[_Run], wanted: int) -> list[_Run]:
+        grown = list(runs)
+        for index, (first, last) in enumerate(runs):
+            if wanted <= 0:
+                break
+            free_last = self._last_of.get(last + 1)
+            if free_last is not None:
+                taken = min(wanted, free_last - last)
+                self._remove(last + 1, free_last)
+                if last + 1 + taken <= free_last:
+                    self._add(last + 1 + taken, free_last)
+                last += taken
+                wanted -= taken
+            free_first = self._first_of.get(first - 1)
+            if wanted > 0 and free_first is not None:
+                taken = min(wanted, first - free_first)
+                self._remove(free_first, first - 1)
+                if free_first <= first - 1 - taken:
+                    self._add(free_first, first - 1 - taken)
+                first -= taken
+                wanted -= taken
+            grown[index] = (first, last)
+        return _merge(grown)
+
+    def take_lowest(self, wanted: int) -> list[_Run]:
+        taken: list[_Run] = []
+        while wanted > 0:
+            first = min(self._last_of)
+            last = self._last_of[first]
+            length = min(wanted, last - first + 1)
+            self._remove(first, last)
+            if first + length <= last:
+                self._add(first + length, last)
+            taken.append((first, first + length - 1))
+            wanted -= length
         return taken
+
+    def _add(self, first: int, last: int) -> None:
+        self._last_of[first] = last
+        self._first_of[last] = first
+
+    def _remove(self, first: int, last: int) -> None:
+        del self._last_of[first]
+        del self._first_of[last]
