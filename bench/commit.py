@@ -362,6 +362,10 @@ def coordinator_process(
     try:
         wait_until_ready(process, port, log_path)
         yield psutil.Process(process.pid)
+    except Exception:
+        # The log lives in a directory removed on exit: show why the coordinator failed.
+        print(f"coordinator log:\n{log_path.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        raise
     finally:
         process.terminate()
         try:
@@ -446,11 +450,15 @@ def raw_worker(
 # Profiling
 
 
+def py_spy_path() -> str | None:
+    beside_python = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside_python) if beside_python.exists() else None)
+
+
 async def profile_process(pid: int, seconds: float, output: Path) -> None:
     """Sample ``pid`` with py-spy (non-blocking, 100 Hz) into collapsed stacks."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     process = await asyncio.create_subprocess_exec(
-        py_spy,
+        py_spy_path() or "py-spy",
         "record",
         "--pid",
         str(pid),
@@ -772,6 +780,8 @@ def parse_args() -> argparse.Namespace:
         "KEYRANGE_* variables (default: python -m coordinator serve); for comparing variants",
     )
     args = parser.parse_args()
+    if args.profile and not py_spy_path():
+        parser.error("--profile needs py-spy (pip install py-spy, part of the dev extra)")
     if args.committers < 2 or args.committers % 2:
         parser.error("--committers must be even: committers share partitions in pairs")
     block = args.partitions // (args.committers // 2)
