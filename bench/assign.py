@@ -18,7 +18,7 @@ Per scenario and assignor:
   the joiner's fair share ``1 / members`` (an assignor that seats the joiner with the smallest
   slices can move a little less than that).
 - ``max_ranges_per_partition``: most key ranges one member holds on one partition after the
-  join (what minimal movement costs sticky-join in fragmentation).
+  join (sticky-join hands a joiner tiles from several members, so it holds a few ranges).
 - ``reconcile_member_ms``: p50 time of one heartbeat's hand-off decision
   (``reconcile_member``) in the settled round-robin group of that size.
 
