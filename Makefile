@@ -31,16 +31,16 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench-commit: $(STAMP)
-	$(PY) bench/commit.py
+	$(PY) -m bench.commit
 
 bench-assign: $(STAMP)
-	$(PY) bench/assign.py
+	$(PY) -m bench.assign
 
 bench-client: $(STAMP)
-	$(PY) bench/client.py
+	$(PY) -m bench.client
 
 bench-spark: $(STAMP)
-	$(PY) bench/spark.py
+	$(PY) -m bench.spark
 
 bench: bench-commit bench-assign bench-client bench-spark
 
