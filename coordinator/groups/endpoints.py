@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.auth import require_group_access
@@ -37,9 +37,11 @@ async def heartbeat(
     # Declared before the transaction so FastAPI resolves it first (see its docstring).
     body: Annotated[HeartbeatRequest, Depends(_authorized_with_known_topics)],
     connection: Annotated[AsyncConnection, Depends(transaction)],
-) -> HeartbeatReply:
+) -> HeartbeatReply | Response:
     """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment."""
+    settings = request.app.state.settings
+    stable = await service.stable_heartbeat(connection, group_id, body, settings)
+    if stable is not None:
+        return Response(stable, media_type="application/json")
     client_host = request.client.host if request.client is not None else None
-    return await service.heartbeat(
-        connection, group_id, body, request.app.state.settings, client_host
-    )
+    return await service.heartbeat(connection, group_id, body, settings, client_host)

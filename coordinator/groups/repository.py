@@ -121,7 +121,7 @@ _EXTEND_STABLE_SESSION = text(
       AND (CAST(:assignor AS text) IS NULL OR m.assignor = :assignor)
       AND (CAST(:allow AS boolean) IS NULL OR m.allow_individual_commit = :allow)
       AND (CAST(:session_timeout AS integer) IS NULL OR m.session_timeout_ms = :session_timeout)
-    RETURNING m.assigned, m.session_timeout_ms
+    RETURNING m.assigned::text, m.session_timeout_ms
     """
 ).bindparams(
     bindparam("owned", type_=Text),
@@ -181,7 +181,8 @@ class MemberRow:
 
 @dataclass(frozen=True)
 class StableHeartbeat:
-    assigned: WireSlices
+    # As stored, JSON text: the reply passes it through without decoding it.
+    assigned_json: str
     session_timeout_ms: int
 
 
@@ -457,7 +458,7 @@ async def extend_stable_session(
     group_id: str,
     member_id: str,
     member_epoch: int,
-    owned: WireSlices | None,
+    owned_json: str | None,
     subscription: tuple[list[str], str | None] | None,
     assignor: str | None,
     allow_individual_commit: bool | None,
@@ -473,7 +474,7 @@ async def extend_stable_session(
             "group_id": group_id,
             "member_id": member_id,
             "member_epoch": member_epoch,
-            "owned": None if owned is None else json.dumps(owned),
+            "owned": owned_json,
             "check_subscription": subscription is not None,
             "topics": topics,
             "regex": regex,
@@ -485,7 +486,7 @@ async def extend_stable_session(
     row = result.one_or_none()
     if row is None:
         return None
-    return StableHeartbeat(list(row[0]), int(row[1]))
+    return StableHeartbeat(str(row[0]), int(row[1]))
 
 
 async def read_partition_counts(
