@@ -97,10 +97,14 @@ def to_record_batch(
             pa.array([r.timestamp * 1000 for r in records], schema.field("timestamp").type),
             pa.array([r.key for r in records], schema.field("key").type),
             pa.array([r.value for r in records], schema.field("value").type),
-            pa.array(
-                [[{"key": k, "value": v} for k, v in r.headers] for r in records],
-                schema.field("headers").type,
-            ),
+            _headers(records, schema.field("headers").type),
         ],
         schema=schema,
     )
+
+
+def _headers(records: Sequence[ConsumerRecord[bytes, bytes]], arrow_type: pa.DataType) -> pa.Array:
+    if not any(r.headers for r in records):
+        # Most topics carry no headers: skip building a dict per header of every record.
+        return pa.array([[]] * len(records), arrow_type)
+    return pa.array([[{"key": k, "value": v} for k, v in r.headers] for r in records], arrow_type)

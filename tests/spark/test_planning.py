@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from aiokafka.structs import TopicPartition
 
@@ -144,3 +147,9 @@ def test_options_are_checked_on_the_driver() -> None:
     ):
         with pytest.raises(OptionError):
             parse_source_options(bad)
+
+
+def test_importing_the_client_does_not_import_pyspark() -> None:
+    probe = "import sys, client; print('pyspark' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +144,52 @@ def _last_end_offset(checkpoint: Path) -> str:
     )
     lines = (checkpoint / "offsets" / str(committed)).read_text().splitlines()
     return lines[-1]
+
+
+async def test_processing_time_trigger_reads_new_records_as_they_arrive(
+    spark: Any,
+    committer: Any,
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    group: str,
+    tmp_path: Path,
+) -> None:
+    topic = await make_topic(PARTITIONS)
+    produced = await produce(kafka_bootstrap, topic, PARTITIONS, 0, 60)
+    delivered: list[tuple[int, int]] = []
+
+    def write(batch: Any, batch_id: int) -> None:
+        delivered.extend((row.partition, row.offset) for row in batch.collect())
+
+    def start() -> Any:
+        return (
+            _stream(spark, kafka_bootstrap, coordinator_url, group, topic)
+            .writeStream.foreachBatch(write)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
+
+    query = await in_spark_thread(spark, start)
+    try:
+        await _until(lambda: len(delivered) >= len(produced))
+        produced += await produce(kafka_bootstrap, topic, PARTITIONS, 60, 60)
+        await _until(lambda: len(delivered) >= len(produced))
+    finally:
+
+        def stop() -> None:
+            query.stop()
+            committer.await_query(query)
+
+        # Stopping waits for a batch being planned, which may be calling the coordinator.
+        await in_spark_thread(spark, stop)
+    assert sorted(delivered) == sorted(produced)
+    assert await stable_offsets(coordinator_url, group, topic) == log_ends(produced)
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting for the stream"
+        await asyncio.sleep(0.2)
