@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from client.keyspace import HASH_SPACE
@@ -45,7 +46,13 @@ from coordinator.core.assignment import (
 )
 from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError, get_assignor
 from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
-from coordinator.errors import FencedMemberEpoch, GroupIdNotFound, InvalidRequest, UnknownMemberId
+from coordinator.errors import (
+    FencedMemberEpoch,
+    GroupIdNotFound,
+    InvalidRequest,
+    ServiceUnavailable,
+    UnknownMemberId,
+)
 from coordinator.groups import repository
 from coordinator.groups.repository import GroupRow, MemberRow, WireSlices
 from coordinator.groups.schemas import (
@@ -400,7 +407,7 @@ async def heartbeat(
     )
     _check_assignor(request.assignor)
 
-    group = await repository.lock_group(connection, group_id)
+    group = await _lock_group(connection, group_id)
     if request.member_epoch > JOIN_EPOCH:
         reported = None if request.owned is None else _request_slices(request.owned)
         member = await _heartbeat_locked(
@@ -431,6 +438,24 @@ async def heartbeat(
     else:
         await repository.save_member(connection, member, heartbeat=True)
     return _reply(member, settings)
+
+
+# Statement cancelled (statement_timeout) or lock not available (lock_timeout).
+_GAVE_UP_WAITING = {"57014", "55P03"}
+
+
+async def _lock_group(connection: AsyncConnection, group_id: str) -> GroupRow:
+    """The group's row lock; a wait cut short by the database's timeouts is an overloaded
+    group, which the client should retry, not an internal error."""
+    try:
+        return await repository.lock_group(connection, group_id)
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) not in _GAVE_UP_WAITING:
+            raise
+        log.warning("group lock not granted in time", extra={"group_id": group_id})
+        raise ServiceUnavailable(
+            f"group '{group_id}' is busy; retry the heartbeat shortly"
+        ) from None
 
 
 async def _heartbeat_locked(

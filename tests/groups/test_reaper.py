@@ -1,14 +1,17 @@
-"""Session reaping with several coordinator replicas on one database: a group is reaped by one
-replica at a time, and every expired member exactly once."""
+"""Several coordinator replicas on one database: a group is reaped by one replica at a time,
+every expired member exactly once, and a request that cannot get its group's lock in time is
+told to retry."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from coordinator.app import create_app
 from coordinator.db.engine import make_engine
 from coordinator.groups import repository, service
 from coordinator.groups.repository import MemberRow
@@ -101,3 +104,26 @@ async def test_two_replicas_reaping_at_once_reap_each_member_exactly_once(
     assert len(reaped_by[0]) + len(reaped_by[1]) == len(expected)
     after = await group_epochs(replicas[0], groups)
     assert all(after[g] == before[g] + 1 for g in groups), "each group reassigned once"
+
+
+async def test_a_heartbeat_that_cannot_get_its_group_in_time_is_told_to_retry(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    url = await make_migrated_database()
+    app = create_app(settings_for_tests(db_statement_timeout_ms=300), url)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as api:
+            async with app.state.engine.begin() as busy:
+                await repository.lock_group(busy, "busy-group")
+                reply = await api.post(
+                    "/v1/groups/busy-group/heartbeat",
+                    json={"member_epoch": 0, "subscribed_topics": ["t"]},
+                )
+            assert reply.status_code == 503, reply.text
+            assert reply.json()["error"] == "SERVICE_UNAVAILABLE"
+            again = await api.post(
+                "/v1/groups/busy-group/heartbeat",
+                json={"member_epoch": 0, "subscribed_topics": ["t"]},
+            )
+            assert again.status_code == 200, again.text
