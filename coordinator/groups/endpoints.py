@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from coordinator.auth import require_group_access
-from coordinator.db.engine import transaction
 from coordinator.groups import service
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
 from coordinator.validation import GroupId
@@ -30,18 +31,41 @@ async def _authorized_with_known_topics(
     return body
 
 
+class TransactionWhenNeeded:
+    """The request's transaction, begun on first use: most heartbeats are one autocommit
+    statement and need none."""
+
+    def __init__(self, engine: AsyncEngine, stack: AsyncExitStack) -> None:
+        self.engine = engine
+        self._stack = stack
+        self._connection: AsyncConnection | None = None
+
+    async def connection(self) -> AsyncConnection:
+        if self._connection is None:
+            self._connection = await self._stack.enter_async_context(self.engine.begin())
+        return self._connection
+
+
+async def transaction_when_needed(request: Request) -> AsyncIterator[TransactionWhenNeeded]:
+    """Commits when the handler returns and rolls back when it raises, like the
+    ``transaction`` dependency, if the handler began the transaction at all."""
+    async with AsyncExitStack() as stack:
+        yield TransactionWhenNeeded(request.app.state.engine, stack)
+
+
 @router.post("/{group_id}/heartbeat", response_model=HeartbeatReply)
 async def heartbeat(
     request: Request,
     group_id: GroupPath,
     # Declared before the transaction so FastAPI resolves it first (see its docstring).
     body: Annotated[HeartbeatRequest, Depends(_authorized_with_known_topics)],
-    connection: Annotated[AsyncConnection, Depends(transaction)],
+    transaction: Annotated[TransactionWhenNeeded, Depends(transaction_when_needed)],
 ) -> HeartbeatReply | Response:
     """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment."""
     settings = request.app.state.settings
-    stable = await service.stable_heartbeat(connection, group_id, body, settings)
+    stable = await service.stable_heartbeat(transaction.engine, group_id, body, settings)
     if stable is not None:
         return Response(stable, media_type="application/json")
     client_host = request.client.host if request.client is not None else None
+    connection = await transaction.connection()
     return await service.heartbeat(connection, group_id, body, settings, client_host)

@@ -349,11 +349,12 @@ async def _reconcile_member(
 
 
 async def stable_heartbeat(
-    connection: AsyncConnection, group_id: str, request: HeartbeatRequest, settings: Settings
+    engine: AsyncEngine, group_id: str, request: HeartbeatRequest, settings: Settings
 ) -> bytes | None:
     """The reply to a heartbeat that only renews a stable member's session, as JSON, or None
     when the request needs :func:`heartbeat`. The common case by far, so it is one statement
-    and builds its reply without decoding the stored assignment."""
+    on its own (autocommit: no transaction to begin and commit) and builds its reply without
+    decoding the stored assignment."""
     if request.member_epoch <= JOIN_EPOCH or request.member_id is None:
         return None
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
@@ -366,17 +367,18 @@ async def stable_heartbeat(
         if request.session_timeout_ms is None
         else clamp_session_timeout(request.session_timeout_ms, settings)
     )
-    stable = await repository.extend_stable_session(
-        connection,
-        group_id,
-        request.member_id,
-        request.member_epoch,
-        owned_json,
-        _requested_subscription(request),
-        request.assignor,
-        request.allow_individual_commit,
-        session_timeout,
-    )
+    async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
+        stable = await repository.extend_stable_session(
+            connection,
+            group_id,
+            request.member_id,
+            request.member_epoch,
+            owned_json,
+            _requested_subscription(request),
+            request.assignor,
+            request.allow_individual_commit,
+            session_timeout,
+        )
     if stable is None:
         return None
     return (

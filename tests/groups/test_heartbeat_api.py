@@ -350,3 +350,12 @@ async def test_rebalances_export_load_and_member_gauges(
             return
         await asyncio.sleep(0.1)
     raise AssertionError("keyrange_group_members never reported the two members")
+
+
+async def test_a_refused_heartbeat_changes_nothing(api: httpx.AsyncClient) -> None:
+    reply = await api.post(
+        "/v1/groups/ghost-group/heartbeat", json={"member_id": "m-ghost", "member_epoch": 3}
+    )
+    assert (reply.status_code, reply.json()["error"]) == (409, "UNKNOWN_MEMBER_ID")
+    # Locking the group created its row inside the request's transaction, rolled back.
+    assert (await api.get("/v1/admin/groups/ghost-group")).status_code == 404
