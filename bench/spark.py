@@ -204,12 +204,13 @@ def run(bootstrap: str, records: int, rounds: int, repeats: int) -> dict[str, An
         for count in SLICE_COUNTS
     ]
     # Every setting runs once per repeat, interleaved, and keeps its best time: on a shared
-    # machine a burst of foreign load then spoils one sample, not one setting.
+    # machine a burst of foreign load then spoils one sample, not one setting. Odd repeats
+    # run the settings in reverse, so a load that rises or falls during the run favours none.
     best: dict[str, float] = {}
     for repeat in range(1, repeats + 1):
         seconds = asyncio.run(plain_read(bootstrap, records, rounds))
         _record(best, "plain", seconds, records, repeat)
-        for name, count, slice_by in settings:
+        for name, count, slice_by in settings if repeat % 2 else settings[::-1]:
             seconds, rows = spark_run(spark, bootstrap, count, slice_by, rounds, records)
             if rows != records:
                 raise RuntimeError(f"{name} processed {rows} rows, expected {records}")
