@@ -204,7 +204,7 @@ def run(bootstrap: str, records: int, rounds: int, repeats: int) -> dict[str, An
         for count in SLICE_COUNTS
     ]
     # Every setting runs once per repeat, interleaved, and keeps its best time: on a shared
-    # machine a burst of foreign load then spoils one sample, not one setting. Odd repeats
+    # machine a burst of foreign load then spoils one sample, not one setting. Even repeats
     # run the settings in reverse, so a load that rises or falls during the run favours none.
     best: dict[str, float] = {}
     for repeat in range(1, repeats + 1):
