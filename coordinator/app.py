@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -187,8 +186,21 @@ async def _connect_cluster(settings: Settings) -> ClusterMetadata | None:
     return cluster
 
 
-async def _rebalance_on_max_ic(connection: AsyncConnection, group_id: str) -> None:
-    await request_rebalance(connection, group_id, "max individual-commit ranges reached")
+def _rebalance_on_max_ic(app: FastAPI) -> Callable[[str], Awaitable[None]]:
+    async def flag(group_id: str) -> None:
+        try:
+            async with app.state.engine.begin() as connection:
+                await request_rebalance(
+                    connection, group_id, "max individual-commit ranges reached"
+                )
+        except (OperationalError, InterfaceError, DBAPIError) as exc:
+            # The next commit that hits the cap flags it again.
+            log.warning(
+                "could not request a rebalance",
+                extra={"group_id": group_id, "error": type(exc).__name__},
+            )
+
+    return flag
 
 
 async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
@@ -248,7 +260,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.fencing = check_commit_fencing
-    app.state.on_max_ic_reached = _rebalance_on_max_ic
+    app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(offsets_router)

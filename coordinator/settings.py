@@ -44,8 +44,10 @@ class Settings(BaseSettings):
     admin_tokens: list[SecretStr] = Field(default_factory=list)
     client_tokens: list[ClientToken] = Field(default_factory=list)
 
-    db_pool_size: int = Field(default=10, ge=1, le=200)
-    db_max_overflow: int = Field(default=10, ge=0, le=200)
+    # A fixed pool: overflow connections are closed on return, and under steady load that
+    # churns connections (measured: ~100 reconnects in 7 s at 64 concurrent committers).
+    db_pool_size: int = Field(default=20, ge=1, le=200)
+    db_max_overflow: int = Field(default=0, ge=0, le=200)
     db_statement_timeout_ms: int = Field(default=10_000, ge=100)
 
     # Defaults of the KIP's switches; the live values are stored in the database and can be

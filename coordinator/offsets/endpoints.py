@@ -20,19 +20,17 @@ GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
 
 @router.post("/{group_id}/offsets/commit", response_model=CommitReply)
-async def commit_offsets(
-    request: Request,
-    group_id: GroupPath,
-    body: CommitRequest,
-    connection: Annotated[AsyncConnection, Depends(transaction)],
-) -> CommitReply:
+async def commit_offsets(request: Request, group_id: GroupPath, body: CommitRequest) -> CommitReply:
     """Apply an individual or classic commit atomically; per-partition outcomes in the reply."""
     require_group_access(request, group_id)
-    result = await service.commit(
-        connection, group_id, body, request.app.state.settings, request.app.state.fencing
-    )
+    async with request.app.state.engine.begin() as connection:
+        result = await service.commit(
+            connection, group_id, body, request.app.state.settings, request.app.state.fencing
+        )
     if result.rebalance_needed:
-        await request.app.state.on_max_ic_reached(connection, group_id)
+        # Flagged only once the commit's transaction is over: committers hold the group row
+        # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.
+        await request.app.state.on_max_ic_reached(group_id)
     return result.reply
 
 

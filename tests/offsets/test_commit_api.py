@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -306,3 +307,24 @@ async def test_too_many_stored_ranges_refuse_the_partition_and_request_a_rebalan
         ).scalar_one()
     await engine.dispose()
     assert flagged is True
+
+
+async def test_concurrent_commits_over_the_cap_all_get_an_answer(
+    capped_api: tuple[httpx.AsyncClient, str],
+) -> None:
+    api, _ = capped_api
+    await api.put("/v1/admin/config", json={"accept_individual_commit": True})
+    await commit(
+        api, "cap-race", {"topic": "t", "partition": 0, "ranges": [[10, 10], [20, 20], [30, 30]]}
+    )
+
+    async def over_the_cap(offset: int) -> httpx.Response:
+        return await commit(
+            api, "cap-race", {"topic": "t", "partition": 0, "ranges": [[offset, offset]]}
+        )
+
+    replies = await asyncio.gather(*(over_the_cap(100 + 2 * i) for i in range(8)))
+    assert [r.status_code for r in replies] == [200] * 8
+    assert {r.json()["partitions"][0]["error"] for r in replies} == {
+        "MAX_INDIVIDUAL_COMMIT_REACHED"
+    }
