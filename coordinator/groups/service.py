@@ -22,6 +22,7 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from fastapi import FastAPI
@@ -348,6 +349,13 @@ async def _reconcile_member(
 # --- the heartbeat ---------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=16)
+def _autocommit(engine: AsyncEngine) -> AsyncEngine:
+    """The engine's pool without transactions; made once, since deriving it costs more than
+    the statement it serves."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 async def stable_heartbeat(
     engine: AsyncEngine, group_id: str, request: HeartbeatRequest, settings: Settings
 ) -> bytes | None:
@@ -367,7 +375,7 @@ async def stable_heartbeat(
         if request.session_timeout_ms is None
         else clamp_session_timeout(request.session_timeout_ms, settings)
     )
-    async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
+    async with _autocommit(engine).connect() as connection:
         stable = await repository.extend_stable_session(
             connection,
             group_id,
