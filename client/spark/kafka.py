@@ -28,6 +28,8 @@ _POLL_TIMEOUT_MS = 500
 # A slice whose reader makes no progress for this long fails its task (Spark retries it)
 # rather than hanging: the records it expects were promised by the high watermark.
 _STALL_TIMEOUT_S = 60.0
+_INT_SUFFIXES = ("_ms", "_bytes", "_size", "_records", "_retries")
+_BOOL_PREFIXES = ("enable_", "check_", "allow_")
 # Records per chunk handed to Spark: large enough to amortise Arrow conversion, small
 # enough to keep a task's memory flat.
 _CHUNK_RECORDS = 10_000
@@ -37,14 +39,17 @@ _FETCH_BYTES = 8 * 1024 * 1024
 
 
 def kafka_arguments(settings: Mapping[str, str]) -> dict[str, Any]:
-    """``kafka.*`` option strings as aiokafka keyword arguments (ints and booleans typed)."""
+    """``kafka.*`` option strings as aiokafka keyword arguments.
+
+    Typed by the argument's name, never by its value: a password of digits stays a string.
+    """
     arguments: dict[str, Any] = {}
     for name, raw in settings.items():
         value: Any = raw
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        elif raw.lstrip("-").isdigit():
+        if name.endswith(_INT_SUFFIXES):
             value = int(raw)
+        elif name.startswith(_BOOL_PREFIXES):
+            value = raw.strip().lower() == "true"
         arguments[name] = value
     return arguments
 

@@ -10,6 +10,7 @@ from aiokafka.structs import TopicPartition
 
 from client.committed import CommittedOffsets, Watermark
 from client.keyspace import HASH_MAX, KeyRange
+from client.spark.kafka import kafka_arguments
 from client.spark.options import OptionError, parse_source_options
 from client.spark.planning import (
     PartitionSpan,
@@ -153,3 +154,19 @@ def test_importing_the_client_does_not_import_pyspark() -> None:
     probe = "import sys, client; print('pyspark' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_kafka_options_are_typed_by_name_not_by_value() -> None:
+    assert kafka_arguments(
+        {
+            "request_timeout_ms": "5000",
+            "enable_idempotence": "true",
+            "sasl_plain_password": "123456",
+            "security_protocol": "SASL_SSL",
+        }
+    ) == {
+        "request_timeout_ms": 5000,
+        "enable_idempotence": True,
+        "sasl_plain_password": "123456",
+        "security_protocol": "SASL_SSL",
+    }
