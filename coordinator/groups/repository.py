@@ -35,12 +35,19 @@ WireSlices = list[dict[str, Any]]
 
 _ONE_MILLISECOND: ColumnElement[Any] = literal_column("interval '1 millisecond'")
 
+# A plain row lock, not an upsert: a lock that writes no new row version neither makes
+# commits (which insert the group row if it is missing) wait for this transaction, nor, being
+# NO KEY UPDATE, the foreign-key checks of rows that reference the group.
 _LOCK_GROUP = text(
     """
-    INSERT INTO groups (group_id) VALUES (:group_id)
-    ON CONFLICT (group_id) DO UPDATE SET group_id = EXCLUDED.group_id
-    RETURNING group_id, assignor, group_epoch, rebalance_requested, rebalance_reason
+    SELECT group_id, assignor, group_epoch, rebalance_requested, rebalance_reason
+    FROM groups WHERE group_id = :group_id
+    FOR NO KEY UPDATE
     """
+)
+
+_CREATE_GROUP = text(
+    "INSERT INTO groups (group_id) VALUES (:group_id) ON CONFLICT (group_id) DO NOTHING"
 )
 
 _GROUPS_TO_REAP = text(
@@ -271,7 +278,10 @@ def _member_from_row(row: Any) -> MemberRow:
 
 async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRow:
     """Create the group if new and lock its row until the transaction ends."""
-    row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one()
+    row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one_or_none()
+    if row is None:
+        await connection.execute(_CREATE_GROUP, {"group_id": group_id})
+        row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one()
     return _group_from_row(row)
 
 

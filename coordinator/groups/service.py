@@ -279,16 +279,23 @@ async def _settle_group(
     *,
     unsaved: str | None = None,
 ) -> GroupRow:
-    """Recompute targets when membership, subscriptions or topics changed, then store the
-    group row."""
+    """Recompute targets when membership, subscriptions or topics changed. The new group row
+    is the caller's to store, as its transaction's last write (see ``_save_group``)."""
     if group.rebalance_requested:
         reasons.append(group.rebalance_reason or "rebalance requested")
     if reasons:
         group = await _recompute_targets(
             connection, group, members, settings, reasons[0], unsaved=unsaved
         )
-        await repository.save_group(connection, group)
     return group
+
+
+async def _save_group(connection: AsyncConnection, before: GroupRow, after: GroupRow) -> None:
+    """Written last: a new version of a group row makes commits of that group (which insert
+    the row if missing) wait for this transaction, so it must not wait for anything after
+    it, such as member rows those commits hold."""
+    if after != before:
+        await repository.save_group(connection, after)
 
 
 # --- reconciliation of the heartbeating member -----------------------------------------------
@@ -431,8 +438,9 @@ async def heartbeat(
     member, is_new = await _join(
         connection, group_id, members, request, settings, client_host, reasons
     )
+    settled = group
     if reasons or group.rebalance_requested:
-        await _settle_group(
+        settled = await _settle_group(
             connection,
             group,
             members,
@@ -447,6 +455,7 @@ async def heartbeat(
         await repository.insert_member(connection, member)
     else:
         await repository.save_member(connection, member, heartbeat=True)
+    await _save_group(connection, group, settled)
     return _reply(member, settings)
 
 
@@ -487,14 +496,16 @@ async def _heartbeat_locked(
     acknowledged = request.member_epoch == member.member_epoch
     _apply_member_fields(member, request, subscription, session_timeout, reasons)
     held_by_others: WireSlices | None = view.held_by_others
+    settled = group
     if reasons or group.rebalance_requested:
         members = await _read_members(connection, group.group_id)
         members[member.member_id] = member
-        await _settle_group(connection, group, members, settings, reasons)
+        settled = await _settle_group(connection, group, members, settings, reasons)
         held_by_others = None  # the target moved: read the others on its partitions again
     if acknowledged:
         await _reconcile_member(connection, member, reported, held_by_others)
     await repository.save_member(connection, member, heartbeat=True)
+    await _save_group(connection, group, settled)
     return member
 
 
@@ -663,7 +674,8 @@ async def _leave(
         log.info("member left", extra={"group_id": group.group_id, "member_id": request.member_id})
     if reasons or group.rebalance_requested:
         members = await _read_members(connection, group.group_id)
-        await _settle_group(connection, group, members, settings, reasons)
+        settled = await _settle_group(connection, group, members, settings, reasons)
+        await _save_group(connection, group, settled)
     session_timeout = leaving.session_timeout_ms if leaving else settings.session_timeout_default_ms
     return HeartbeatReply(
         member_id=request.member_id,
@@ -740,9 +752,10 @@ async def force_rebalance(
 ) -> RebalanceReply:
     group, members, expired = await _lock_existing_group(connection, group_id)
     reasons = ["admin request", *_expiry_reasons(expired)]
-    group = await _settle_group(connection, group, members, settings, reasons)
-    log.info("rebalance forced", extra={"group_id": group_id, "group_epoch": group.group_epoch})
-    return RebalanceReply(group_id=group_id, group_epoch=group.group_epoch)
+    settled = await _settle_group(connection, group, members, settings, reasons)
+    await _save_group(connection, group, settled)
+    log.info("rebalance forced", extra={"group_id": group_id, "group_epoch": settled.group_epoch})
+    return RebalanceReply(group_id=group_id, group_epoch=settled.group_epoch)
 
 
 async def remove_member(
@@ -753,9 +766,12 @@ async def remove_member(
         raise UnknownMemberId(f"member '{member_id}' is not a live member of '{group_id}'")
     await repository.delete_member(connection, group_id, member_id)
     reasons = ["member removed by admin", *_expiry_reasons(expired)]
-    group = await _settle_group(connection, group, members, settings, reasons)
+    settled = await _settle_group(connection, group, members, settings, reasons)
+    await _save_group(connection, group, settled)
     log.info("member removed by admin", extra={"group_id": group_id, "member_id": member_id})
-    return RemovedMemberReply(group_id=group_id, member_id=member_id, group_epoch=group.group_epoch)
+    return RemovedMemberReply(
+        group_id=group_id, member_id=member_id, group_epoch=settled.group_epoch
+    )
 
 
 # --- background loops ------------------------------------------------------------------------
@@ -766,10 +782,16 @@ async def reap_once(engine: AsyncEngine, settings: Settings) -> list[tuple[str, 
     ``SKIP LOCKED`` lets replicas split the groups instead of queueing on them."""
     reaped: list[tuple[str, str]] = []
     async with engine.begin() as connection:
+        settled: list[tuple[GroupRow, GroupRow]] = []
         for group_id in await repository.lock_groups_to_reap(connection, REAP_BATCH):
             group, members, expired = await _lock_existing_group(connection, group_id)
             reaped.extend((group_id, member_id) for member_id in expired)
-            await _settle_group(connection, group, members, settings, _expiry_reasons(expired))
+            reasons = _expiry_reasons(expired)
+            settled.append(
+                (group, await _settle_group(connection, group, members, settings, reasons))
+            )
+        for before, after in settled:
+            await _save_group(connection, before, after)
     return reaped
 
 
