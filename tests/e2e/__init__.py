@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaProducer
 
-from client import CoordinatorClient, KeyRange, KeyrangeConsumer, key_hash
+from client import CoordinatorClient, KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
+from client.http import Slices
 from client.keyspace import intersect, normalize
 
 SESSION_TIMEOUT_MS = 2_000
@@ -94,6 +95,16 @@ class Ledger:
     def duplicates(self) -> dict[int, list[Handled]]:
         return {offset: runs for offset, runs in self.by_offset().items() if len(runs) > 1}
 
+    def unexplained_duplicates(self, lost_at: dict[str, list[float]]) -> dict[int, list[str]]:
+        """Records processed more than once although whoever processed them first never
+        lost its slices afterwards (a clean hand-off commits before it releases)."""
+        unexplained: dict[int, list[str]] = {}
+        for offset, runs in self.duplicates().items():
+            first = min(runs, key=lambda entry: entry.started)
+            if not any(lost > first.ended for lost in lost_at.get(first.member, [])):
+                unexplained[offset] = [entry.member for entry in runs]
+        return unexplained
+
     def order_violations(self) -> list[str]:
         """Per key: no two handlers at once (whichever members ran them), and each record
         first processed only after every earlier record of its key was processed once."""
@@ -135,6 +146,14 @@ class SeverableTransport(httpx.AsyncHTTPTransport):
         return await super().handle_async_request(request)
 
 
+class _LossRecorder(RebalanceListener):
+    def __init__(self, lost_at: list[float]) -> None:
+        self.lost_at = lost_at
+
+    async def on_slices_lost(self, slices: Slices) -> None:
+        self.lost_at.append(time.monotonic())
+
+
 class Member:
     """One cooperative member in the test's event loop, processing with ``run()``."""
 
@@ -157,6 +176,9 @@ class Member:
         self.work_s = work_s
         self.concurrency = concurrency
         self.transport = SeverableTransport()
+        # When it lost slices without committing (membership lost): at-least-once delivery
+        # then hands what it processed since its last commit to the slices' next owner.
+        self.lost_at: list[float] = []
         self.consumer = KeyrangeConsumer(
             topic,
             bootstrap_servers=bootstrap,
@@ -167,6 +189,7 @@ class Member:
             auto_commit_interval_ms=200,
             coordinator=CoordinatorClient(coordinator, transport=self.transport),
             revoke_timeout_s=10,
+            rebalance_listener=_LossRecorder(self.lost_at),
         )
         self.task: asyncio.Task[None] | None = None
         self.outside_assignment: list[int] = []
