@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--row-us", type=float, default=100.0, help="per-row CPU cost, µs")
     parser.add_argument("--bootstrap", help="an existing broker (default: embedded)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per setting; best kept")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per setting; best kept")
     args = parser.parse_args()
 
     load_at_start = round(os.getloadavg()[0], 2)
