@@ -7,8 +7,9 @@ run, so the numbers do not depend on how fast the machine is.
 1. Scale-out. One partition of ``--records`` (10,000) records, keys uniform over 10,000 keys,
    ``--work-ms`` (2 ms) of simulated I/O per record. Baseline: a plain aiokafka group consumer
    processing the partition in order. Then Keyrange with 1, 2, 4 and 8 members, each a
-   separate process processing its own keys one record at a time (``run(max_concurrency=1)``,
-   the same per-member work as the baseline, so the speedup comes from members alone).
+   separate process processing its own records one at a time in offset order (``async for``,
+   the same processing model and per-record work as the baseline, so the speedup comes from
+   members alone; ``--run`` uses ``run(max_concurrency=1)`` instead).
    Members join first and start together on a signal once the group is stable, so the
    clock measures processing, not process start-up; it stops at the last processed record.
 2. Skewed keys: the same with Zipf(s=1.0) keys over 1,000 keys and 8 members. Per-key order
@@ -122,7 +123,7 @@ class Phase:
             "--report-ms",
             "100",
             "--gate",
-            *(["--iterate"] if args.iterate else []),
+            *([] if args.use_run else ["--iterate"]),
         ]
         self.workers = [WorkerProcess(f"{mode}-{i}", options) for i in range(members)]
 
@@ -421,7 +422,10 @@ def parse_args() -> argparse.Namespace:
         "--members", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2, 4, 8]
     )
     parser.add_argument(
-        "--iterate", action="store_true", help="members use `async for` instead of run()"
+        "--run",
+        dest="use_run",
+        action="store_true",
+        help="members process with run(max_concurrency=1) instead of `async for`",
     )
     parser.add_argument(
         "--phases",
