@@ -37,7 +37,7 @@ bench-assign: $(STAMP)
 	$(PY) -m bench.assign
 
 bench-client: $(STAMP)
-	$(PY) -m bench.client
+	$(PY) -m bench.consumer
 
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark

@@ -29,20 +29,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-# Run as ``python bench/assign.py``: this folder comes first on the path, and bench/client.py
-# would shadow the ``client`` package, so the repository root takes its place.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
-
-from coordinator.core.assignment import (  # noqa: E402
+from coordinator.core.assignment import (
     GroupAssignment,
     GroupSpec,
     MemberSpec,
@@ -52,9 +44,9 @@ from coordinator.core.assignment import (  # noqa: E402
     moved_fraction,
     ranges_by_partition,
 )
-from coordinator.core.assignors import ASSIGNORS, Assignor  # noqa: E402
-from coordinator.core.assignors.base import AssignmentBuilder  # noqa: E402
-from coordinator.core.reconcile import MemberHolding, reconcile_member  # noqa: E402
+from coordinator.core.assignors import ASSIGNORS, Assignor
+from coordinator.core.assignors.base import AssignmentBuilder
+from coordinator.core.reconcile import MemberHolding, reconcile_member
 
 SCENARIOS: dict[str, tuple[int, int, int]] = {
     # name: (members, topics, partitions per topic)

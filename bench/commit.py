@@ -49,28 +49,21 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Run as ``python bench/commit.py``: this file's folder comes first on the path, and
-# bench/client.py would shadow the ``client`` package the coordinator imports, so the
-# repository root takes its place.
+import asyncpg
+import httpx
+import psutil
+import uvloop
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator import migrate
+from coordinator.db.engine import make_engine
+from coordinator.groups.fencing import check_commit_fencing
+from coordinator.offsets import service
+from coordinator.offsets.schemas import CommitRequest
+from coordinator.settings import Settings
+
 BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [
-    str(BENCH_DIR.parent),
-    *(p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR),
-]
-
-import asyncpg  # noqa: E402
-import httpx  # noqa: E402
-import psutil  # noqa: E402
-import uvloop  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
-from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
-
-from coordinator import migrate  # noqa: E402
-from coordinator.db.engine import make_engine  # noqa: E402
-from coordinator.groups.fencing import check_commit_fencing  # noqa: E402
-from coordinator.offsets import service  # noqa: E402
-from coordinator.offsets.schemas import CommitRequest  # noqa: E402
-from coordinator.settings import Settings  # noqa: E402
 
 TOPIC = "bench-orders"
 HASH_MAX = 2**63 - 1

@@ -40,21 +40,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-SCRIPT = Path(__file__).resolve()
-REPO_ROOT = SCRIPT.parent.parent
-# Run as ``python bench/client.py``: this file's folder comes first on the path and its name
-# would shadow the ``client`` package, so the repository root takes its place (``examples``
-# is imported from there too).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != SCRIPT.parent]
-sys.path.insert(0, str(REPO_ROOT))
+import psutil
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
 
-import psutil  # noqa: E402
-from aiokafka import AIOKafkaConsumer  # noqa: E402
-from aiokafka.structs import TopicPartition  # noqa: E402
-
-from client import KeyRange, KeyrangeConsumer, key_hash  # noqa: E402
-from coordinator.kafka import ClusterMetadata  # noqa: E402
-from examples.demo_stack import (  # noqa: E402
+from client import KeyRange, KeyrangeConsumer, key_hash
+from coordinator.kafka import ClusterMetadata
+from examples.demo_stack import (
     Stack,
     WorkerProcess,
     allow_range_fetch,
@@ -62,6 +54,9 @@ from examples.demo_stack import (  # noqa: E402
     uniform_keys,
     zipf_keys,
 )
+
+SCRIPT = Path(__file__).resolve()
+REPO_ROOT = SCRIPT.parent.parent
 
 FULL = KeyRange.full()
 SPACE = FULL.size
@@ -306,7 +301,8 @@ async def run_filter_child(
 ) -> dict[str, float]:
     command = [
         sys.executable,
-        str(SCRIPT),
+        "-m",
+        "bench.consumer",
         "--filter-child",
         kind,
         "--bootstrap",
