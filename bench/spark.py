@@ -31,20 +31,13 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-# Run as ``python bench/spark.py``, this directory heads sys.path, and bench/client.py would
-# shadow the ``client`` package that the Spark source lives in.
-sys.path[:] = [
-    entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).parent.resolve()
-]
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
-from aiokafka.structs import TopicPartition  # noqa: E402
-
-from coordinator.embedded import EmbeddedBroker  # noqa: E402
-from coordinator.kafka import ClusterMetadata  # noqa: E402
+from coordinator.embedded import EmbeddedBroker
+from coordinator.kafka import ClusterMetadata
 
 TOPIC = "bench-spark"
 SLICE_COUNTS = (2, 4, 8)
