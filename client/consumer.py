@@ -57,6 +57,9 @@ _Item = tuple[TopicPartition, Record, int]
 _POLL_SLICE_S = 0.2
 # The coordinator's default max_ranges_per_request (DESIGN §3.1).
 _MAX_RANGES_PER_REQUEST = 60_000
+# Time for the final commit and the leave after in-flight handlers had revoke_timeout_s:
+# a few HTTP calls with their retries.
+_CLOSE_GRACE_S = 30.0
 
 
 class RebalanceListener:
@@ -239,6 +242,25 @@ class KeyrangeConsumer:
             return
         self._closed = True
         self._notify()
+        try:
+            # Bounded, so a handler that ignores cancellation or an unreachable coordinator
+            # cannot hang shutdown: past the bound the session expiry frees the slices and
+            # whatever was not committed is redelivered (at-least-once).
+            async with asyncio.timeout(self._revoke_timeout_s + _CLOSE_GRACE_S):
+                await self._finish_and_leave()
+        except TimeoutError:
+            logger.warning(
+                "stop() exceeded its bound; closing without a final commit and leave",
+                extra={"bound_s": self._revoke_timeout_s + _CLOSE_GRACE_S},
+            )
+        finally:
+            if self._kafka is not None:
+                async with self._kafka_lock:
+                    await self._kafka.stop()
+            if self._owns_client:
+                await self._client.aclose()
+
+    async def _finish_and_leave(self) -> None:
         for dispatcher in list(self._dispatchers):
             await dispatcher.finish(self._revoke_timeout_s)
         if self._auto_commit_task is not None:
@@ -247,19 +269,12 @@ class KeyrangeConsumer:
                 await self._auto_commit_task
         if self._reconciler is not None:
             await self._reconciler.stop()
-        try:
-            await self._commit(raise_errors=False)
-            held = self.owned_slices()
-            if held:
-                await self._call_listener(self._listener.on_slices_revoked, held)
-            if self._membership is not None:
-                await self._membership.leave()
-        finally:
-            if self._kafka is not None:
-                async with self._kafka_lock:
-                    await self._kafka.stop()
-            if self._owns_client:
-                await self._client.aclose()
+        await self._commit(raise_errors=False)
+        held = self.owned_slices()
+        if held:
+            await self._call_listener(self._listener.on_slices_revoked, held)
+        if self._membership is not None:
+            await self._membership.leave()
 
     # ----------------------------------------------------------------- public API
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aiokafka.structs import TopicPartition
@@ -152,7 +153,13 @@ def test_options_are_checked_on_the_driver() -> None:
 
 def test_importing_the_client_does_not_import_pyspark() -> None:
     probe = "import sys, client; print('pyspark' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=60,
+    )
     assert result.stdout.strip() == "False", result.stderr
 
 
