@@ -27,6 +27,7 @@ Prints one JSON object on its last line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from bench.heartbeat import measure_heartbeats
 from coordinator.core.assignment import (
     GroupAssignment,
     GroupSpec,
@@ -198,7 +200,25 @@ def run() -> dict[str, Any]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="Assignor speed and quality, then heartbeat load.")
+    parser.add_argument(
+        "--heartbeat-duration",
+        type=float,
+        default=60.0,
+        help="measured seconds of the 2,000-member heartbeat load; 0 skips it",
+    )
+    args = parser.parse_args()
     result = run()
+    if args.heartbeat_duration > 0:
+        result.update(
+            measure_heartbeats(
+                duration_s=args.heartbeat_duration,
+                groups=20,
+                members_per_group=100,
+                partitions=16,
+                connections=32,
+            )
+        )
     print(json.dumps(result))
 
 

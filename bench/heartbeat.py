@@ -31,25 +31,19 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import psutil
 import uvloop
 
-# Run as ``python bench/heartbeat.py``: this folder comes first on the path, and
-# bench/client.py would shadow the ``client`` package, so the repository root takes its place.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
-
-from bench.commit import (  # noqa: E402
+from bench.commit import (
     SERVE,
     CpuMeter,
     asyncpg_dsn,
@@ -60,7 +54,7 @@ from bench.commit import (  # noqa: E402
     free_port,
     percentile,
 )
-from coordinator import migrate  # noqa: E402
+from coordinator import migrate
 
 GOALS = {"heartbeat_p99_ms": 100.0, "coordinator_rss_mb": 300.0}
 CONVERGENCE_TIMEOUT_S = 300.0
@@ -446,8 +440,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
+def measure_heartbeats(
+    *, duration_s: float, groups: int, members_per_group: int, partitions: int, connections: int
+) -> dict[str, Any]:
+    """The whole heartbeat-load run on a fresh database; ``bench/assign.py`` calls it too."""
     work_dir = Path(tempfile.mkdtemp(prefix="keyrange-bench-heartbeat-"))
     try:
         with bench_database(work_dir) as (database_url, kind):
@@ -457,16 +453,28 @@ def main() -> None:
                     heartbeat_load(
                         database_url,
                         work_dir,
-                        groups=args.groups,
-                        members_per_group=args.members_per_group,
-                        partitions=args.partitions,
-                        duration_s=args.duration,
-                        connections=args.connections,
+                        groups=groups,
+                        members_per_group=members_per_group,
+                        partitions=partitions,
+                        duration_s=duration_s,
+                        connections=connections,
                     )
                 )
             summary["database"] = kind
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    summary = measure_heartbeats(
+        duration_s=args.duration,
+        groups=args.groups,
+        members_per_group=args.members_per_group,
+        partitions=args.partitions,
+        connections=args.connections,
+    )
     print(json.dumps(summary))
 
 
