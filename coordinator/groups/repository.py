@@ -590,6 +590,17 @@ async def live_member_counts(connection: AsyncConnection) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in result}
 
 
+async def stored_ic_range_count(connection: AsyncConnection) -> int:
+    """IC ranges held over all groups and partitions: growth means a stuck or dead member."""
+    result = await connection.execute(
+        text(
+            "SELECT coalesce(sum((SELECT count(*) FROM unnest(ic_ranges))), 0) "
+            "FROM partition_offsets"
+        )
+    )
+    return int(result.scalar_one())
+
+
 async def stable_offsets(connection: AsyncConnection) -> dict[tuple[str, str, int], int]:
     """Every committed partition's stable offset, for the lag gauges."""
     result = await connection.execute(

@@ -847,6 +847,7 @@ async def update_gauges(
 ) -> None:
     async with engine.connect() as connection:
         counts = await repository.live_member_counts(connection)
+        metrics.IC_RANGES_STORED.set(await repository.stored_ic_range_count(connection))
         stable = await repository.stable_offsets(connection) if cluster is not None else {}
     for group_id in exported.members - counts.keys():
         metrics.GROUP_MEMBERS.remove(group_id)
