@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, delete, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, Range
@@ -146,22 +147,16 @@ def _ranges_from_db(ranges: Sequence[Range[int]]) -> tuple[tuple[int, int], ...]
     return tuple((r.lower, r.upper - 1) for r in ranges if r.lower is not None and r.upper)
 
 
-def _state_from_row(
-    stable_offset: int,
-    ic_ranges: Sequence[Range[int]],
-    wm_starts: Sequence[int],
-    wm_ends: Sequence[int],
-    wm_offsets: Sequence[int],
-    metadata: str | None,
-) -> CommittedOffsets:
+def _state_of(row: Any) -> CommittedOffsets:
+    """A stored row (any query selecting the state columns) as the algebra's value."""
     return CommittedOffsets(
-        stable_offset=stable_offset,
-        ranges=_ranges_from_db(ic_ranges),
+        stable_offset=row.stable_offset,
+        ranges=_ranges_from_db(row.ic_ranges),
         watermarks=tuple(
             Watermark(KeyRange(start, end), offset)
-            for start, end, offset in zip(wm_starts, wm_ends, wm_offsets, strict=True)
+            for start, end, offset in zip(row.wm_starts, row.wm_ends, row.wm_offsets, strict=True)
         ),
-        metadata=metadata,
+        metadata=row.metadata,
     )
 
 
@@ -199,18 +194,7 @@ async def lock_for_commit(
         if checks.passed is None
         else CommitFence(checks.passed, checks.live_members, checks.member_epoch, checks.alive)
     )
-    states = {
-        (row.topic, row.partition): _state_from_row(
-            row.stable_offset,
-            row.ic_ranges,
-            row.wm_starts,
-            row.wm_ends,
-            row.wm_offsets,
-            row.metadata,
-        )
-        for row in rows
-        if row.topic is not None
-    }
+    states = {(row.topic, row.partition): _state_of(row) for row in rows if row.topic is not None}
     return CommitLock(
         stored_switch=checks.stored_switch,
         membership_read=checks.created or checks.group_seen,
@@ -232,17 +216,7 @@ async def lock_partitions(
             "partitions": [partition for _, partition in ordered],
         },
     )
-    return {
-        (row.topic, row.partition): _state_from_row(
-            row.stable_offset,
-            row.ic_ranges,
-            row.wm_starts,
-            row.wm_ends,
-            row.wm_offsets,
-            row.metadata,
-        )
-        for row in result
-    }
+    return {(row.topic, row.partition): _state_of(row) for row in result}
 
 
 def _bigint_array(values: Sequence[int]) -> str:
@@ -292,14 +266,7 @@ async def read_partitions(
         StoredPartition(
             row.topic,
             row.partition,
-            _state_from_row(
-                row.stable_offset,
-                row.ic_ranges,
-                row.wm_starts,
-                row.wm_ends,
-                row.wm_offsets,
-                row.metadata,
-            ),
+            _state_of(row),
         )
         for row in result
     ]
@@ -318,17 +285,7 @@ async def lock_existing_partitions(
     if partitions:
         query = query.where(PartitionOffsets.partition.in_(partitions))
     result = await connection.execute(query)
-    return {
-        (row.topic, row.partition): _state_from_row(
-            row.stable_offset,
-            row.ic_ranges,
-            row.wm_starts,
-            row.wm_ends,
-            row.wm_offsets,
-            row.metadata,
-        )
-        for row in result
-    }
+    return {(row.topic, row.partition): _state_of(row) for row in result}
 
 
 async def delete_offsets(connection: AsyncConnection, group_id: str, topic: str | None) -> int:

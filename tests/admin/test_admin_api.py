@@ -6,6 +6,8 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from tests.fixtures.coordinator import insert_live_member
+
 
 async def _commit(api: httpx.AsyncClient, group: str, *entries: dict[str, object]) -> None:
     reply = await api.post(f"/v1/groups/{group}/offsets/commit", json={"partitions": list(entries)})
@@ -55,15 +57,7 @@ async def test_reset_and_delete_are_refused_while_members_are_live(
     api: httpx.AsyncClient, database_url: str
 ) -> None:
     await _commit(api, "adm-live", {"topic": "t", "partition": 0, "offset": 7})
-    engine = create_async_engine(database_url)
-    async with engine.begin() as connection:
-        await connection.execute(
-            text(
-                "INSERT INTO members (group_id, member_id, member_epoch, previous_member_epoch, "
-                "subscribed_topics, allow_individual_commit, session_timeout_ms, expires_at) "
-                "VALUES ('adm-live', 'm-1', 1, 0, '{t}', true, 10000, now() + interval '1 hour')"
-            )
-        )
+    await insert_live_member(database_url, "adm-live", "m-1")
     for method, path, body in (
         ("POST", "/v1/admin/groups/adm-live/offsets/reset", {"topic": "t", "to_offset": 0}),
         ("DELETE", "/v1/admin/groups/adm-live/offsets", None),
@@ -72,6 +66,7 @@ async def test_reset_and_delete_are_refused_while_members_are_live(
         reply = await api.request(method, path, json=body)
         assert reply.status_code == 409, reply.text
         assert reply.json()["error"] == "GROUP_NOT_EMPTY"
+    engine = create_async_engine(database_url)
     async with engine.begin() as connection:
         await connection.execute(
             text("UPDATE members SET expires_at = now() - interval '1 second'")

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from coordinator.app import create_app
-from tests.fixtures.coordinator import MakeDatabase, settings_for_tests
+from tests.fixtures.coordinator import MakeDatabase, insert_live_member, settings_for_tests
 
 HALF = 2**62
 FULL_END = 2**63 - 1
@@ -210,16 +210,7 @@ async def test_standalone_commit_is_refused_while_the_group_has_live_members(
     api: httpx.AsyncClient, database_url: str
 ) -> None:
     await commit(api, "busy", {"topic": "t", "partition": 0, "offset": 1})
-    engine = create_async_engine(database_url)
-    async with engine.begin() as connection:
-        await connection.execute(
-            text(
-                "INSERT INTO members (group_id, member_id, member_epoch, previous_member_epoch, "
-                "subscribed_topics, allow_individual_commit, session_timeout_ms, expires_at) "
-                "VALUES ('busy', 'm-live', 3, 2, '{t}', true, 10000, now() + interval '1 hour')"
-            )
-        )
-    await engine.dispose()
+    await insert_live_member(database_url, "busy", "m-live", epoch=3, previous_epoch=2)
     reply = await commit(api, "busy", {"topic": "t", "partition": 0, "offset": 5})
     assert reply.status_code == 409
     assert reply.json()["error"] == "UNKNOWN_MEMBER_ID"
