@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Protocol
 
@@ -10,8 +10,10 @@ from client.keyspace import KeyRange
 from coordinator.core.assignment import (
     GroupAssignment,
     GroupSpec,
+    MemberSpec,
     Slice,
     TopicPartition,
+    TopicSpec,
     slices_from_ranges,
 )
 
@@ -65,3 +67,23 @@ def share_counts(members: int, partitions: int) -> list[int]:
     possible, the extra ones on the lowest partitions (the proposal's reverse assignment)."""
     base, extra = divmod(members, partitions)
     return [base + (1 if partition < extra else 0) for partition in range(partitions)]
+
+
+TopicDealer = Callable[[AssignmentBuilder, TopicSpec, list[MemberSpec]], None]
+
+
+def assign_topic_by_topic(
+    group: GroupSpec, *, split: TopicDealer, whole: TopicDealer
+) -> GroupAssignment:
+    """The eligibility rule every key-range assignor shares: a topic's partitions are split
+    among the members that allow sharing only when the switches allow it and those members
+    outnumber the partitions; otherwise every subscriber takes whole partitions."""
+    builder = AssignmentBuilder(group.members)
+    for topic in group.assignable_topics():
+        subscribers = group.subscribers(topic.name)
+        sharers = [member for member in subscribers if member.allow_individual_commit]
+        if group.can_split(topic.name) and len(sharers) > topic.partition_count:
+            split(builder, topic, sharers)
+        elif subscribers:
+            whole(builder, topic, subscribers)
+    return builder.build()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from coordinator.core.assignment import GroupAssignment, GroupSpec, MemberSpec, TopicSpec
-from coordinator.core.assignors.base import AssignmentBuilder, even_split, share_counts
+from coordinator.core.assignors.base import (
+    AssignmentBuilder,
+    assign_topic_by_topic,
+    even_split,
+    share_counts,
+)
 
 
 class RangeAssignor:
@@ -33,15 +38,7 @@ class RangeAssignor:
     name = "range"
 
     def assign(self, group: GroupSpec) -> GroupAssignment:
-        builder = AssignmentBuilder(group.members)
-        for topic in group.assignable_topics():
-            subscribers = group.subscribers(topic.name)
-            sharers = [member for member in subscribers if member.allow_individual_commit]
-            if group.can_split(topic.name) and len(sharers) > topic.partition_count:
-                _blocks_of_members(builder, topic, sharers)
-            elif subscribers:
-                _blocks_of_partitions(builder, topic, subscribers)
-        return builder.build()
+        return assign_topic_by_topic(group, split=_blocks_of_members, whole=_blocks_of_partitions)
 
 
 def _blocks_of_members(

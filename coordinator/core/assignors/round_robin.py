@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from coordinator.core.assignment import GroupAssignment, GroupSpec, MemberSpec, TopicSpec
-from coordinator.core.assignors.base import AssignmentBuilder, even_split, share_counts
+from coordinator.core.assignors.base import (
+    AssignmentBuilder,
+    assign_topic_by_topic,
+    even_split,
+    share_counts,
+)
 
 
 class RoundRobinAssignor:
@@ -40,15 +45,7 @@ class RoundRobinAssignor:
     name = "round-robin"
 
     def assign(self, group: GroupSpec) -> GroupAssignment:
-        builder = AssignmentBuilder(group.members)
-        for topic in group.assignable_topics():
-            subscribers = group.subscribers(topic.name)
-            sharers = [member for member in subscribers if member.allow_individual_commit]
-            if group.can_split(topic.name) and len(sharers) > topic.partition_count:
-                _deal_split(builder, topic, sharers)
-            elif subscribers:
-                _deal_whole(builder, topic, subscribers)
-        return builder.build()
+        return assign_topic_by_topic(group, split=_deal_split, whole=_deal_whole)
 
 
 def _deal_whole(builder: AssignmentBuilder, topic: TopicSpec, members: list[MemberSpec]) -> None:
