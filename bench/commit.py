@@ -54,12 +54,10 @@ import httpx
 import psutil
 import uvloop
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator import migrate
 from coordinator.db.engine import make_engine
-from coordinator.groups.fencing import check_commit_fencing
-from coordinator.offsets import service
+from coordinator.offsets.batching import CommitBatcher, commit_alone
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.settings import Settings
 
@@ -387,9 +385,8 @@ def wait_until_ready(process: subprocess.Popen[bytes], port: int, log_path: Path
 def storage_worker(
     requests: list[CommitRequest],
     committer: Committer,
-    engine: AsyncEngine,
+    batcher: CommitBatcher,
     group_id: str,
-    settings: Settings,
     parsed_late: list[int],
 ) -> Callable[[Window], Awaitable[None]]:
     async def run(window: Window) -> None:
@@ -401,10 +398,7 @@ def storage_worker(
                 request = CommitRequest.model_validate_json(committer.next_body())
             started = time.perf_counter()
             try:
-                async with engine.begin() as connection:
-                    result = await service.commit(
-                        connection, group_id, request, settings, check_commit_fencing
-                    )
+                result = await batcher.submit(group_id, request)
             except Exception as exc:
                 window.fail(f"{type(exc).__name__}: {exc}")
                 continue
@@ -675,13 +669,15 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
         for c in committers
     ]
     engine = make_engine(database_url, settings)
+    batcher = CommitBatcher(engine, settings, commit_alone(engine, settings))
+    batcher.start()
     parsed_late = [0]
     meter = CpuMeter({"bench": this_process, "postgres": postgres})
     try:
         storage = await run_phase(
             "storage",
             [
-                storage_worker(r, c, engine, commit_group, settings, parsed_late)
+                storage_worker(r, c, batcher, commit_group, parsed_late)
                 for r, c in zip(requests, committers, strict=True)
             ],
             args.warmup,
@@ -690,6 +686,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
             profiler(profile_dir, os.getpid(), "storage.txt", args.duration),
         )
     finally:
+        await batcher.close()
         await engine.dispose()
     del requests
     print(describe(storage) + f" parsed_in_loop={parsed_late[0]}", flush=True)

@@ -22,8 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from coordinator import metrics
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError, PayloadTooLarge
-from coordinator.groups.fencing import check_commit_fencing, request_rebalance
+from coordinator.groups.fencing import request_rebalance
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
+from coordinator.offsets.batching import CommitBatcher, commit_alone
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.engine = make_engine(database_url, settings)
         app.state.cluster = await _connect_cluster(settings)
+        app.state.commits = CommitBatcher(
+            app.state.engine, settings, commit_alone(app.state.engine, settings)
+        )
+        app.state.commits.start()
         try:
             await _seed_switches(app)
             tasks = [
@@ -247,6 +252,7 @@ def create_app(
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            await app.state.commits.close()
             if app.state.cluster is not None:
                 await app.state.cluster.close()
             await app.state.engine.dispose()
@@ -259,7 +265,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.fencing = check_commit_fencing
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(health_router)

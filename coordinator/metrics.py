@@ -14,6 +14,11 @@ HTTP_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
 COMMITS = Counter("keyrange_commits_total", "Commit requests applied")
+COMMIT_BATCH_SIZE = Histogram(
+    "keyrange_commit_batch_requests",
+    "Commit requests applied in one database transaction",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
 COMMITTED_PARTITIONS = Counter(
     "keyrange_committed_partitions_total", "Partition entries of applied commits", ["outcome"]
 )

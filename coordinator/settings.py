@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(default=0, ge=0, le=200)
     db_statement_timeout_ms: int = Field(default=10_000, ge=100)
 
+    # Concurrent commits share transactions (coordinator/offsets/batching.py): up to this many
+    # requests per transaction, and this many transactions in flight, each on one pooled
+    # connection.
+    commit_batch_max_requests: int = Field(default=128, ge=1, le=10_000)
+    commit_batch_workers: int = Field(default=2, ge=1, le=64)
+
     # Defaults of the KIP's switches; the live values are stored in the database and can be
     # flipped at run time through the admin API.
     accept_individual_commit: bool = True

@@ -11,6 +11,7 @@ from coordinator.auth import require_group_access
 from coordinator.db.engine import transaction
 from coordinator.errors import InvalidRequest
 from coordinator.offsets import repository, service
+from coordinator.offsets.batching import CommitBatcher
 from coordinator.offsets.schemas import CommitReply, CommitRequest, OffsetsReply
 from coordinator.validation import GroupId, PartitionQuery, TopicName
 
@@ -23,10 +24,9 @@ GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 async def commit_offsets(request: Request, group_id: GroupPath, body: CommitRequest) -> CommitReply:
     """Apply an individual or classic commit atomically; per-partition outcomes in the reply."""
     require_group_access(request, group_id)
-    async with request.app.state.engine.begin() as connection:
-        result = await service.commit(
-            connection, group_id, body, request.app.state.settings, request.app.state.fencing
-        )
+    service.check_limits(body, request.app.state.settings)
+    batcher: CommitBatcher = request.app.state.commits
+    result = await batcher.submit(group_id, body)
     if result.rebalance_needed:
         # Flagged only once the commit's transaction is over: committers hold the group row
         # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from sqlalchemy import bindparam, delete, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, Range
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -223,6 +224,10 @@ def _bigint_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def _multirange_literal(ranges: Sequence[tuple[int, int]]) -> str:
+    return "{" + ",".join(f"[{start},{end}]" for start, end in ranges) + "}"
+
+
 async def write_partitions(
     connection: AsyncConnection, group_id: str, states: dict[TopicPartitionKey, CommittedOffsets]
 ) -> None:
@@ -237,15 +242,197 @@ async def write_partitions(
             "topics": [topic for (topic, _), _ in ordered],
             "partitions": [partition for (_, partition), _ in ordered],
             "stable_offsets": [state.stable_offset for _, state in ordered],
-            "ic_ranges": [
-                "{" + ",".join(f"[{start},{end}]" for start, end in state.ranges) + "}"
-                for _, state in ordered
-            ],
+            "ic_ranges": [_multirange_literal(state.ranges) for _, state in ordered],
             "wm_starts": [_bigint_array([w.keys.start for w in s.watermarks]) for _, s in ordered],
             "wm_ends": [_bigint_array([w.keys.end for w in s.watermarks]) for _, s in ordered],
             "wm_offsets": [_bigint_array([w.offset for w in s.watermarks]) for _, s in ordered],
             "metadata": [state.metadata for _, state in ordered],
         },
+    )
+
+
+# Batched commits (coordinator.offsets.batching) run on the driver connection: at the rates
+# batching is for, SQLAlchemy's per-statement work would cost more than the statements.
+# Every statement takes its rows in sorted order and the statements run groups, then members,
+# then partitions, the order every other transaction locks them in.
+
+GroupPartitionKey = tuple[str, str, int]
+
+_BATCH_LOCK_GROUPS = """
+    WITH created AS (
+        INSERT INTO groups (group_id)
+        SELECT g FROM unnest($1::text[]) AS requested(g) ORDER BY g
+        ON CONFLICT (group_id) DO NOTHING
+        RETURNING group_id
+    ),
+    locked AS (
+        SELECT group_id FROM groups WHERE group_id = ANY($1::text[])
+        ORDER BY group_id FOR SHARE
+    )
+    SELECT group_id, 0::bigint AS live_members FROM created
+    UNION ALL
+    SELECT locked.group_id,
+           (SELECT count(*) FROM members m
+            WHERE m.group_id = locked.group_id AND m.expires_at > now())
+    FROM locked
+"""
+
+_BATCH_LOCK_MEMBERS = """
+    SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
+           m.expires_at > now() AS alive
+    FROM members m
+    JOIN unnest($1::text[], $2::text[]) AS requested(group_id, member_id)
+      ON m.group_id = requested.group_id AND m.member_id = requested.member_id
+    ORDER BY m.group_id, m.member_id
+    FOR SHARE OF m
+"""
+
+_BATCH_SWITCH = "SELECT accept_individual_commit FROM coordinator_config WHERE id = 1"
+
+_BATCH_LOCK_PARTITIONS = """
+    SELECT stored.group_id, stored.topic, stored.partition, stored.stable_offset,
+           stored.ic_ranges, stored.wm_starts, stored.wm_ends, stored.wm_offsets, stored.metadata
+    FROM partition_offsets stored
+    JOIN unnest($1::text[], $2::text[], $3::int[]) AS requested(group_id, topic, partition)
+      ON stored.group_id = requested.group_id AND stored.topic = requested.topic
+         AND stored.partition = requested.partition
+    ORDER BY stored.group_id, stored.topic, stored.partition
+    FOR UPDATE OF stored
+"""
+
+_BATCH_CREATE_PARTITIONS = """
+    INSERT INTO partition_offsets (group_id, topic, partition)
+    SELECT g, t, p FROM unnest($1::text[], $2::text[], $3::int[]) AS requested(g, t, p)
+    ORDER BY g, t, p
+    ON CONFLICT (group_id, topic, partition) DO NOTHING
+"""
+
+_BATCH_WRITE_PARTITIONS = """
+    UPDATE partition_offsets AS stored
+    SET stable_offset = new.stable_offset,
+        ic_ranges = new.ic_ranges::int8multirange,
+        wm_starts = new.wm_starts::bigint[],
+        wm_ends = new.wm_ends::bigint[],
+        wm_offsets = new.wm_offsets::bigint[],
+        metadata = new.metadata,
+        updated_at = now()
+    FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[],
+                $7::text[], $8::text[], $9::text[])
+        AS new(group_id, topic, partition, stable_offset, ic_ranges, wm_starts, wm_ends,
+               wm_offsets, metadata)
+    WHERE stored.group_id = new.group_id
+      AND stored.topic = new.topic AND stored.partition = new.partition
+"""
+
+
+@dataclass(frozen=True)
+class MemberFenceRow:
+    member_epoch: int
+    previous_member_epoch: int
+    alive: bool
+
+
+async def batch_lock_groups(
+    connection: asyncpg.Connection, group_ids: Sequence[str]
+) -> dict[str, int]:
+    """Create missing groups and lock them FOR SHARE: group id -> live members.
+
+    A group created by another transaction after this statement's snapshot is absent from
+    the answer although it exists; the caller treats its requests as not decided here.
+    """
+    rows = await connection.fetch(_BATCH_LOCK_GROUPS, sorted(group_ids))
+    return {row["group_id"]: int(row["live_members"]) for row in rows}
+
+
+async def batch_lock_members(
+    connection: asyncpg.Connection, members: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], MemberFenceRow]:
+    """Lock the committing members' rows FOR SHARE: (group id, member id) -> fence facts."""
+    ordered = sorted(members)
+    rows = await connection.fetch(
+        _BATCH_LOCK_MEMBERS, [group for group, _ in ordered], [member for _, member in ordered]
+    )
+    return {
+        (row["group_id"], row["member_id"]): MemberFenceRow(
+            row["member_epoch"], row["previous_member_epoch"], row["alive"]
+        )
+        for row in rows
+    }
+
+
+async def batch_read_switch(connection: asyncpg.Connection) -> bool | None:
+    value = await connection.fetchval(_BATCH_SWITCH)
+    return None if value is None else bool(value)
+
+
+def _state_of_record(record: asyncpg.Record) -> CommittedOffsets:
+    return CommittedOffsets(
+        stable_offset=record["stable_offset"],
+        ranges=_ranges_from_db(record["ic_ranges"]),
+        watermarks=tuple(
+            Watermark(KeyRange(start, end), offset)
+            for start, end, offset in zip(
+                record["wm_starts"], record["wm_ends"], record["wm_offsets"], strict=True
+            )
+        ),
+        metadata=record["metadata"],
+    )
+
+
+async def _batch_lock_existing(
+    connection: asyncpg.Connection, ordered: Sequence[GroupPartitionKey]
+) -> dict[GroupPartitionKey, CommittedOffsets]:
+    rows = await connection.fetch(
+        _BATCH_LOCK_PARTITIONS,
+        [key[0] for key in ordered],
+        [key[1] for key in ordered],
+        [key[2] for key in ordered],
+    )
+    return {
+        (row["group_id"], row["topic"], row["partition"]): _state_of_record(row) for row in rows
+    }
+
+
+async def batch_lock_partitions(
+    connection: asyncpg.Connection, keys: Sequence[GroupPartitionKey]
+) -> dict[GroupPartitionKey, CommittedOffsets]:
+    """Lock the rows of ``keys`` FOR UPDATE, creating the missing ones, and read their state.
+
+    Existing rows are locked without writing them (no new row versions); rows that do not
+    exist yet, which only a partition's first commits meet, are inserted and then locked.
+    """
+    ordered = sorted(set(keys))
+    states = await _batch_lock_existing(connection, ordered)
+    missing = [key for key in ordered if key not in states]
+    if missing:
+        await connection.execute(
+            _BATCH_CREATE_PARTITIONS,
+            [key[0] for key in missing],
+            [key[1] for key in missing],
+            [key[2] for key in missing],
+        )
+        states.update(await _batch_lock_existing(connection, missing))
+    return states
+
+
+async def batch_write_partitions(
+    connection: asyncpg.Connection, states: dict[GroupPartitionKey, CommittedOffsets]
+) -> None:
+    """Store ``states`` into rows the caller has locked."""
+    if not states:
+        return
+    ordered = sorted(states.items())
+    await connection.execute(
+        _BATCH_WRITE_PARTITIONS,
+        [key[0] for key, _ in ordered],
+        [key[1] for key, _ in ordered],
+        [key[2] for key, _ in ordered],
+        [state.stable_offset for _, state in ordered],
+        [_multirange_literal(state.ranges) for _, state in ordered],
+        [_bigint_array([w.keys.start for w in s.watermarks]) for _, s in ordered],
+        [_bigint_array([w.keys.end for w in s.watermarks]) for _, s in ordered],
+        [_bigint_array([w.offset for w in s.watermarks]) for _, s in ordered],
+        [state.metadata for _, state in ordered],
     )
 
 

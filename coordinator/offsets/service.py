@@ -45,7 +45,7 @@ class CommitResult:
     rebalance_needed: bool
 
 
-def _check_limits(request: CommitRequest, settings: Settings) -> None:
+def check_limits(request: CommitRequest, settings: Settings) -> None:
     if len(request.partitions) > settings.max_partitions_per_request:
         raise InvalidRequest(
             f"{len(request.partitions)} partitions in one commit; the limit is "
@@ -92,54 +92,45 @@ def _apply(
     return result
 
 
-async def commit(
-    connection: AsyncConnection,
-    group_id: str,
-    request: CommitRequest,
-    settings: Settings,
-    fencing: FencingCheck,
-) -> CommitResult:
-    """Apply ``request`` in the caller's transaction.
+def refusal_for_switch(request: CommitRequest, accept_individual: bool) -> None:
+    """Refuse ranges and watermarks while ``accept.individual.commit`` is off.
 
-    The switch, the membership fence and the partition locks come from one statement;
-    ``fencing`` runs on its own only when that statement could not read the membership (the
-    group was created concurrently, after the statement's snapshot).
+    Judged before membership, so a fenced member with an individual commit hears about the
+    switch first, whichever path applied the commit.
     """
-    _check_limits(request, settings)
-    individual = any(p.ranges or p.watermarks for p in request.partitions)
-    keys = [(p.topic, p.partition) for p in request.partitions]
-    lock = await repository.lock_for_commit(
-        connection,
-        group_id,
-        request.member_id,
-        request.member_epoch,
-        keys,
-        individual,
-        settings.accept_individual_commit,
-    )
-    accept_individual = (
-        settings.accept_individual_commit if lock.stored_switch is None else lock.stored_switch
-    )
-    if individual and not accept_individual:
+    if not accept_individual and any(p.ranges or p.watermarks for p in request.partitions):
         raise IndividualCommitNotAllowed(
             "the coordinator does not accept individual commits (accept.individual.commit is "
             "off); commit a plain offset"
         )
-    states = lock.states
-    if not lock.membership_read:
-        await fencing(connection, group_id, request.member_id, request.member_epoch)
-        states = await repository.lock_partitions(connection, group_id, keys)
-    elif not states:
-        raise commit_refusal(group_id, request.member_id, request.member_epoch, lock.fence)
 
+
+@dataclass(frozen=True)
+class AppliedRequest:
+    result: CommitResult
+    changed: frozenset[tuple[str, int]]
+
+
+def apply_request(
+    group_id: str,
+    request: CommitRequest,
+    states: dict[tuple[str, int], CommittedOffsets],
+    settings: Settings,
+) -> AppliedRequest:
+    """Apply an admitted request to the locked ``states`` in place.
+
+    In place, so that several requests applied in one transaction each see the state the
+    previous one left; the caller writes the keys in ``changed`` back.
+    """
     replies: list[PartitionCommitReply] = []
-    changed: dict[tuple[str, int], CommittedOffsets] = {}
+    changed: set[tuple[str, int]] = set()
     rebalance_needed = False
     for entry in request.partitions:
         key = (entry.topic, entry.partition)
         result = _apply(entry, states[key], settings)
         if not result.duplicate:
-            changed[key] = result.state
+            states[key] = result.state
+            changed.add(key)
         if result.outcome is CommitOutcome.MAX_REACHED:
             rebalance_needed = True
             log.warning(
@@ -162,9 +153,52 @@ async def commit(
                 last_stable_offset=result.state.stable_offset,
             )
         )
-    await repository.write_partitions(connection, group_id, changed)
+    return AppliedRequest(
+        CommitResult(CommitReply(partitions=replies), rebalance_needed), frozenset(changed)
+    )
+
+
+async def commit(
+    connection: AsyncConnection,
+    group_id: str,
+    request: CommitRequest,
+    settings: Settings,
+    fencing: FencingCheck,
+) -> CommitResult:
+    """Apply ``request`` alone in the caller's transaction.
+
+    The switch, the membership fence and the partition locks come from one statement;
+    ``fencing`` runs on its own only when that statement could not read the membership (the
+    group was created concurrently, after the statement's snapshot).
+    """
+    check_limits(request, settings)
+    individual = any(p.ranges or p.watermarks for p in request.partitions)
+    keys = [(p.topic, p.partition) for p in request.partitions]
+    lock = await repository.lock_for_commit(
+        connection,
+        group_id,
+        request.member_id,
+        request.member_epoch,
+        keys,
+        individual,
+        settings.accept_individual_commit,
+    )
+    refusal_for_switch(
+        request,
+        settings.accept_individual_commit if lock.stored_switch is None else lock.stored_switch,
+    )
+    states = lock.states
+    if not lock.membership_read:
+        await fencing(connection, group_id, request.member_id, request.member_epoch)
+        states = await repository.lock_partitions(connection, group_id, keys)
+    elif not states:
+        raise commit_refusal(group_id, request.member_id, request.member_epoch, lock.fence)
+    applied = apply_request(group_id, request, states, settings)
+    await repository.write_partitions(
+        connection, group_id, {key: states[key] for key in applied.changed}
+    )
     metrics.COMMITS.inc()
-    return CommitResult(CommitReply(partitions=replies), rebalance_needed)
+    return applied.result
 
 
 def offsets_reply(stored: Sequence[repository.StoredPartition]) -> list[PartitionOffsetsReply]:

@@ -1,0 +1,252 @@
+"""Group commit: concurrent commit requests share one database transaction.
+
+At the rates Keyrange clients commit, the database and the coordinator spend their time on
+per-transaction and per-statement work (round trips, WAL flushes, driver calls), not on the
+offsets. Requests that arrive while a transaction is in flight are queued and the next
+transaction applies all of them with five statements whatever their number, so the cost of a
+commit falls as load rises, while a lone commit waits for nobody.
+
+Each request stays all-or-nothing and is judged exactly as on its own (DESIGN §3.7): the
+switch, then its membership fence, under the same locks; a refused request changes nothing
+and the others in its transaction are applied. Two requests of one transaction that touch
+the same partition are applied one after the other in arrival order. A reply is sent only
+once the transaction has committed. Whatever a batch cannot decide (a group created by
+another transaction in the middle of the batch), and every request of a batch whose
+transaction failed, is applied again on its own in a transaction of its own, by the same
+path as before batching; commits are idempotent, so a batch whose commit outcome is unknown
+is safe to re-apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from client.committed import CommittedOffsets
+from coordinator import metrics
+from coordinator.errors import KeyrangeError
+from coordinator.groups.fencing import CommitFence, check_commit_fencing, commit_refusal
+from coordinator.offsets import repository
+from coordinator.offsets.schemas import CommitRequest
+from coordinator.offsets.service import CommitResult, apply_request, commit, refusal_for_switch
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Applies one request in a transaction of its own: the path for what a batch cannot decide.
+ApplyAlone = Callable[[str, CommitRequest], Awaitable[CommitResult]]
+
+
+@dataclass
+class _Pending:
+    group_id: str
+    request: CommitRequest
+    reply: asyncio.Future[CommitResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def commit_alone(engine: AsyncEngine, settings: Settings) -> ApplyAlone:
+    """The single-request path: one request in a transaction of its own."""
+
+    async def apply(group_id: str, request: CommitRequest) -> CommitResult:
+        async with engine.begin() as connection:
+            return await commit(connection, group_id, request, settings, check_commit_fencing)
+
+    return apply
+
+
+class _Undecided:
+    """A request the batch leaves to the single-request path."""
+
+
+_UNDECIDED = _Undecided()
+
+Outcome = CommitResult | KeyrangeError | _Undecided
+
+
+class CommitBatcher:
+    """Queue of commit requests drained by a few workers, one transaction per drained batch.
+
+    ``workers`` transactions may be in flight at once, so the coordinator computes one batch
+    while the database works on another; each holds one pooled connection while it runs.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: Settings,
+        apply_alone: ApplyAlone,
+    ) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._apply_alone = apply_alone
+        self._max_batch = settings.commit_batch_max_requests
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._workers: list[asyncio.Task[None]] = []
+        self._worker_count = settings.commit_batch_workers
+
+    def start(self) -> None:
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"commit-batcher-{index}")
+            for index in range(self._worker_count)
+        ]
+
+    async def close(self) -> None:
+        """Stop once every queued request has been answered."""
+        await self._queue.join()
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    async def submit(self, group_id: str, request: CommitRequest) -> CommitResult:
+        pending = _Pending(group_id, request)
+        self._queue.put_nowait(pending)
+        return await pending.reply
+
+    async def _work(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._run(batch)
+            except asyncio.CancelledError:
+                for pending in batch:
+                    if not pending.reply.done():
+                        pending.reply.cancel()
+                raise
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        metrics.COMMIT_BATCH_SIZE.observe(len(batch))
+        try:
+            outcomes = await self._apply_batch(batch)
+        except Exception as exc:
+            log.warning(
+                "batched commit failed; applying its requests one by one",
+                extra={"requests": len(batch), "error": type(exc).__name__},
+            )
+            outcomes = [_UNDECIDED] * len(batch)
+        alone = []
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, _Undecided):
+                alone.append(self._answer_alone(pending))
+            elif isinstance(outcome, KeyrangeError):
+                _settle(pending, exception=outcome)
+            else:
+                metrics.COMMITS.inc()
+                _settle(pending, result=outcome)
+        if alone:
+            await asyncio.gather(*alone)
+
+    async def _answer_alone(self, pending: _Pending) -> None:
+        try:
+            result = await self._apply_alone(pending.group_id, pending.request)
+        except Exception as exc:  # delivered to the request, which renders it
+            _settle(pending, exception=exc)
+        else:
+            _settle(pending, result=result)
+
+    async def _apply_batch(self, batch: list[_Pending]) -> list[Outcome]:
+        async with self._engine.connect() as connection:
+            raw = await connection.get_raw_connection()
+            driver = raw.driver_connection
+            if not isinstance(driver, asyncpg.Connection):
+                raise TypeError("commit batching needs the asyncpg driver")
+            async with driver.transaction():
+                return await self._decide_and_apply(driver, batch)
+
+    async def _decide_and_apply(
+        self, connection: asyncpg.Connection, batch: list[_Pending]
+    ) -> list[Outcome]:
+        standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
+        committing_members = {
+            (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
+        }
+        stored_switch = await repository.batch_read_switch(connection)
+        switch = self._settings.accept_individual_commit if stored_switch is None else stored_switch
+        groups = (
+            await repository.batch_lock_groups(connection, sorted(standalone_groups))
+            if standalone_groups
+            else {}
+        )
+        members = (
+            await repository.batch_lock_members(connection, sorted(committing_members))
+            if committing_members
+            else {}
+        )
+
+        refusals = [_refusal(p, switch, groups, members) for p in batch]
+        outcomes: list[Outcome] = [_UNDECIDED if r is None else r for r in refusals]
+        admitted = [(index, p) for index, p in enumerate(batch) if refusals[index] is None]
+        keys = [
+            (pending.group_id, entry.topic, entry.partition)
+            for _, pending in admitted
+            for entry in pending.request.partitions
+        ]
+        locked = await repository.batch_lock_partitions(connection, keys) if keys else {}
+        states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
+        for (group_id, topic, partition), state in locked.items():
+            states.setdefault(group_id, {})[(topic, partition)] = state
+        changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
+        for index, pending in admitted:
+            group_states = states[pending.group_id]
+            applied = apply_request(pending.group_id, pending.request, group_states, self._settings)
+            for topic, partition in applied.changed:
+                changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
+            outcomes[index] = applied.result
+        await repository.batch_write_partitions(connection, changed)
+        return outcomes
+
+
+def _refusal(
+    pending: _Pending,
+    switch: bool,
+    groups: dict[str, int],
+    members: dict[tuple[str, str], repository.MemberFenceRow],
+) -> KeyrangeError | _Undecided | None:
+    """Why ``pending`` may not be applied in this batch; None when it is admitted."""
+    request = pending.request
+    try:
+        refusal_for_switch(request, switch)
+    except KeyrangeError as refused:
+        return refused
+    if request.member_id is None:
+        if pending.group_id not in groups:
+            return _UNDECIDED
+        live = groups[pending.group_id]
+        if live == 0:
+            return None
+        fence: CommitFence | None = CommitFence(False, live, None, None)
+    else:
+        row = members.get((pending.group_id, request.member_id))
+        if row is None:
+            fence = None
+        else:
+            epoch_ok = request.member_epoch in (row.member_epoch, row.previous_member_epoch)
+            if row.alive and epoch_ok:
+                return None
+            fence = CommitFence(False, None, row.member_epoch, row.alive)
+    return commit_refusal(pending.group_id, request.member_id, request.member_epoch, fence)
+
+
+def _settle(
+    pending: _Pending,
+    *,
+    result: CommitResult | None = None,
+    exception: BaseException | None = None,
+) -> None:
+    if pending.reply.done():  # the request went away (client disconnected, shutdown)
+        return
+    if exception is not None:
+        pending.reply.set_exception(exception)
+    else:
+        pending.reply.set_result(result)  # type: ignore[arg-type]

@@ -1,0 +1,188 @@
+"""Group commit: requests sharing one transaction are judged and applied as if alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator.db.engine import make_engine
+from coordinator.errors import FencedMemberEpoch, KeyrangeError, UnknownMemberId
+from coordinator.offsets import repository
+from coordinator.offsets.batching import ApplyAlone, CommitBatcher, commit_alone
+from coordinator.offsets.schemas import CommitRequest
+from coordinator.offsets.service import CommitResult
+from tests.fixtures.coordinator import insert_live_member, settings_for_tests
+
+
+@pytest_asyncio.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = make_engine(database_url, settings_for_tests())
+    yield engine
+    await engine.dispose()
+
+
+def commit_request(
+    *partitions: dict[str, object], member: tuple[str, int] | None = None
+) -> CommitRequest:
+    body: dict[str, object] = {"partitions": list(partitions)}
+    if member is not None:
+        body["member_id"], body["member_epoch"] = member
+    return CommitRequest.model_validate(body)
+
+
+def alone_on(engine: AsyncEngine, calls: list[str]) -> ApplyAlone:
+    """The real single-request path, recording which requests took it."""
+    apply = commit_alone(engine, settings_for_tests())
+
+    async def recorded(group_id: str, request: CommitRequest) -> CommitResult:
+        calls.append(group_id)
+        return await apply(group_id, request)
+
+    return recorded
+
+
+async def with_live_member(
+    engine: AsyncEngine, database_url: str, group_id: str, epoch: int
+) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(text("INSERT INTO groups (group_id) VALUES (:g)"), {"g": group_id})
+    await insert_live_member(database_url, group_id, "m1", epoch=epoch, previous_epoch=epoch - 1)
+
+
+async def stored(
+    engine: AsyncEngine, group_id: str
+) -> list[tuple[str, int, int, tuple[tuple[int, int], ...]]]:
+    async with engine.connect() as connection:
+        rows = await repository.read_partitions(connection, group_id)
+    return [(r.topic, r.partition, r.state.stable_offset, r.state.ranges) for r in rows]
+
+
+async def test_one_transaction_judges_each_request_alone(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    await with_live_member(engine, database_url, "batch-members", epoch=5)
+    calls: list[str] = []
+    batcher = CommitBatcher(engine, settings_for_tests(), alone_on(engine, calls))
+    requests = [
+        ("batch-new", commit_request({"topic": "t", "partition": 0, "offset": 7})),
+        ("batch-shared", commit_request({"topic": "t", "partition": 0, "ranges": [[0, 4]]})),
+        ("batch-shared", commit_request({"topic": "t", "partition": 0, "ranges": [[5, 9]]})),
+        ("batch-shared", commit_request({"topic": "t", "partition": 0, "ranges": [[3, 6]]})),
+        (
+            "batch-members",
+            commit_request({"topic": "t", "partition": 1, "offset": 3}, member=("m1", 3)),
+        ),
+        (
+            "batch-members",
+            commit_request({"topic": "t", "partition": 2, "offset": 4}, member=("gone", 1)),
+        ),
+        ("batch-members", commit_request({"topic": "t", "partition": 3, "offset": 5})),
+        (
+            "batch-members",
+            commit_request({"topic": "t", "partition": 4, "ranges": [[0, 1]]}, member=("m1", 4)),
+        ),
+    ]
+    # Queued before any worker runs, so one worker drains them all into one transaction.
+    replies = [asyncio.ensure_future(batcher.submit(g, r)) for g, r in requests]
+    await asyncio.sleep(0)
+    batcher.start()
+    outcomes = await asyncio.gather(*replies, return_exceptions=True)
+    await batcher.close()
+
+    assert calls == []  # every request was decided inside the batch
+    new, first, second, overlapping, stale, unknown, standalone, member = outcomes
+    assert isinstance(new, CommitResult)
+    assert new.reply.partitions[0].last_stable_offset == 7
+    # Same partition, arrival order: each reply shows the state its request left.
+    assert isinstance(first, CommitResult) and isinstance(second, CommitResult)
+    assert first.reply.partitions[0].last_stable_offset == 5
+    assert second.reply.partitions[0].last_stable_offset == 10
+    assert isinstance(overlapping, CommitResult)
+    assert overlapping.reply.partitions[0].error == "INDIVIDUAL_COMMIT_TOO_OLD"
+    assert isinstance(stale, FencedMemberEpoch)
+    assert isinstance(unknown, UnknownMemberId)
+    assert isinstance(standalone, UnknownMemberId)  # the group has a live member
+    assert isinstance(member, CommitResult)
+    assert member.reply.partitions[0].error is None
+
+    assert await stored(engine, "batch-new") == [("t", 0, 7, ())]
+    assert await stored(engine, "batch-shared") == [("t", 0, 10, ())]
+    # Refused requests created nothing; the admitted member commit is stored.
+    assert await stored(engine, "batch-members") == [("t", 4, 2, ())]
+
+
+async def test_switch_off_refuses_individual_commits_first(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    await with_live_member(engine, database_url, "batch-switch", epoch=2)
+    batcher = CommitBatcher(engine, settings_for_tests(), alone_on(engine, []))
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO coordinator_config (id, accept_individual_commit, "
+                "default_accept_range_fetch) VALUES (1, false, false) ON CONFLICT (id) "
+                "DO UPDATE SET accept_individual_commit = false"
+            )
+        )
+    batcher.start()
+    try:
+        # Stale epoch and ranges: the switch is the error, as on the single-request path.
+        with pytest.raises(KeyrangeError) as refused:
+            await batcher.submit(
+                "batch-switch",
+                commit_request(
+                    {"topic": "t", "partition": 0, "ranges": [[0, 0]]}, member=("m1", 9)
+                ),
+            )
+        assert refused.value.error == "INDIVIDUAL_COMMIT_NOT_ALLOWED"
+        classic = await batcher.submit(
+            "batch-switch",
+            commit_request({"topic": "t", "partition": 0, "offset": 1}, member=("m1", 2)),
+        )
+        assert classic.reply.partitions[0].last_stable_offset == 1
+    finally:
+        async with engine.begin() as connection:
+            await connection.execute(
+                text("UPDATE coordinator_config SET accept_individual_commit = true WHERE id = 1")
+            )
+        await batcher.close()
+
+
+async def test_failed_transaction_applies_each_request_alone(database_url: str) -> None:
+    """A batch that the database aborts (here: a lock wait past the statement timeout) loses
+    nothing: its requests are applied again one by one."""
+    main = make_engine(database_url, settings_for_tests())
+    impatient = make_engine(database_url, settings_for_tests(db_statement_timeout_ms=200))
+    calls: list[str] = []
+    batcher = CommitBatcher(impatient, settings_for_tests(), alone_on(main, calls))
+    batcher.start()
+    try:
+        first = await batcher.submit(
+            "batch-retry", commit_request({"topic": "t", "partition": 0, "offset": 1})
+        )
+        assert first.reply.partitions[0].last_stable_offset == 1 and calls == []
+        async with main.connect() as holder:
+            transaction = await holder.begin()
+            await holder.execute(
+                text("SELECT 1 FROM partition_offsets WHERE group_id = 'batch-retry' FOR UPDATE")
+            )
+            pending = asyncio.ensure_future(
+                batcher.submit(
+                    "batch-retry", commit_request({"topic": "t", "partition": 0, "offset": 9})
+                )
+            )
+            await asyncio.sleep(0.6)  # the batch's lock wait has timed out by now
+            await transaction.rollback()
+        result = await pending
+        assert calls == ["batch-retry"]
+        assert result.reply.partitions[0].last_stable_offset == 9
+        assert await stored(main, "batch-retry") == [("t", 0, 9, ())]
+    finally:
+        await batcher.close()
+        await main.dispose()
+        await impatient.dispose()
