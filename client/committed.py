@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from operator import itemgetter
 from typing import Any, cast
 
@@ -78,25 +79,38 @@ class CommittedOffsets:
     ranges: tuple[tuple[int, int], ...] = ()
     watermarks: tuple[Watermark, ...] = ()
     metadata: str | None = None
-    # Column copies for bisect: is_processed runs once per consumed record.
-    _range_starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _range_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _piece_starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _piece_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _piece_offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Accept any sequences but store tuples, so states hash and compare by value.
-        ranges = cast(tuple[tuple[int, int], ...], tuple(map(tuple, self.ranges)))
-        watermarks = tuple(self.watermarks)
-        object.__setattr__(self, "ranges", ranges)
-        object.__setattr__(self, "watermarks", watermarks)
+        if type(self.ranges) is not tuple or any(type(r) is not tuple for r in self.ranges):
+            object.__setattr__(
+                self, "ranges", cast(tuple[tuple[int, int], ...], tuple(map(tuple, self.ranges)))
+            )
+        if type(self.watermarks) is not tuple:
+            object.__setattr__(self, "watermarks", tuple(self.watermarks))
         self._check_invariants()
-        object.__setattr__(self, "_range_starts", tuple(map(itemgetter(0), ranges)))
-        object.__setattr__(self, "_range_ends", tuple(map(itemgetter(1), ranges)))
-        object.__setattr__(self, "_piece_starts", tuple(w.keys.start for w in watermarks))
-        object.__setattr__(self, "_piece_ends", tuple(w.keys.end for w in watermarks))
-        object.__setattr__(self, "_piece_offsets", tuple(w.offset for w in watermarks))
+
+    # Column copies for bisect, built on first use: consumers ask is_processed once per
+    # record, while the coordinator builds many states that are never asked.
+    @cached_property
+    def _range_starts(self) -> tuple[int, ...]:
+        return tuple(map(itemgetter(0), self.ranges))
+
+    @cached_property
+    def _range_ends(self) -> tuple[int, ...]:
+        return tuple(map(itemgetter(1), self.ranges))
+
+    @cached_property
+    def _piece_starts(self) -> tuple[int, ...]:
+        return tuple(w.keys.start for w in self.watermarks)
+
+    @cached_property
+    def _piece_ends(self) -> tuple[int, ...]:
+        return tuple(w.keys.end for w in self.watermarks)
+
+    @cached_property
+    def _piece_offsets(self) -> tuple[int, ...]:
+        return tuple(w.offset for w in self.watermarks)
 
     def _check_invariants(self) -> None:
         stable = self.stable_offset

@@ -222,8 +222,48 @@ def _raise_watermarks(
     # recomputed; the rest are kept as they are.
     low = bisect_left(stored, span_start - 1, key=_piece_end)
     high = bisect_right(stored, span_end + 1, key=_piece_start)
-    middle = _upper_envelope([*stored[low:high], *effective])
+    if len(effective) == 1:  # the common case: a member commits one watermark per slice
+        middle = _raise_one(stored[low:high], effective[0])
+    else:
+        middle = _upper_envelope([*stored[low:high], *effective])
     return [*stored[:low], *middle, *stored[high:]]
+
+
+def _raise_one(pieces: Sequence[Watermark], lift: Watermark) -> list[Watermark]:
+    """``_upper_envelope`` of sorted, disjoint ``pieces`` and one more piece, in one pass."""
+    low, high, level = lift.keys.start, lift.keys.end, lift.offset
+    envelope: list[tuple[int, int, int]] = []
+
+    def emit(start: int, end: int, offset: int) -> None:
+        if envelope and envelope[-1][1] == start - 1 and envelope[-1][2] == offset:
+            envelope[-1] = (envelope[-1][0], end, offset)
+        else:
+            envelope.append((start, end, offset))
+
+    cursor = low  # the first hash of the lift not emitted yet
+    for piece in pieces:
+        start, end, offset = piece.keys.start, piece.keys.end, piece.offset
+        if end < low:
+            emit(start, end, offset)
+            continue
+        if start > high:
+            if cursor <= high:
+                emit(cursor, high, level)
+                cursor = high + 1
+            emit(start, end, offset)
+            continue
+        if start < low:
+            emit(start, low - 1, offset)
+        elif start > cursor:
+            emit(cursor, start - 1, level)
+        inner_end = min(end, high)
+        emit(max(start, low), inner_end, max(offset, level))
+        cursor = inner_end + 1
+        if end > high:
+            emit(high + 1, end, offset)
+    if cursor <= high:
+        emit(cursor, high, level)
+    return [Watermark(KeyRange(start, end), offset) for start, end, offset in envelope]
 
 
 def _upper_envelope(pieces: Sequence[Watermark]) -> list[Watermark]:

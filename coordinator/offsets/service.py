@@ -27,13 +27,17 @@ from coordinator.offsets import repository
 from coordinator.offsets.schemas import (
     CommitReply,
     CommitRequest,
-    PartitionCommitReply,
     PartitionCommitRequest,
     PartitionOffsetsReply,
 )
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
+
+_COMMITTED_BY_OUTCOME = {
+    outcome: metrics.COMMITTED_PARTITIONS.labels(outcome=outcome.name.lower())
+    for outcome in CommitOutcome
+}
 
 # Checks the committer's membership inside the commit's transaction; raises to refuse.
 FencingCheck = Callable[[AsyncConnection, str, str | None, int | None], Awaitable[None]]
@@ -122,7 +126,7 @@ def apply_request(
     In place, so that several requests applied in one transaction each see the state the
     previous one left; the caller writes the keys in ``changed`` back.
     """
-    replies: list[PartitionCommitReply] = []
+    replies: list[dict[str, object]] = []
     changed: set[tuple[str, int]] = set()
     rebalance_needed = False
     for entry in request.partitions:
@@ -144,17 +148,20 @@ def apply_request(
             )
         if result.stable_offset_advanced:
             metrics.STABLE_OFFSET_ADVANCES.inc()
-        metrics.COMMITTED_PARTITIONS.labels(outcome=result.outcome.name.lower()).inc()
+        _COMMITTED_BY_OUTCOME[result.outcome].inc()
         replies.append(
-            PartitionCommitReply(
-                topic=entry.topic,
-                partition=entry.partition,
-                error=result.outcome.error_name,
-                last_stable_offset=result.state.stable_offset,
-            )
+            {
+                "topic": entry.topic,
+                "partition": entry.partition,
+                "error": result.outcome.error_name,
+                "last_stable_offset": result.state.stable_offset,
+            }
         )
     return AppliedRequest(
-        CommitResult(CommitReply(partitions=replies), rebalance_needed), frozenset(changed)
+        # One validation of the whole reply runs in pydantic's core, cheaper than a model
+        # per partition built in Python.
+        CommitResult(CommitReply.model_validate({"partitions": replies}), rebalance_needed),
+        frozenset(changed),
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -17,6 +17,8 @@ from client.keyspace import HASH_MAX, KeyRange
 from coordinator.core.offsets import (
     CommitOutcome,
     PartitionCommitResult,
+    _raise_one,
+    _upper_envelope,
     apply_classic_commit,
     apply_individual_commit,
     ic_offset_count,
@@ -571,3 +573,24 @@ class CommitMachine(RuleBasedStateMachine):
 
 CommitMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_commits_against_the_model = CommitMachine.TestCase
+
+
+@st.composite
+def normalized_pieces(draw: st.DrawFn) -> list[Watermark]:
+    """Sorted, disjoint pieces over a small hash space, gaps and touching neighbours included."""
+    cuts = sorted(draw(st.sets(st.integers(0, 40), max_size=10)))
+    pieces = [
+        watermark(start, end - 1, draw(st.integers(1, 5)))
+        for start, end in pairwise(cuts)
+        if draw(st.booleans())
+    ]
+    return _upper_envelope(pieces) if pieces else []
+
+
+@settings(max_examples=500)
+@given(normalized_pieces(), st.integers(0, 40), st.integers(0, 40), st.integers(1, 6))
+def test_one_watermark_raises_stored_pieces_as_the_general_envelope_does(
+    pieces: list[Watermark], first: int, second: int, offset: int
+) -> None:
+    lift = watermark(min(first, second), max(first, second), offset)
+    assert _raise_one(pieces, lift) == _upper_envelope([*pieces, lift])
