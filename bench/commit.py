@@ -56,6 +56,7 @@ import uvloop
 from sqlalchemy.engine import make_url
 
 from coordinator import migrate
+from coordinator.app import freeze_startup_heap
 from coordinator.db.engine import make_engine
 from coordinator.offsets.batching import CommitBatcher, commit_alone
 from coordinator.offsets.schemas import CommitRequest
@@ -671,6 +672,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
     engine = make_engine(database_url, settings)
     batcher = CommitBatcher(engine, settings, commit_alone(engine, settings))
     batcher.start()
+    freeze_startup_heap()  # as the coordinator does once it has started
     parsed_late = [0]
     meter = CpuMeter({"bench": this_process, "postgres": postgres})
     try:

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     # requests per transaction, and this many transactions in flight, each on one pooled
     # connection.
     commit_batch_max_requests: int = Field(default=128, ge=1, le=10_000)
-    commit_batch_workers: int = Field(default=2, ge=1, le=64)
+    commit_batch_workers: int = Field(default=4, ge=1, le=64)
 
     # Defaults of the KIP's switches; the live values are stored in the database and can be
     # flipped at run time through the admin API.

@@ -171,20 +171,17 @@ class CommitBatcher:
         committing_members = {
             (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
         }
-        stored_switch = await repository.batch_read_switch(connection)
+        groups = await repository.batch_lock_groups(connection, standalone_groups)
+        members = await repository.batch_lock_members(connection, committing_members)
+        if groups.switch_read:
+            stored_switch = groups.stored_switch
+        elif members.switch_read:
+            stored_switch = members.stored_switch
+        else:  # no subject found: every request is refused, but the switch is judged first
+            stored_switch = await repository.batch_read_switch(connection)
         switch = self._settings.accept_individual_commit if stored_switch is None else stored_switch
-        groups = (
-            await repository.batch_lock_groups(connection, sorted(standalone_groups))
-            if standalone_groups
-            else {}
-        )
-        members = (
-            await repository.batch_lock_members(connection, sorted(committing_members))
-            if committing_members
-            else {}
-        )
 
-        refusals = [_refusal(p, switch, groups, members) for p in batch]
+        refusals = [_refusal(p, switch, groups.facts, members.facts) for p in batch]
         outcomes: list[Outcome] = [_UNDECIDED if r is None else r for r in refusals]
         admitted = [(index, p) for index, p in enumerate(batch) if refusals[index] is None]
         keys = [

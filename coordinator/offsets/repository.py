@@ -11,9 +11,10 @@ commits cannot deadlock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 from sqlalchemy import bindparam, delete, select, text
@@ -27,6 +28,8 @@ from coordinator.db.models import PartitionOffsets
 from coordinator.groups.fencing import MEMBER_FENCE, STANDALONE_FENCE, CommitFence
 
 TopicPartitionKey = tuple[str, int]
+FenceKey = TypeVar("FenceKey")
+FenceFacts = TypeVar("FenceFacts")
 
 _STATE_RETURNING = """
     RETURNING topic, partition, stable_offset, ic_ranges, wm_starts, wm_ends, wm_offsets,
@@ -258,7 +261,10 @@ async def write_partitions(
 
 GroupPartitionKey = tuple[str, str, int]
 
-_BATCH_LOCK_GROUPS = """
+# Read along with the fence rows, to save a round trip per batch.
+_SWITCH = "SELECT accept_individual_commit FROM coordinator_config WHERE id = 1"
+
+_BATCH_LOCK_GROUPS = f"""
     WITH created AS (
         INSERT INTO groups (group_id)
         SELECT g FROM unnest($1::text[]) AS requested(g) ORDER BY g
@@ -269,17 +275,18 @@ _BATCH_LOCK_GROUPS = """
         SELECT group_id FROM groups WHERE group_id = ANY($1::text[])
         ORDER BY group_id FOR SHARE
     )
-    SELECT group_id, 0::bigint AS live_members FROM created
+    SELECT group_id, 0::bigint AS live_members, ({_SWITCH}) AS stored_switch FROM created
     UNION ALL
     SELECT locked.group_id,
            (SELECT count(*) FROM members m
-            WHERE m.group_id = locked.group_id AND m.expires_at > now())
+            WHERE m.group_id = locked.group_id AND m.expires_at > now()),
+           ({_SWITCH})
     FROM locked
 """
 
-_BATCH_LOCK_MEMBERS = """
+_BATCH_LOCK_MEMBERS = f"""
     SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
-           m.expires_at > now() AS alive
+           m.expires_at > now() AS alive, ({_SWITCH}) AS stored_switch
     FROM members m
     JOIN unnest($1::text[], $2::text[]) AS requested(group_id, member_id)
       ON m.group_id = requested.group_id AND m.member_id = requested.member_id
@@ -287,7 +294,6 @@ _BATCH_LOCK_MEMBERS = """
     FOR SHARE OF m
 """
 
-_BATCH_SWITCH = "SELECT accept_individual_commit FROM coordinator_config WHERE id = 1"
 
 _BATCH_LOCK_PARTITIONS = """
     SELECT stored.group_id, stored.topic, stored.partition, stored.stable_offset,
@@ -332,36 +338,59 @@ class MemberFenceRow:
     alive: bool
 
 
+@dataclass(frozen=True)
+class FenceRows(Generic[FenceKey, FenceFacts]):
+    """Fence facts by subject, and ``accept.individual.commit`` as stored, read in one go.
+
+    ``switch_read`` is False when no subject was found, so the switch was not read either.
+    """
+
+    facts: dict[FenceKey, FenceFacts]
+    stored_switch: bool | None
+    switch_read: bool
+
+
+def _fence_rows(rows: Sequence[asyncpg.Record], key: Any, facts: Any) -> FenceRows[Any, Any]:
+    return FenceRows(
+        {key(row): facts(row) for row in rows},
+        rows[0]["stored_switch"] if rows else None,
+        bool(rows),
+    )
+
+
 async def batch_lock_groups(
-    connection: asyncpg.Connection, group_ids: Sequence[str]
-) -> dict[str, int]:
+    connection: asyncpg.Connection, group_ids: Collection[str]
+) -> FenceRows[str, int]:
     """Create missing groups and lock them FOR SHARE: group id -> live members.
 
     A group created by another transaction after this statement's snapshot is absent from
     the answer although it exists; the caller treats its requests as not decided here.
     """
+    if not group_ids:
+        return FenceRows({}, None, switch_read=False)
     rows = await connection.fetch(_BATCH_LOCK_GROUPS, sorted(group_ids))
-    return {row["group_id"]: int(row["live_members"]) for row in rows}
+    return _fence_rows(rows, itemgetter("group_id"), lambda row: int(row["live_members"]))
 
 
 async def batch_lock_members(
-    connection: asyncpg.Connection, members: Sequence[tuple[str, str]]
-) -> dict[tuple[str, str], MemberFenceRow]:
+    connection: asyncpg.Connection, members: Collection[tuple[str, str]]
+) -> FenceRows[tuple[str, str], MemberFenceRow]:
     """Lock the committing members' rows FOR SHARE: (group id, member id) -> fence facts."""
+    if not members:
+        return FenceRows({}, None, switch_read=False)
     ordered = sorted(members)
     rows = await connection.fetch(
         _BATCH_LOCK_MEMBERS, [group for group, _ in ordered], [member for _, member in ordered]
     )
-    return {
-        (row["group_id"], row["member_id"]): MemberFenceRow(
-            row["member_epoch"], row["previous_member_epoch"], row["alive"]
-        )
-        for row in rows
-    }
+    return _fence_rows(
+        rows,
+        itemgetter("group_id", "member_id"),
+        lambda row: MemberFenceRow(row["member_epoch"], row["previous_member_epoch"], row["alive"]),
+    )
 
 
 async def batch_read_switch(connection: asyncpg.Connection) -> bool | None:
-    value = await connection.fetchval(_BATCH_SWITCH)
+    value = await connection.fetchval(_SWITCH)
     return None if value is None else bool(value)
 
 
