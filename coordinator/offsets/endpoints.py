@@ -44,6 +44,16 @@ class CommitRoute(APIRoute):
                 group_id = _GROUP_ID.validate_python(request.path_params["group_id"])
             except ValidationError as exc:
                 raise RequestValidationError(_located(exc, ("path", "group_id"))) from None
+            if not _is_json(request.headers.get("content-type")):
+                raise RequestValidationError(
+                    [
+                        {
+                            "type": "content_type",
+                            "loc": ("body",),
+                            "msg": "the body must be JSON sent as application/json",
+                        }
+                    ]
+                )
             try:
                 body = CommitRequest.model_validate_json(await request.body())
             except ValidationError as exc:
@@ -52,6 +62,13 @@ class CommitRoute(APIRoute):
             return Response(reply.model_dump_json(), media_type="application/json")
 
         return handle
+
+
+def _is_json(content_type: str | None) -> bool:
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
 
 
 def _located(exc: ValidationError, prefix: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -153,6 +153,32 @@ async def test_commit_is_all_or_nothing_on_bad_input(api: httpx.AsyncClient) -> 
     assert await stored(api, "atomic") == before
 
 
+async def test_bodies_that_are_not_json_objects_are_refused_with_their_location(
+    api: httpx.AsyncClient,
+) -> None:
+    url = "/v1/groups/shapes/offsets/commit"
+    entry = b'{"partitions": [{"topic": "t", "partition": 0, "offset": 1}]}'
+    for content, content_type, location in (
+        (b'{"partitions": [', "application/json", "body"),
+        (b"[]", "application/json", "body"),
+        (entry, "text/plain", "body"),
+        (entry, None, "body"),
+        (b'{"partitions": [{"topic": "t", "partition": "x", "offset": 1}]}', None, "body"),
+        (
+            b'{"partitions": [{"topic": "t", "partition": "x", "offset": 1}]}',
+            "application/json",
+            "body.partitions.0.partition",
+        ),
+    ):
+        headers = {} if content_type is None else {"content-type": content_type}
+        reply = await api.post(url, content=content, headers=headers)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"] == "INVALID_REQUEST"
+        assert reply.json()["errors"][0]["loc"] == location, reply.text
+    reply = await api.post(url, content=entry, headers={"content-type": "application/json"})
+    assert reply.status_code == 200, reply.text
+
+
 async def test_bad_group_ids_and_member_fields_are_rejected(api: httpx.AsyncClient) -> None:
     entry = {"topic": "t", "partition": 0, "offset": 1}
     reply = await api.post("/v1/groups/bad group/offsets/commit", json={"partitions": [entry]})
