@@ -110,14 +110,29 @@ class CommitBatcher:
         return await pending.reply
 
     async def _work(self) -> None:
+        carried: _Pending | None = None
         while True:
-            batch = [await self._queue.get()]
+            batch = [carried if carried is not None else await self._queue.get()]
+            carried = None
+            # Bounded like one request may be, so a batch never holds more locks, or runs
+            # longer statements, than the largest single commit could.
+            partitions, ranges = _size(batch[0])
             while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+                pending = self._queue.get_nowait()
+                more_partitions, more_ranges = _size(pending)
+                partitions += more_partitions
+                ranges += more_ranges
+                if (
+                    partitions > self._settings.max_partitions_per_request
+                    or ranges > self._settings.max_ranges_per_request
+                ):
+                    carried = pending
+                    break
+                batch.append(pending)
             try:
                 await self._run(batch)
             except asyncio.CancelledError:
-                for pending in batch:
+                for pending in [*batch, *([carried] if carried else [])]:
                     if not pending.reply.done():
                         pending.reply.cancel()
                 raise
@@ -233,6 +248,11 @@ def _refusal(
                 return None
             fence = CommitFence(False, None, row.member_epoch, row.alive)
     return commit_refusal(pending.group_id, request.member_id, request.member_epoch, fence)
+
+
+def _size(pending: _Pending) -> tuple[int, int]:
+    entries = pending.request.partitions
+    return len(entries), sum(len(e.ranges) + len(e.watermarks) for e in entries)
 
 
 def _settle(

@@ -10,6 +10,7 @@ import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from coordinator import metrics
 from coordinator.db.engine import make_engine
 from coordinator.errors import FencedMemberEpoch, KeyrangeError, UnknownMemberId
 from coordinator.offsets import repository
@@ -88,12 +89,14 @@ async def test_one_transaction_judges_each_request_alone(
         ),
     ]
     # Queued before any worker runs, so one worker drains them all into one transaction.
+    batches_before = _batches()
     replies = [asyncio.ensure_future(batcher.submit(g, r)) for g, r in requests]
     await asyncio.sleep(0)
     batcher.start()
     outcomes = await asyncio.gather(*replies, return_exceptions=True)
     await batcher.close()
 
+    assert _batches() - batches_before == 1
     assert calls == []  # every request was decided inside the batch
     new, first, second, overlapping, stale, unknown, standalone, member = outcomes
     assert isinstance(new, CommitResult)
@@ -186,3 +189,34 @@ async def test_failed_transaction_applies_each_request_alone(database_url: str) 
         await batcher.close()
         await main.dispose()
         await impatient.dispose()
+
+
+async def test_a_batch_holds_no_more_partitions_than_one_request_may(
+    engine: AsyncEngine,
+) -> None:
+    settings = settings_for_tests(max_partitions_per_request=3)
+    batcher = CommitBatcher(engine, settings, alone_on(engine, []))
+    requests = [
+        commit_request(*({"topic": "t", "partition": p, "offset": 1} for p in (0, 1))),
+        commit_request({"topic": "t", "partition": 2, "offset": 1}),
+        commit_request({"topic": "t", "partition": 3, "offset": 1}),
+    ]
+    batches_before = _batches()
+    replies = [asyncio.ensure_future(batcher.submit("batch-bounded", r)) for r in requests]
+    await asyncio.sleep(0)
+    batcher.start()
+    results = await asyncio.gather(*replies)
+    await batcher.close()
+    assert [len(r.reply.partitions) for r in results] == [2, 1, 1]
+    # 2 + 1 partitions fit in one transaction; the third request went into the next.
+    assert _batches() - batches_before == 2
+    assert await stored(engine, "batch-bounded") == [("t", p, 1, ()) for p in range(4)]
+
+
+def _batches() -> float:
+    return next(
+        sample.value
+        for metric in metrics.COMMIT_BATCH_SIZE.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_count")
+    )
