@@ -3,8 +3,8 @@
 At the rates Keyrange clients commit, the database and the coordinator spend their time on
 per-transaction and per-statement work (round trips, WAL flushes, driver calls), not on the
 offsets. Requests that arrive while a transaction is in flight are queued and the next
-transaction applies all of them with five statements whatever their number, so the cost of a
-commit falls as load rises, while a lone commit waits for nobody.
+transaction applies all of them with at most four statements whatever their number, so the
+cost of a commit falls as load rises, while a lone commit waits for nobody.
 
 Each request stays all-or-nothing and is judged exactly as on its own (DESIGN §3.7): the
 switch, then its membership fence, under the same locks; a refused request changes nothing
@@ -73,8 +73,9 @@ Outcome = CommitResult | KeyrangeError | _Undecided
 class CommitBatcher:
     """Queue of commit requests drained by a few workers, one transaction per drained batch.
 
-    ``workers`` transactions may be in flight at once, so the coordinator computes one batch
-    while the database works on another; each holds one pooled connection while it runs.
+    ``commit_batch_workers`` transactions may be in flight at once, so the coordinator computes
+    one batch while the database works on another; each holds one pooled connection while it
+    runs.
     """
 
     def __init__(
