@@ -1,8 +1,8 @@
 """Commit throughput of the offset store, three ways in one run against one database.
 
 (a) HTTP commits/s through one coordinator process (``python -m coordinator serve``);
-(b) the same commits applied in-process through the storage layer (``service.commit`` inside
-    ``engine.begin()``, the route's transaction), no HTTP, no JSON;
+(b) the same commits applied in-process through the storage layer as the route applies them
+    (``CommitBatcher.submit``, group commit), no HTTP, no JSON;
 (c) raw asyncpg single-row ``UPDATE`` transactions/s: the database's own ceiling.
 
 ``service_ratio = a / b`` says what HTTP, validation and serialisation cost on top of storage;
@@ -25,7 +25,9 @@ The load generator is cheaper than the server: raw asyncio streams, one keep-ali
 connection per committer, request bytes built by ``%`` formatting into pre-serialised
 fragments, and replies checked by byte search. Its CPU share is reported.
 
-Prints one line per phase, then one JSON object on the last line.
+The three phases run in turn, ``--rounds`` times, so whatever else the machine does weighs on
+the three figures alike; each figure is taken over all its rounds. Prints one line per round
+and per figure, then one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -189,6 +191,36 @@ class PhaseResult:
     partition_errors: int
     cpu_cores: dict[str, float]
     failures: Counter[str]
+    done: int = 0
+    elapsed_s: float = 0.0
+    latencies: list[float] = field(default_factory=list, repr=False)
+
+
+def merge_rounds(rounds: list[PhaseResult]) -> PhaseResult:
+    """One figure over all rounds of a phase: commits over measured time, pooled latencies,
+    CPU weighted by time."""
+    elapsed = sum(r.elapsed_s for r in rounds)
+    done = sum(r.done for r in rounds)
+    latencies = sorted(latency for r in rounds for latency in r.latencies)
+    failures: Counter[str] = Counter()
+    for r in rounds:
+        failures.update(r.failures)
+    return PhaseResult(
+        name=rounds[0].name,
+        rate=done / elapsed,
+        p50_ms=percentile(latencies, 0.50) * 1000,
+        p99_ms=percentile(latencies, 0.99) * 1000,
+        failed=sum(r.failed for r in rounds),
+        partition_errors=sum(r.partition_errors for r in rounds),
+        cpu_cores={
+            name: sum(r.cpu_cores[name] * r.elapsed_s for r in rounds) / elapsed
+            for name in rounds[0].cpu_cores
+        },
+        failures=failures,
+        done=done,
+        elapsed_s=elapsed,
+        latencies=latencies,
+    )
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -276,6 +308,9 @@ async def run_phase(
         partition_errors=window.partition_errors,
         cpu_cores=cpu,
         failures=window.failures,
+        done=window.done,
+        elapsed_s=elapsed,
+        latencies=latencies,
     )
 
 
@@ -641,76 +676,92 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
         return []
 
     settings = Settings()
-
     port = free_port()
     command = shlex.split(args.server_command) if args.server_command else SERVE
-    with coordinator_process(command, database_url, port, work_dir / "coordinator.log") as server:
-        meter = CpuMeter(
-            {"generator": this_process, "server": lambda: [server], "postgres": postgres}
+    rounds: dict[str, list[PhaseResult]] = {"http": [], "storage": [], "raw": []}
+    parsed_late = [0]
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(
+            coordinator_process(command, database_url, port, work_dir / "coordinator.log")
         )
-
-        http = await run_phase(
-            "http",
-            [http_worker(c, port, commit_group) for c in committers],
-            args.warmup,
-            args.duration,
-            meter,
-            profiler(profile_dir, server.pid, "server.txt", args.duration),
+        engine = make_engine(database_url, settings)
+        batcher = CommitBatcher(engine, settings, commit_alone(engine, settings))
+        batcher.start()
+        pool = await asyncpg.create_pool(
+            asyncpg_dsn(database_url), min_size=args.committers, max_size=args.committers
         )
+        try:
+            await seed_raw_group(pool, raw_group, args.partitions)
+            http_meter = CpuMeter(
+                {"generator": this_process, "server": lambda: [server], "postgres": postgres}
+            )
+            local_meter = CpuMeter({"bench": this_process, "postgres": postgres})
+            # Rounds of (a), (b), (c) in turn: whatever else the machine (or its host) does
+            # during the run weighs on the three figures alike, not on one phase.
+            for number in range(args.rounds):
+                profiled = profile_dir if number == 0 else None
+                http_round = await run_phase(
+                    "http",
+                    [http_worker(c, port, commit_group) for c in committers],
+                    args.warmup,
+                    args.duration,
+                    http_meter,
+                    profiler(profiled, server.pid, "server.txt", args.duration),
+                )
+                rounds["http"].append(http_round)
+                # Pre-parse enough commits that parsing stays outside the measured loop.
+                expected = max([r.rate for r in rounds["storage"]] + [http_round.rate, 100.0])
+                per_committer = max(
+                    50,
+                    int((args.warmup + args.duration) * expected * PREPARSE_HEADROOM)
+                    // len(committers),
+                )
+                requests = [
+                    [CommitRequest.model_validate_json(c.next_body()) for _ in range(per_committer)]
+                    for c in committers
+                ]
+                freeze_startup_heap()  # as the coordinator does once it has started
+                rounds["storage"].append(
+                    await run_phase(
+                        "storage",
+                        [
+                            storage_worker(r, c, batcher, commit_group, parsed_late)
+                            for r, c in zip(requests, committers, strict=True)
+                        ],
+                        args.warmup,
+                        args.duration,
+                        local_meter,
+                        profiler(profiled, os.getpid(), "storage.txt", args.duration),
+                    )
+                )
+                del requests
+                rounds["raw"].append(
+                    await run_phase(
+                        "raw",
+                        [raw_worker(c, pool, raw_group) for c in committers],
+                        args.warmup,
+                        args.duration,
+                        local_meter,
+                    )
+                )
+                print(
+                    f"round {number + 1}/{args.rounds}: "
+                    + " ".join(f"{name}={r[-1].rate:,.0f}/s" for name, r in rounds.items()),
+                    flush=True,
+                )
+        finally:
+            await pool.close()
+            await batcher.close()
+            await engine.dispose()
+    http, storage, raw = (merge_rounds(rounds[name]) for name in ("http", "storage", "raw"))
     print(describe(http), flush=True)
+    print(describe(storage) + f" parsed_in_loop={parsed_late[0]}", flush=True)
+    print(describe(raw), flush=True)
     if profile_dir:
         summary = summarize_profile(profile_dir / "server.txt")
         print(f"coordinator profile under HTTP load:\n{summary}", flush=True)
-
-    # (b) Pre-parse enough commits that parsing stays outside the measured loop.
-    budget = int((args.warmup + args.duration) * max(http.rate, 100.0) * PREPARSE_HEADROOM)
-    per_committer = max(50, budget // len(committers))
-    requests = [
-        [CommitRequest.model_validate_json(c.next_body()) for _ in range(per_committer)]
-        for c in committers
-    ]
-    engine = make_engine(database_url, settings)
-    batcher = CommitBatcher(engine, settings, commit_alone(engine, settings))
-    batcher.start()
-    freeze_startup_heap()  # as the coordinator does once it has started
-    parsed_late = [0]
-    meter = CpuMeter({"bench": this_process, "postgres": postgres})
-    try:
-        storage = await run_phase(
-            "storage",
-            [
-                storage_worker(r, c, batcher, commit_group, parsed_late)
-                for r, c in zip(requests, committers, strict=True)
-            ],
-            args.warmup,
-            args.duration,
-            meter,
-            profiler(profile_dir, os.getpid(), "storage.txt", args.duration),
-        )
-    finally:
-        await batcher.close()
-        await engine.dispose()
-    del requests
-    print(describe(storage) + f" parsed_in_loop={parsed_late[0]}", flush=True)
-    if profile_dir:
         summary = summarize_profile(profile_dir / "storage.txt")
         print(f"storage layer profile:\n{summary}", flush=True)
-
-    pool = await asyncpg.create_pool(
-        asyncpg_dsn(database_url), min_size=args.committers, max_size=args.committers
-    )
-    try:
-        await seed_raw_group(pool, raw_group, args.partitions)
-        raw = await run_phase(
-            "raw",
-            [raw_worker(c, pool, raw_group) for c in committers],
-            args.warmup,
-            args.duration,
-            meter,
-        )
-    finally:
-        await pool.close()
-    print(describe(raw), flush=True)
 
     service_ratio = http.rate / storage.rate if storage.rate else 0.0
     storage_ratio = storage.rate / raw.rate if raw.rate else 0.0
@@ -743,6 +794,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
         "partitions": args.partitions,
         "partitions_per_commit": args.partitions_per_commit,
         "duration_s": args.duration,
+        "rounds": args.rounds,
         "db_pool": settings.db_pool_size + settings.db_max_overflow,
         "goals_met": (
             service_ratio >= GOALS["service_ratio"]
@@ -755,8 +807,15 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=12.0, help="measured seconds per phase")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per phase")
+    parser.add_argument(
+        "--duration", type=float, default=6.0, help="measured seconds per phase and round"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the three phases, run in turn"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="unmeasured seconds per phase and round"
+    )
     parser.add_argument("--committers", type=int, default=64, help="concurrent committers (even)")
     parser.add_argument("--partitions", type=int, default=2000)
     parser.add_argument("--partitions-per-commit", type=int, default=4)
@@ -774,6 +833,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.profile and not py_spy_path():
         parser.error("--profile needs py-spy (pip install py-spy, part of the dev extra)")
+    if args.rounds < 1 or args.duration <= 0:
+        parser.error("--rounds must be at least 1 and --duration positive")
     if args.committers < 2 or args.committers % 2:
         parser.error("--committers must be even: committers share partitions in pairs")
     block = args.partitions // (args.committers // 2)
