@@ -90,6 +90,18 @@ class SliceProgress:
         self.pending.append((offset, key_hash))
         return True
 
+    def accept_run(self, offsets: Sequence[int], hashes: Sequence[int]) -> bool:
+        """Register, in one step, records of this slice that lie past its read position and
+        past everything the committed state says; False (nothing registered) otherwise, and
+        the caller offers them one by one to ``accept``."""
+        first = offsets[0]
+        if first < self.position or (self._committed is not None and first < self._committed_until):
+            return False
+        self._committed = None
+        self.pending.extend(zip(offsets, hashes, strict=True))
+        self.position = offsets[-1] + 1
+        return True
+
     def mark(self, offset: int, key_hash: int, mode: CommitMode) -> None:
         pending = self.pending
         if pending and pending[0][0] == offset:
