@@ -351,10 +351,19 @@ class KeyrangeConsumer:
                 item = await self._next_item(deadline)
                 self._buffer.appendleft(item)
         limit = len(self._buffer) if max_records is None else min(max_records, len(self._buffer))
+        # Records come grouped by partition, so the per-partition lookups happen per run.
+        take, outstanding = self._buffer.popleft, self._outstanding
+        current: TopicPartition | None = None
+        handed: dict[int, int] = {}
+        records: list[Record] = []
         for _ in range(limit):
-            tp, record, hashed = self._buffer.popleft()
-            self._hand_out(tp, record, hashed)
-            batch.setdefault(tp, []).append(record)
+            tp, record, hashed = take()
+            if tp != current:
+                current = tp
+                handed = outstanding.setdefault(tp, {})
+                records = batch.setdefault(tp, [])
+            handed[record.offset] = hashed
+            records.append(record)
         return batch
 
     def mark_processed(self, record: Record) -> None:
