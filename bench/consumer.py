@@ -367,6 +367,7 @@ async def filter_overhead(stack: Stack, args: argparse.Namespace) -> dict[str, A
     }
     if args.profile_dir is not None:
         profile = args.profile_dir / "keyrange-filter.prof"
+        profile.parent.mkdir(parents=True, exist_ok=True)
         await run_filter_child(stack, args, topic, "keyrange", profile)
         stats = pstats.Stats(str(profile))
         stats.sort_stats("tottime").print_stats(15)
