@@ -231,6 +231,29 @@ def _multirange_literal(ranges: Sequence[tuple[int, int]]) -> str:
     return "{" + ",".join(f"[{start},{end}]" for start, end in ranges) + "}"
 
 
+# The state columns of the write statements, in their parameters' order.
+_STATE_PARAMETERS = (
+    "stable_offsets",
+    "ic_ranges",
+    "wm_starts",
+    "wm_ends",
+    "wm_offsets",
+    "metadata",
+)
+
+
+def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[Any], ...]:
+    """New states as one flat array per column, in ``_STATE_PARAMETERS`` order."""
+    return (
+        [state.stable_offset for state in states],
+        [_multirange_literal(state.ranges) for state in states],
+        [_bigint_array([w.keys.start for w in state.watermarks]) for state in states],
+        [_bigint_array([w.keys.end for w in state.watermarks]) for state in states],
+        [_bigint_array([w.offset for w in state.watermarks]) for state in states],
+        [state.metadata for state in states],
+    )
+
+
 async def write_partitions(
     connection: AsyncConnection, group_id: str, states: dict[TopicPartitionKey, CommittedOffsets]
 ) -> None:
@@ -244,12 +267,7 @@ async def write_partitions(
             "group_id": group_id,
             "topics": [topic for (topic, _), _ in ordered],
             "partitions": [partition for (_, partition), _ in ordered],
-            "stable_offsets": [state.stable_offset for _, state in ordered],
-            "ic_ranges": [_multirange_literal(state.ranges) for _, state in ordered],
-            "wm_starts": [_bigint_array([w.keys.start for w in s.watermarks]) for _, s in ordered],
-            "wm_ends": [_bigint_array([w.keys.end for w in s.watermarks]) for _, s in ordered],
-            "wm_offsets": [_bigint_array([w.offset for w in s.watermarks]) for _, s in ordered],
-            "metadata": [state.metadata for _, state in ordered],
+            **dict(zip(_STATE_PARAMETERS, _state_columns([s for _, s in ordered]), strict=True)),
         },
     )
 
@@ -456,12 +474,7 @@ async def batch_write_partitions(
         [key[0] for key, _ in ordered],
         [key[1] for key, _ in ordered],
         [key[2] for key, _ in ordered],
-        [state.stable_offset for _, state in ordered],
-        [_multirange_literal(state.ranges) for _, state in ordered],
-        [_bigint_array([w.keys.start for w in s.watermarks]) for _, s in ordered],
-        [_bigint_array([w.keys.end for w in s.watermarks]) for _, s in ordered],
-        [_bigint_array([w.offset for w in s.watermarks]) for _, s in ordered],
-        [state.metadata for _, state in ordered],
+        *_state_columns([state for _, state in ordered]),
     )
 
 
