@@ -34,10 +34,12 @@ CommitMode = Literal["watermarks", "ranges", "offset"]
 
 
 class SliceProgress:
-    """Progress of one owned slice. ``pending`` holds every registered own record not yet
-    passed by the watermark, in offset order, as ``(offset, key_hash)``; ``completed`` are
-    the pending ones already processed (out of order), ``uncommitted`` the processed offsets
-    an IC range must still carry, with their key hashes."""
+    """Progress of one owned slice. ``pending_offsets`` holds every registered own record not
+    yet passed by the watermark, in offset order, and ``pending_hashes`` their key hashes
+    (two deques of ints rather than one of pairs: a pair per consumed record kept the garbage
+    collector busy); ``completed`` are the pending ones already processed (out of order),
+    ``uncommitted`` the processed offsets an IC range must still carry, with their key
+    hashes."""
 
     __slots__ = (
         "_committed",
@@ -46,7 +48,8 @@ class SliceProgress:
         "committed_watermark",
         "completed",
         "keys",
-        "pending",
+        "pending_hashes",
+        "pending_offsets",
         "position",
         "runs",
         "uncommitted",
@@ -62,7 +65,8 @@ class SliceProgress:
         self.position = position
         self.committed_watermark = position
         self.active = True
-        self.pending: deque[tuple[int, int]] = deque()
+        self.pending_offsets: deque[int] = deque()
+        self.pending_hashes: deque[int] = deque()
         self.completed: set[int] = set()
         self.uncommitted: dict[int, int] = {}
         self.runs = 0
@@ -73,7 +77,7 @@ class SliceProgress:
 
     @property
     def watermark(self) -> int:
-        return self.pending[0][0] if self.pending else self.position
+        return self.pending_offsets[0] if self.pending_offsets else self.position
 
     def accept(self, offset: int, key_hash: int) -> bool:
         """Register a record of this slice met in the stream; False when it needs no
@@ -87,7 +91,8 @@ class SliceProgress:
                 self._committed = None
             elif committed.is_processed(offset, key_hash):
                 return False
-        self.pending.append((offset, key_hash))
+        self.pending_offsets.append(offset)
+        self.pending_hashes.append(key_hash)
         return True
 
     def accept_run(self, offsets: Sequence[int], hashes: Sequence[int]) -> bool:
@@ -98,14 +103,16 @@ class SliceProgress:
         if first < self.position or (self._committed is not None and first < self._committed_until):
             return False
         self._committed = None
-        self.pending.extend(zip(offsets, hashes, strict=True))
+        self.pending_offsets.extend(offsets)
+        self.pending_hashes.extend(hashes)
         self.position = offsets[-1] + 1
         return True
 
     def mark(self, offset: int, key_hash: int, mode: CommitMode) -> None:
-        pending = self.pending
-        if pending and pending[0][0] == offset:
+        pending = self.pending_offsets
+        if pending and pending[0] == offset:
             pending.popleft()
+            self.pending_hashes.popleft()
             if mode == "ranges":
                 self._add_uncommitted(offset, key_hash)
             if self.completed:
@@ -118,10 +125,11 @@ class SliceProgress:
             self._add_uncommitted(offset, key_hash)
 
     def _settle(self, mode: CommitMode) -> None:
-        # The watermark moves past every processed record at the head of ``pending``.
-        pending, completed = self.pending, self.completed
-        while pending and pending[0][0] in completed:
-            done, _ = pending.popleft()
+        # The watermark moves past every processed record at the head of the pending ones.
+        pending, completed = self.pending_offsets, self.completed
+        while pending and pending[0] in completed:
+            done = pending.popleft()
+            self.pending_hashes.popleft()
             completed.discard(done)
             if mode == "watermarks":
                 self.forget_uncommitted(done)
@@ -142,9 +150,10 @@ class SliceProgress:
 
     def drop_below(self, stable_offset: int) -> None:
         """Everything below the group's stable offset is processed: forget it."""
-        pending = self.pending
-        while pending and pending[0][0] < stable_offset:
-            done, _ = pending.popleft()
+        pending = self.pending_offsets
+        while pending and pending[0] < stable_offset:
+            done = pending.popleft()
+            self.pending_hashes.popleft()
             self.completed.discard(done)
         for offset in [o for o in self.uncommitted if o < stable_offset]:
             self.forget_uncommitted(offset)
@@ -156,8 +165,14 @@ class SliceProgress:
         part = SliceProgress(keys, self.position, self._committed)
         part.committed_watermark = self.committed_watermark
         part.active = self.active
-        part.pending = deque(item for item in self.pending if keys.contains(item[1]))
-        part.completed = {offset for offset, key in part.pending if offset in self.completed}
+        kept = [
+            (offset, key_hash)
+            for offset, key_hash in zip(self.pending_offsets, self.pending_hashes, strict=True)
+            if keys.contains(key_hash)
+        ]
+        part.pending_offsets = deque(offset for offset, _ in kept)
+        part.pending_hashes = deque(key_hash for _, key_hash in kept)
+        part.completed = {offset for offset in part.pending_offsets if offset in self.completed}
         for offset, key_hash in self.uncommitted.items():
             if keys.contains(key_hash):
                 part._add_uncommitted(offset, key_hash)

@@ -159,7 +159,7 @@ def test_a_reply_drops_local_state_below_the_stable_offset() -> None:
     tracker.mark_processed(TP, 6, LOW_HASH)
     tracker.commit_succeeded(batch, ok(batch, stable_offset=7))
     [progress] = tracker.slices_of(TP)
-    assert min(offset for offset, _ in progress.pending) == 7
+    assert min(progress.pending_offsets) == 7
     assert tracker.uncommitted_ranges == 0
     assert not tracker.accept(TP, 5, LOW_HASH)
 
