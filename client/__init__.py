@@ -32,8 +32,12 @@ Standalone (no membership; commits are accepted only while the group has no live
         batch = await c.getmany(timeout_ms=500)
         for records in batch.values():
             for record in records:
-                c.mark_processed(record)
+                ...
+            c.mark_all_processed(records)  # or c.mark_processed(record) for each one
         await c.commit()
+
+``mark_all_processed`` marks a partition's batch, processed in offset order, in one step
+(much cheaper than a call per record); other lists of records are marked one by one.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Literal
 
 from aiokafka.structs import TopicPartition
@@ -123,6 +124,24 @@ class SliceProgress:
         self.completed.add(offset)
         if mode != "offset":
             self._add_uncommitted(offset, key_hash)
+
+    def mark_head(self, offsets: Sequence[int]) -> bool:
+        """Mark, in one step, records that are exactly the oldest pending ones in offset order
+        (what a consumer processing in order marks); False, with nothing marked, otherwise.
+        Only the watermark moves, so this is not for mode ``"ranges"``."""
+        pending = self.pending_offsets
+        count = len(offsets)
+        if self.completed or count > len(pending) or list(islice(pending, count)) != offsets:
+            return False
+        if count == len(pending):
+            pending.clear()
+            self.pending_hashes.clear()
+            return True
+        hashes = self.pending_hashes
+        for _ in range(count):
+            pending.popleft()
+            hashes.popleft()
+        return True
 
     def _settle(self, mode: CommitMode) -> None:
         # The watermark moves past every processed record at the head of the pending ones.
@@ -266,6 +285,15 @@ class OffsetTracker:
                 progress.mark(offset, key_hash, self.mode)
                 self._runs_total += progress.runs - before
                 return
+
+    def mark_head(self, tp: TopicPartition, offsets: Sequence[int]) -> bool:
+        """Bulk ``mark_processed`` for the common case: the partition has one slice and
+        ``offsets`` are its oldest pending records in order. False, with nothing marked, when
+        that does not hold; the caller then marks one by one."""
+        slices = self._slices.get(tp)
+        if slices is None or len(slices) != 1 or self.mode == "ranges" or not offsets:
+            return False
+        return slices[0].mark_head(offsets)
 
     def deactivate(self, tp: TopicPartition, keys: Iterable[KeyRange]) -> None:
         """Stop accepting records of ``keys`` (being revoked) but keep their progress so the

@@ -376,3 +376,55 @@ def test_importing_the_client_pulls_in_no_server_packages() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]"
+
+
+async def test_mark_all_processed_commits_batches_whole_mixed_or_out_of_order(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(2)
+    await produce(kafka_bootstrap, topic, KEYS, partition=0)
+    await produce(kafka_bootstrap, topic, KEYS, partition=1)
+    group_id = group()
+    first, second = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    by_partition: dict[TopicPartition, list[object]] = defaultdict(list)
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as consumer:
+        consumer.assign({first: [], second: []})
+        async with asyncio.timeout(30):
+            while sum(map(len, by_partition.values())) < 2 * len(KEYS):
+                for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                    by_partition[tp] += records
+        # Out of order and across partitions: the one-by-one path.
+        mixed = by_partition[first][1::2] + by_partition[second][:10]
+        random.Random(3).shuffle(mixed)
+        consumer.mark_all_processed(iter(mixed))
+        await consumer.commit()
+        async with CoordinatorClient(coordinator_url) as api:
+            partly = await api.fetch_offsets(group_id, [topic])
+        assert partly[first].stable_offset == 0
+        assert partly[first].ranges == tuple((o, o) for o in range(1, len(KEYS), 2))
+        assert partly[second].stable_offset == 10
+        # The rest of each partition in offset order: the bulk path.
+        consumer.mark_all_processed(by_partition[first][0::2])
+        consumer.mark_all_processed(by_partition[second][10:])
+        consumer.mark_all_processed(by_partition[second])  # marked already: ignored
+        await consumer.commit()
+    async with CoordinatorClient(coordinator_url) as api:
+        final = await api.fetch_offsets(group_id, [topic])
+    assert [final[tp].stable_offset for tp in (first, second)] == [len(KEYS), len(KEYS)]
+    assert final[first].ranges == final[second].ranges == ()
+
+
+async def test_getmany_max_records_hands_out_every_record_once_in_order(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    offsets: list[int] = []
+    async with consumer_for(kafka_bootstrap, coordinator_url, group()) as consumer:
+        consumer.assign({TopicPartition(topic, 0): []})
+        async with asyncio.timeout(30):
+            while len(offsets) < len(KEYS):
+                for records in (await consumer.getmany(timeout_ms=500, max_records=7)).values():
+                    assert len(records) <= 7
+                    offsets += [r.offset for r in records]
+    assert offsets == list(range(len(KEYS)))

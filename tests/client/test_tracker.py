@@ -295,3 +295,43 @@ def test_offset_mode_commits_the_lowest_unprocessed_offset_of_a_whole_partition(
     again = tracker.prepare_commit()
     assert again is not None
     assert again.partitions[0].offset == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(min_value=1, max_value=40),
+    head=st.integers(min_value=0, max_value=45),
+    skip=st.sets(st.integers(min_value=0, max_value=39), max_size=5),
+    mode=st.sampled_from(["watermarks", "offset"]),
+)
+def test_marking_the_pending_head_in_bulk_equals_marking_it_one_by_one(
+    count: int, head: int, skip: set[int], mode: CommitMode
+) -> None:
+    """``mark_head`` either does exactly what per-record marks of the same offsets do, or
+    (when they are not the oldest pending records, in order) nothing at all."""
+    offsets = [o for o in range(count) if o not in skip]
+    bulk, single = OffsetTracker(mode=mode), OffsetTracker(mode=mode)
+    for tracker in (bulk, single):
+        tracker.add_slice(TP, KeyRange.full(), position=0)
+        feed(tracker, dict.fromkeys(range(count), LOW_HASH))
+    marked = offsets[:head]
+    is_head = marked == list(range(len(marked))) and bool(marked)
+    assert bulk.mark_head(TP, marked) is is_head
+    if is_head:
+        for offset in marked:
+            single.mark_processed(TP, offset, LOW_HASH)
+    assert bulk.prepare_commit() == single.prepare_commit()
+
+
+def test_bulk_marking_declines_partitions_with_several_slices_or_out_of_order_marks() -> None:
+    split = OffsetTracker()
+    split.add_slice(TP, LOW, position=0)
+    split.add_slice(TP, HIGH, position=0)
+    feed(split, dict.fromkeys(range(4), LOW_HASH))
+    assert not split.mark_head(TP, [0, 1])
+    whole = OffsetTracker()
+    whole.add_slice(TP, KeyRange.full(), position=0)
+    feed(whole, dict.fromkeys(range(4), LOW_HASH))
+    whole.mark_processed(TP, 2, LOW_HASH)  # out of order: the head now waits on a settle
+    assert not whole.mark_head(TP, [0, 1])
+    assert not OffsetTracker(mode="ranges").mark_head(TP, [0])
