@@ -17,9 +17,14 @@ run, so the numbers do not depend on how fast the machine is.
    is computed from the key loads of the slices each member actually owned, and
    ``skew_efficiency_8 = measured speedup / that ideal``.
 3. Filter overhead: ``--filter-records`` (1,000,000) records, read by one Keyrange member
-   owning the full key range (every key hashed, every record tracked and marked processed)
-   vs raw aiokafka ``getmany`` in the same run; each reader in its own process, alternated
-   ``--filter-rounds`` times, best round of each. ``filter_ratio = keyrange / raw`` rate.
+   owning the full key range (every key hashed, every record tracked and marked processed,
+   each ``getmany`` batch with ``mark_all_processed``) vs raw aiokafka ``getmany`` in the
+   same run; each reader in its own process, alternated ``--filter-rounds`` (5) times. Each
+   reader's clock runs from its first batch to its last record, so the rates are of
+   consuming, not of connecting (Keyrange's extra start-up, the coordinator's offset fetch,
+   is reported apart as ``filter_startup_extra_s``). ``filter_ratio`` is the median of the
+   rounds' keyrange / raw rate ratios: the machine's speed drifts by tens of percent within
+   a minute, and a ratio of two readers run back to back cancels most of it.
 4. Member RSS: the peak resident memory of any Keyrange member process while consuming.
 
 Prints one line per phase, then one JSON object on the last line.
@@ -33,6 +38,7 @@ import cProfile
 import json
 import pstats
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -240,41 +246,68 @@ async def skewed(stack: Stack, args: argparse.Namespace, baseline_rate: float) -
 # phase 3: filter overhead, each reader in a child process
 
 
-async def read_raw(bootstrap: str, topic: str, records: int) -> int:
+class ReadClock:
+    """When a reader got its first batch and its last record, and how many records came
+    after the first batch: the steady consuming rate, apart from connecting."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.first_batch_at = 0.0
+        self.first_batch = 0
+        self.seen = 0
+
+    def count(self, records: int) -> None:
+        if not self.seen:
+            self.first_batch_at = time.perf_counter()
+            self.first_batch = records
+        self.seen += records
+
+    def result(self) -> dict[str, float]:
+        ended = time.perf_counter()
+        return {
+            "records": self.seen,
+            "startup_s": self.first_batch_at - self.started,
+            "rate": (self.seen - self.first_batch) / (ended - self.first_batch_at),
+        }
+
+
+async def read_raw(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    clock = ReadClock()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        seen = 0
-        while seen < records:
+        while clock.seen < records:
             for batch in (await consumer.getmany(timeout_ms=500)).values():
-                seen += len(batch)
-        return seen
+                clock.count(len(batch))
+        return clock.result()
     finally:
         await consumer.stop()
 
 
-async def read_keyrange(bootstrap: str, coordinator: str, topic: str, records: int) -> int:
+async def read_keyrange(
+    bootstrap: str, coordinator: str, topic: str, records: int
+) -> dict[str, float]:
+    clock = ReadClock()
     async with KeyrangeConsumer(
         bootstrap_servers=bootstrap,
         coordinator_url=coordinator,
         group_id=f"bench-filter-{uuid.uuid4().hex[:6]}",
     ) as consumer:
         consumer.assign({TopicPartition(topic, 0): [FULL]})
-        seen = 0
-        while seen < records:
+        while clock.seen < records:
             for batch in (await consumer.getmany(timeout_ms=500)).values():
                 consumer.mark_all_processed(batch)
-                seen += len(batch)
-        return seen
+                clock.count(len(batch))
+        return clock.result()
 
 
 def filter_child(args: argparse.Namespace) -> None:
     """Child process entry: read the topic one way, print a JSON result."""
 
-    async def read() -> int:
+    async def read() -> dict[str, float]:
         if args.filter_child == "raw":
             return await read_raw(args.bootstrap, args.topic, args.filter_records)
         return await read_keyrange(
@@ -282,16 +315,14 @@ def filter_child(args: argparse.Namespace) -> None:
         )
 
     profiler = cProfile.Profile() if args.profile else None
-    started = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    seen = asyncio.run(read())
-    seconds = time.perf_counter() - started
+    result = asyncio.run(read())
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
-    rss = psutil.Process().memory_info().rss / 2**20
-    print(json.dumps({"records": seen, "seconds": seconds, "rss_mb": rss}), flush=True)
+    result["rss_mb"] = psutil.Process().memory_info().rss / 2**20
+    print(json.dumps(result), flush=True)
 
 
 async def run_filter_child(
@@ -331,7 +362,6 @@ async def run_filter_child(
         raise RuntimeError(f"filter reader {kind} failed with code {process.returncode}")
     result: dict[str, float] = json.loads(stdout.decode().strip().splitlines()[-1])
     result["peak_rss_mb"] = max(peak, result["rss_mb"])
-    result["rate"] = result["records"] / result["seconds"]
     return result
 
 
@@ -343,23 +373,30 @@ async def filter_overhead(stack: Stack, args: argparse.Namespace) -> dict[str, A
     log(f"produced {args.filter_records} records in {time.perf_counter() - started:.1f} s")
     raw_rates: list[float] = []
     keyrange_rates: list[float] = []
+    ratios: list[float] = []
+    startup_extra: list[float] = []
     peak_rss = raw_peak_rss = 0.0
     for _ in range(args.filter_rounds):
         raw = await run_filter_child(stack, args, topic, "raw")
         ours = await run_filter_child(stack, args, topic, "keyrange")
         raw_rates.append(raw["rate"])
         keyrange_rates.append(ours["rate"])
+        ratios.append(ours["rate"] / raw["rate"])
+        startup_extra.append(ours["startup_s"] - raw["startup_s"])
         peak_rss = max(peak_rss, ours["peak_rss_mb"])
         raw_peak_rss = max(raw_peak_rss, raw["peak_rss_mb"])
         log(
             f"filter: raw aiokafka {raw['rate']:9.0f} records/s, keyrange "
-            f"{ours['rate']:9.0f} records/s, ratio {ours['rate'] / raw['rate']:.2f}, "
-            f"reader RSS raw {raw['peak_rss_mb']:.0f} MB, keyrange {ours['peak_rss_mb']:.0f} MB"
+            f"{ours['rate']:9.0f} records/s, ratio {ratios[-1]:.2f}, start-up raw "
+            f"{raw['startup_s']:.2f} s, keyrange {ours['startup_s']:.2f} s, reader RSS raw "
+            f"{raw['peak_rss_mb']:.0f} MB, keyrange {ours['peak_rss_mb']:.0f} MB"
         )
     result: dict[str, Any] = {
-        "raw_rate": max(raw_rates),
-        "keyrange_rate": max(keyrange_rates),
-        "ratio": max(keyrange_rates) / max(raw_rates),
+        "raw_rate": statistics.median(raw_rates),
+        "keyrange_rate": statistics.median(keyrange_rates),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "startup_extra_s": statistics.median(startup_extra),
         "peak_rss_mb": peak_rss,
         "raw_peak_rss_mb": raw_peak_rss,
     }
@@ -402,6 +439,8 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             filter_raw_rate=round(overhead["raw_rate"]),
             filter_keyrange_rate=round(overhead["keyrange_rate"]),
             filter_ratio=round(overhead["ratio"], 3),
+            filter_round_ratios=[round(ratio, 3) for ratio in overhead["ratios"]],
+            filter_startup_extra_s=round(overhead["startup_extra_s"], 3),
             filter_reader_rss_mb=round(overhead["peak_rss_mb"], 1),
             filter_raw_reader_rss_mb=round(overhead["raw_peak_rss_mb"], 1),
         )
@@ -429,7 +468,7 @@ def parse_args() -> argparse.Namespace:
         help="comma-separated subset of scale,skew,filter (skew needs scale's baseline)",
     )
     parser.add_argument("--filter-records", type=int, default=1_000_000)
-    parser.add_argument("--filter-rounds", type=int, default=2)
+    parser.add_argument("--filter-rounds", type=int, default=5)
     parser.add_argument(
         "--profile-dir", type=Path, default=None, help="also profile the keyrange reader"
     )

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from itertools import compress
-from operator import attrgetter
+from operator import is_
 from types import TracebackType
 from typing import Any, TypeAlias
 
@@ -53,8 +53,6 @@ logger = logging.getLogger(__name__)
 Record: TypeAlias = Any
 Handler = Callable[[Record], Awaitable[object]]
 _Item = tuple[TopicPartition, Record, int]
-_topic_of = attrgetter("topic")
-_partition_of = attrgetter("partition")
 
 # One internal Kafka poll never holds the fetch lock longer than this, so an assignment
 # change waits at most this long for its turn.
@@ -173,8 +171,12 @@ class KeyrangeConsumer:
         self._commit_lock = asyncio.Lock()
         # Fetched records not handed out yet, in fetch order; never holds an exhausted run.
         self._buffer: deque[_Run] = deque()
-        # Records given to user code and not marked yet: offset -> key hash per partition.
+        # Records given to user code and not marked yet: offset -> key hash per partition,
+        # and, per partition in hand-out order, the batches ``getmany`` gave out whole, which
+        # ``mark_all_processed`` can mark without a step per record (``_spread_batches``
+        # moves them into the mapping when anything else needs to look them up).
         self._outstanding: dict[tuple[str, int], dict[int, int]] = {}
+        self._outstanding_batches: dict[tuple[str, int], deque[_Run]] = {}
         self._last_auto: Record | None = None
         self._marked = asyncio.Event()
         self._draining = 0
@@ -360,63 +362,63 @@ class KeyrangeConsumer:
             else sum(len(run.records) - run.next for run in self._buffer)
         )
         # Whole runs move as list slices: no Python step per record.
+        handed: dict[TopicPartition, _Run] = {}
         while self._buffer and remaining > 0:
             run = self._buffer[0]
             start = run.next
             end = min(len(run.records), start + remaining)
             remaining -= end - start
-            handed = self._outstanding.get(run.tp)
-            if handed is None:
-                handed = self._outstanding[run.tp] = {}
-            handed.update(zip(run.offsets[start:end], run.hashes[start:end], strict=True))
-            whole = start == 0 and end == len(run.records)
-            records = run.records if whole else run.records[start:end]
-            taken = batch.get(run.tp)
+            taken = handed.get(run.tp)
             if taken is None:
-                batch[run.tp] = records
+                handed[run.tp] = _Run(
+                    run.tp, run.records[start:end], run.offsets[start:end], run.hashes[start:end]
+                )
             else:
-                taken.extend(records)
+                taken.records += run.records[start:end]
+                taken.offsets += run.offsets[start:end]
+                taken.hashes += run.hashes[start:end]
             if end == len(run.records):
                 self._buffer.popleft()
             else:
                 run.next = end
+        for tp, taken in handed.items():
+            batches = self._outstanding_batches.get(tp)
+            if batches is None:
+                batches = self._outstanding_batches[tp] = deque()
+            batches.append(taken)
+            # The caller gets a list of its own; ours records what was handed out.
+            batch[tp] = list(taken.records)
         return batch
 
     def mark_all_processed(self, records: Iterable[Record]) -> None:
-        """``mark_processed`` for each of ``records``; a partition's ``getmany`` batch
-        processed in order is marked in one step instead of one per record."""
+        """``mark_processed`` for each of ``records``. The oldest unmarked ``getmany`` batch of
+        a partition, processed in order, is marked in one step instead of one per record."""
         batch = records if isinstance(records, list) else list(records)
-        if batch and self._mark_head(batch):
+        if not batch:
             return
+        first = batch[0]
+        tp = (first.topic, first.partition)
+        batches = self._outstanding_batches.get(tp)
+        if batches:
+            oldest = batches[0]
+            if (
+                len(oldest.records) == len(batch)
+                and all(map(is_, batch, oldest.records))
+                and self._tracker.mark_head(oldest.tp, oldest.offsets)
+            ):
+                batches.popleft()
+                if self._draining:
+                    self._marked.set()
+                return
         for record in batch:
             self.mark_processed(record)
-
-    def _mark_head(self, batch: list[Record]) -> bool:
-        """The bulk case of ``mark_all_processed``: records of one partition, all handed out
-        and unmarked, that are exactly the oldest pending ones of its only slice."""
-        first = batch[0]
-        if len(set(map(_partition_of, batch))) != 1 or len(set(map(_topic_of, batch))) != 1:
-            return False
-        tp = (first.topic, first.partition)
-        handed = self._outstanding.get(tp)
-        offsets = [record.offset for record in batch]
-        if handed is None or not all(map(handed.__contains__, offsets)):
-            return False
-        if not self._tracker.mark_head(tp, offsets):
-            return False
-        if len(handed) == len(offsets):
-            handed.clear()
-        else:
-            for offset in offsets:
-                del handed[offset]
-        if self._draining:
-            self._marked.set()
-        return True
 
     def mark_processed(self, record: Record) -> None:
         """Count ``record`` as processed; marks of records no longer owned are ignored."""
         # A plain tuple finds TopicPartition keys (a NamedTuple) and is cheaper to build.
         tp = (record.topic, record.partition)
+        if tp in self._outstanding_batches:
+            self._spread_batches(tp)
         handed = self._outstanding.get(tp)
         if handed is None:
             return
@@ -506,6 +508,7 @@ class KeyrangeConsumer:
             lost = self._tracker.clear()
             self._buffer.clear()
             self._outstanding.clear()
+            self._outstanding_batches.clear()
             self._last_auto = None
             for dispatcher in self._dispatchers:
                 dispatcher.withdraw(None)
@@ -674,8 +677,20 @@ class KeyrangeConsumer:
         for dispatcher in self._dispatchers:
             dispatcher.withdraw(slices)
 
+    def _spread_batches(self, tp: tuple[str, int]) -> None:
+        """Move the partition's outstanding ``getmany`` batches into the per-record mapping."""
+        batches = self._outstanding_batches.pop(tp, None)
+        if not batches:
+            return
+        handed = self._outstanding.get(tp)
+        if handed is None:
+            handed = self._outstanding[tp] = {}
+        for run in batches:
+            handed.update(zip(run.offsets, run.hashes, strict=True))
+
     def _forget_outstanding(self, slices: Slices) -> None:
         for tp, ranges in slices.items():
+            self._spread_batches(tp)
             handed = self._outstanding.get(tp)
             if not handed:
                 continue
@@ -703,6 +718,7 @@ class KeyrangeConsumer:
 
     def _outstanding_in(self, slices: Slices) -> bool:
         for tp, ranges in slices.items():
+            self._spread_batches(tp)
             for hashed in self._outstanding.get(tp, {}).values():
                 if any(r.contains(hashed) for r in ranges):
                     return True

@@ -428,3 +428,39 @@ async def test_getmany_max_records_hands_out_every_record_once_in_order(
                     assert len(records) <= 7
                     offsets += [r.offset for r in records]
     assert offsets == list(range(len(KEYS)))
+
+
+async def test_mark_all_processed_marks_the_records_given_not_the_batch_they_resemble(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    """A getmany batch with one record swapped for another partition's record at the same
+    offset must not be marked as the batch it resembles."""
+    topic = await make_topic(2)
+    await produce(kafka_bootstrap, topic, KEYS, partition=0)
+    await produce(kafka_bootstrap, topic, KEYS, partition=1)
+    group_id = group()
+    first, second = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    batches: dict[TopicPartition, list[list[object]]] = defaultdict(list)
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as consumer:
+        consumer.assign({first: [], second: []})
+        async with asyncio.timeout(30):
+            while sum(len(b) for bs in batches.values() for b in bs) < 2 * len(KEYS):
+                for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                    batches[tp].append(records)
+        for records in batches[first]:
+            consumer.mark_all_processed(records)
+        forged = list(batches[second][0])
+        forged[1] = batches[first][0][1]  # offset 1 of the other partition, marked already
+        consumer.mark_all_processed(forged)
+        for records in batches[second][1:]:
+            consumer.mark_all_processed(records)
+        await consumer.commit()
+        async with CoordinatorClient(coordinator_url) as api:
+            partly = await api.fetch_offsets(group_id, [topic])
+        assert partly[first].stable_offset == len(KEYS)
+        assert partly[second].stable_offset == 1
+        consumer.mark_all_processed([batches[second][0][1]])
+        await consumer.commit()
+    async with CoordinatorClient(coordinator_url) as api:
+        final = await api.fetch_offsets(group_id, [topic])
+    assert final[second].stable_offset == len(KEYS)
