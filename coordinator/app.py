@@ -1,5 +1,6 @@
-"""The coordinator's FastAPI application: routers, one error renderer, the request-size
-limit, route metrics, and the lifespan that owns the database engine and background loops."""
+"""The coordinator's FastAPI application: routers, the error handlers, the request-size
+limit, route metrics, the commit fast path, and the lifespan that owns the database engine
+and background loops."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,23 +26,13 @@ from coordinator.errors import KeyrangeError, PayloadTooLarge
 from coordinator.groups.fencing import request_rebalance
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets.batching import CommitBatcher, commit_alone
+from coordinator.offsets.fast_path import CommitFastPath
+from coordinator.problems import error_response, problem
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-PROBLEM = "application/problem+json"
-
 BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
-
-# deadlock_detected, serialization_failure
-_RETRIABLE_SQLSTATES = {"40P01", "40001"}
-
-
-def problem(status: int, error: str, title: str, detail: str, **extra: Any) -> JSONResponse:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    body["error"] = error
-    body.update(extra)
-    return JSONResponse(body, status_code=status, media_type=PROBLEM)
 
 
 class BodySizeLimit:
@@ -123,50 +113,20 @@ def freeze_startup_heap() -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(KeyrangeError)
-    async def keyrange_error(_: Request, exc: KeyrangeError) -> JSONResponse:
-        return problem(exc.status, exc.error, exc.title, exc.detail, **exc.extra)
+    async def render(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # Echoing the input back could return megabytes; the location and message suffice.
-        located = [
-            (".".join(str(part) for part in e.get("loc", ())), str(e.get("msg", "")))
-            for e in exc.errors()[:20]
-        ]
-        errors = [{"loc": loc, "msg": msg} for loc, msg in located]
-        loc, msg = located[0] if located else ("", "invalid request")
-        detail = f"{loc}: {msg}" if loc else msg
-        return problem(400, "INVALID_REQUEST", "Invalid request", detail, errors=errors)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return problem(exc.status_code, "INVALID_REQUEST", "Request not served", str(exc.detail))
-
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(InterfaceError)
-    @app.exception_handler(PoolTimeout)
-    async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("database unavailable", extra={"error": type(exc).__name__})
-        return problem(
-            503, "SERVICE_UNAVAILABLE", "Service unavailable", "the database is not reachable"
-        )
-
-    @app.exception_handler(DBAPIError)
-    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
-        # Postgres aborted the transaction to break a lock cycle or a serialisation conflict:
-        # nothing was applied and the same request will succeed when retried.
-        if getattr(exc.orig, "sqlstate", None) in _RETRIABLE_SQLSTATES:
-            log.warning("transaction aborted by the database", extra={"error": type(exc).__name__})
-            return problem(
-                503, "SERVICE_UNAVAILABLE", "Service unavailable", "transaction conflict; retry"
-            )
-        return await unexpected(request, exc)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error", extra={"error": type(exc).__name__})
-        return problem(500, "INTERNAL_ERROR", "Internal error", "unexpected error; see the logs")
+    for handled in (
+        KeyrangeError,
+        RequestValidationError,
+        StarletteHTTPException,
+        OperationalError,
+        InterfaceError,
+        PoolTimeout,
+        DBAPIError,
+        Exception,
+    ):
+        app.add_exception_handler(handled, render)
 
 
 async def _seed_switches(app: FastAPI) -> None:
@@ -287,4 +247,5 @@ def create_app(
     app.include_router(groups_admin_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(RouteMetrics)
+    app.add_middleware(CommitFastPath)
     return app

@@ -27,8 +27,7 @@ class Principal:
 _LOCAL_ADMIN = Principal("admin")
 
 
-def _bearer(request: Request) -> bytes:
-    header = request.headers.get("authorization", "")
+def _bearer(header: str) -> bytes:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token")
@@ -36,10 +35,14 @@ def _bearer(request: Request) -> bytes:
 
 
 def authenticate(request: Request) -> Principal:
-    settings: Settings = request.app.state.settings
+    return principal_of(request.app.state.settings, request.headers.get("authorization", ""))
+
+
+def principal_of(settings: Settings, authorization: str) -> Principal:
+    """Who an ``Authorization`` header value (empty when absent) speaks for."""
     if not settings.auth_enabled:
         return _LOCAL_ADMIN
-    presented = _bearer(request)
+    presented = _bearer(authorization)
     found: Principal | None = None
     for secret in settings.admin_tokens:
         if hmac.compare_digest(presented, secret.get_secret_value().encode()):
@@ -60,7 +63,10 @@ def require_admin(request: Request) -> Principal:
 
 
 def require_group_access(request: Request, group_id: str) -> Principal:
-    principal = authenticate(request)
+    return check_group_access(authenticate(request), group_id)
+
+
+def check_group_access(principal: Principal, group_id: str) -> Principal:
     if not principal.may_use_group(group_id):
         raise Forbidden(f"this token may not use group '{group_id}'")
     return principal

@@ -345,3 +345,39 @@ async def test_concurrent_commits_over_the_cap_all_get_an_answer(
     assert {r.json()["partitions"][0]["error"] for r in replies} == {
         "MAX_INDIVIDUAL_COMMIT_REACHED"
     }
+
+
+async def test_commits_under_a_root_path_are_answered_as_the_fast_path_answers(
+    coordinator_app: Any,
+) -> None:
+    """The fast-path middleware leaves requests under a root path to the router; the
+    declared route must give the same answers, errors included."""
+    fast = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=coordinator_app), base_url="http://coordinator"
+    )
+    routed = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=coordinator_app, root_path="/keyrange"),
+        base_url="http://coordinator/keyrange",
+    )
+    entry = {"topic": "t", "partition": 0, "ranges": [[3, 4]], "watermarks": [[0, FULL_END, 2]]}
+    as_json = {"content-type": "application/json"}
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("alike-a", {"json": {"partitions": [entry]}}),
+        ("alike-a", {"json": {"partitions": [{**entry, "ranges": [[2, 2]]}]}}),
+        ("bad group", {"json": {"partitions": [entry]}}),
+        ("alike-b", {"content": b'{"partitions": [', "headers": as_json}),
+        ("alike-b", {"content": b'{"partitions": []}', "headers": {"content-type": "text/plain"}}),
+        ("alike-b", {"json": {"partitions": [{**entry, "partition": -1}]}}),
+        ("alike-b", {"json": {"partitions": [entry], "member_id": "m-1"}}),
+    ]
+    async with fast, routed:
+        for group, request in cases:
+            answers = []
+            for client, prefix in ((fast, "fast"), (routed, "routed")):
+                reply = await client.post(f"/v1/groups/{prefix}-{group}/offsets/commit", **request)
+                answers.append((reply.status_code, reply.headers["content-type"], reply.json()))
+            assert answers[0] == answers[1], (group, request)
+        fast_state = (await stored(fast, "fast-alike-a"))[("t", 0)]
+        routed_state = (await stored(fast, "routed-alike-a"))[("t", 0)]
+        assert fast_state == routed_state
+        assert fast_state["stable_offset"] == 5

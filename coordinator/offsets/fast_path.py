@@ -1,0 +1,175 @@
+"""The commit route as a bare ASGI handler, in front of FastAPI's request machinery.
+
+Commits are the coordinator's hottest request by far. Through FastAPI, routing, the exception
+and exit-stack middlewares and the ``Request`` object cost more CPU than the HTTP server and
+the validation of the body together. This middleware answers
+``POST /v1/groups/{group_id}/offsets/commit`` itself with the same steps in the same order as
+the declared route (body limit, path, content type, body, token, request limits, commit) and
+the same answers, problem documents included; every other request goes on to the
+application. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and
+serves with ``serve_commit`` too the commits the middleware leaves to the router (those
+under a root path, whose matching is the router's business).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from coordinator import metrics
+from coordinator.auth import check_group_access, principal_of
+from coordinator.errors import PayloadTooLarge
+from coordinator.offsets import service
+from coordinator.offsets.schemas import CommitReply, CommitRequest
+from coordinator.problems import error_response
+from coordinator.settings import Settings
+from coordinator.validation import GroupId
+
+ROUTE = "/v1/groups/{group_id}/offsets/commit"
+_PREFIX, _, _SUFFIX = ROUTE.partition("{group_id}")
+_GROUP_ID = TypeAdapter(GroupId)
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its whole body arrived: nobody to answer."""
+
+
+class CommitFastPath:
+    """ASGI middleware serving commits directly; see the module docstring."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        group_id = _commit_group(scope)
+        if group_id is None:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = await serve_commit(scope, receive, send, group_id)
+        if status is None:
+            return
+        (
+            _SERVED if status == 200 else metrics.HTTP_REQUESTS.labels("POST", ROUTE, str(status))
+        ).inc()
+        _LATENCY.observe(time.perf_counter() - started)
+
+
+_SERVED = metrics.HTTP_REQUESTS.labels("POST", ROUTE, "200")
+_LATENCY = metrics.HTTP_LATENCY.labels("POST", ROUTE)
+
+
+async def serve_commit(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> int | None:
+    """Answer one commit request, errors included; its status, or None when the client left
+    before sending its whole body."""
+    try:
+        reply = await _commit(scope, receive, raw_group_id)
+    except ClientGone:
+        return None
+    except Exception as exc:
+        response = error_response(exc)
+        await response(scope, receive, send)
+        return response.status_code
+    body = reply.model_dump_json().encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+    return 200
+
+
+def _commit_group(scope: Scope) -> str | None:
+    """The raw group id of a commit request this handler serves, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path: str = scope["path"]
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    group_id = path[len(_PREFIX) : len(path) - len(_SUFFIX)]
+    if not group_id or "/" in group_id:
+        return None
+    return group_id
+
+
+async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitReply:
+    state = scope["app"].state
+    settings: Settings = state.settings
+    content_type = authorization = ""
+    declared_length: bytes | None = None
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"content-length":
+            declared_length = value
+    limit = settings.max_body_bytes
+    if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
+        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    try:
+        group_id = _GROUP_ID.validate_python(raw_group_id)
+    except ValidationError as exc:
+        raise RequestValidationError(_located(exc, ("path", "group_id"))) from None
+    if not _is_json(content_type):
+        raise RequestValidationError(
+            [
+                {
+                    "type": "content_type",
+                    "loc": ("body",),
+                    "msg": "the body must be JSON sent as application/json",
+                }
+            ]
+        )
+    body = await _read_body(receive, limit)
+    try:
+        request = CommitRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestValidationError(_located(exc, ("body",))) from None
+    check_group_access(principal_of(settings, authorization), group_id)
+    service.check_limits(request, settings)
+    result = await state.commits.submit(group_id, request)
+    if result.rebalance_needed:
+        # Flagged only once the commit's transaction is over: committers hold the group row
+        # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.
+        await state.on_max_ic_reached(group_id)
+    reply: CommitReply = result.reply
+    return reply
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.partition(";")[0].strip().lower()
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
+def _located(exc: ValidationError, prefix: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [
+        {**error, "loc": (*prefix, *error["loc"])}
+        for error in exc.errors(include_url=False, include_input=False)
+    ]
