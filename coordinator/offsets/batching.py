@@ -91,6 +91,7 @@ class CommitBatcher:
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._worker_count = settings.commit_batch_workers
+        self._idle_workers = 0
 
     def start(self) -> None:
         self._workers = [
@@ -113,12 +114,21 @@ class CommitBatcher:
     async def _work(self) -> None:
         carried: _Pending | None = None
         while True:
-            batch = [carried if carried is not None else await self._queue.get()]
+            if carried is None:
+                self._idle_workers += 1
+                try:
+                    carried = await self._queue.get()
+                finally:
+                    self._idle_workers -= 1
+            batch = [carried]
             carried = None
+            # A fair share of the queue when other workers wait for work: their transactions
+            # then overlap this one's instead of idling through it.
+            share = min(self._max_batch, -(-(1 + self._queue.qsize()) // (1 + self._idle_workers)))
             # Bounded like one request may be, so a batch never holds more locks, or runs
             # longer statements, than the largest single commit could.
             partitions, ranges = _size(batch[0])
-            while len(batch) < self._max_batch and not self._queue.empty():
+            while len(batch) < share and not self._queue.empty():
                 pending = self._queue.get_nowait()
                 more_partitions, more_ranges = _size(pending)
                 partitions += more_partitions

@@ -213,6 +213,24 @@ async def test_a_batch_holds_no_more_partitions_than_one_request_may(
     assert await stored(engine, "batch-bounded") == [("t", p, 1, ()) for p in range(4)]
 
 
+async def test_requests_arriving_together_are_shared_by_the_waiting_workers(
+    engine: AsyncEngine,
+) -> None:
+    """Eight requests for four idle workers make four transactions of two, which overlap,
+    rather than one transaction of eight while three workers wait."""
+    settings = settings_for_tests(commit_batch_workers=4)
+    batcher = CommitBatcher(engine, settings, alone_on(engine, []))
+    batcher.start()
+    await asyncio.sleep(0.05)  # every worker waits for work
+    batches_before = _batches()
+    requests = [commit_request({"topic": "t", "partition": p, "offset": 1}) for p in range(8)]
+    results = await asyncio.gather(*(batcher.submit("batch-spread", r) for r in requests))
+    await batcher.close()
+    assert all(r.reply.partitions[0].error is None for r in results)
+    assert _batches() - batches_before == 4
+    assert await stored(engine, "batch-spread") == [("t", p, 1, ()) for p in range(8)]
+
+
 def _batches() -> float:
     return next(
         sample.value
