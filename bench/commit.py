@@ -55,6 +55,7 @@ import asyncpg
 import httpx
 import psutil
 import uvloop
+from prometheus_client import generate_latest
 from sqlalchemy.engine import make_url
 
 from coordinator import migrate
@@ -194,6 +195,34 @@ class PhaseResult:
     done: int = 0
     elapsed_s: float = 0.0
     latencies: list[float] = field(default_factory=list, repr=False)
+
+
+_BATCH_METRIC = "keyrange_commit_batch_requests"
+
+
+def batch_totals_of(exposition: str) -> tuple[float, float]:
+    """(requests, transactions) of the group-commit histogram in a /metrics exposition."""
+    totals = {"sum": 0.0, "count": 0.0}
+    for line in exposition.splitlines():
+        name, _, value = line.partition(" ")
+        for suffix in totals:
+            if name == f"{_BATCH_METRIC}_{suffix}":
+                totals[suffix] = float(value)
+    return totals["sum"], totals["count"]
+
+
+async def server_batch_totals(port: int) -> tuple[float, float]:
+    async with httpx.AsyncClient() as client:
+        reply = await client.get(f"http://127.0.0.1:{port}/metrics")
+        return batch_totals_of(reply.text)
+
+
+def local_batch_totals() -> tuple[float, float]:
+    return batch_totals_of(generate_latest().decode())
+
+
+def _difference(after: tuple[float, float], before: tuple[float, float]) -> tuple[float, float]:
+    return after[0] - before[0], after[1] - before[1]
 
 
 def merge_rounds(rounds: list[PhaseResult]) -> PhaseResult:
@@ -680,6 +709,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
     command = shlex.split(args.server_command) if args.server_command else SERVE
     rounds: dict[str, list[PhaseResult]] = {"http": [], "storage": [], "raw": []}
     parsed_late = [0]
+    batch_totals: dict[str, list[tuple[float, float]]] = {"http": [], "storage": []}
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(
             coordinator_process(command, database_url, port, work_dir / "coordinator.log")
@@ -700,6 +730,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
             # during the run weighs on the three figures alike, not on one phase.
             for number in range(args.rounds):
                 profiled = profile_dir if number == 0 else None
+                http_batches_before = await server_batch_totals(port)
                 http_round = await run_phase(
                     "http",
                     [http_worker(c, port, commit_group) for c in committers],
@@ -709,6 +740,9 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
                     profiler(profiled, server.pid, "server.txt", args.duration),
                 )
                 rounds["http"].append(http_round)
+                batch_totals["http"].append(
+                    _difference(await server_batch_totals(port), http_batches_before)
+                )
                 # Pre-parse enough commits that parsing stays outside the measured loop.
                 expected = max([r.rate for r in rounds["storage"]] + [http_round.rate, 100.0])
                 per_committer = max(
@@ -721,6 +755,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
                     for c in committers
                 ]
                 freeze_startup_heap()  # as the coordinator does once it has started
+                storage_batches_before = local_batch_totals()
                 rounds["storage"].append(
                     await run_phase(
                         "storage",
@@ -733,6 +768,9 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
                         local_meter,
                         profiler(profiled, os.getpid(), "storage.txt", args.duration),
                     )
+                )
+                batch_totals["storage"].append(
+                    _difference(local_batch_totals(), storage_batches_before)
                 )
                 del requests
                 rounds["raw"].append(
@@ -754,8 +792,16 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
             await batcher.close()
             await engine.dispose()
     http, storage, raw = (merge_rounds(rounds[name]) for name in ("http", "storage", "raw"))
-    print(describe(http), flush=True)
-    print(describe(storage) + f" parsed_in_loop={parsed_late[0]}", flush=True)
+    per_transaction = {
+        name: round(sum(r for r, _ in totals) / max(sum(t for _, t in totals), 1.0), 1)
+        for name, totals in batch_totals.items()
+    }
+    print(describe(http) + f" commits_per_transaction={per_transaction['http']}", flush=True)
+    print(
+        describe(storage)
+        + f" parsed_in_loop={parsed_late[0]} commits_per_transaction={per_transaction['storage']}",
+        flush=True,
+    )
     print(describe(raw), flush=True)
     if profile_dir:
         summary = summarize_profile(profile_dir / "server.txt")
@@ -776,6 +822,8 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
         "p99_ms": round(http.p99_ms, 2),
         "storage_p50_ms": round(storage.p50_ms, 2),
         "storage_p99_ms": round(storage.p99_ms, 2),
+        "http_commits_per_transaction": per_transaction["http"],
+        "storage_commits_per_transaction": per_transaction["storage"],
         "raw_p99_ms": round(raw.p99_ms, 2),
         "generator_cpu_share": round(http_cpu["generator"] / max(http_cpu["machine"], 1e-9), 3),
         # CPU per commit does not depend on how much of the machine this run was given.
