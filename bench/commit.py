@@ -59,7 +59,7 @@ from prometheus_client import generate_latest
 from sqlalchemy.engine import make_url
 
 from coordinator import migrate
-from coordinator.app import freeze_startup_heap
+from coordinator.app import tune_gc_for_serving
 from coordinator.db.engine import make_engine
 from coordinator.offsets.batching import CommitBatcher, commit_alone
 from coordinator.offsets.schemas import CommitRequest
@@ -754,7 +754,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
                     [CommitRequest.model_validate_json(c.next_body()) for _ in range(per_committer)]
                     for c in committers
                 ]
-                freeze_startup_heap()  # as the coordinator does once it has started
+                tune_gc_for_serving()  # as the coordinator does once it has started
                 storage_batches_before = local_batch_totals()
                 rounds["storage"].append(
                     await run_phase(
