@@ -7,8 +7,8 @@ the validation of the body together. This middleware answers
 the declared route (body limit, path, content type, body, token, request limits, commit) and
 the same answers, problem documents included; every other request goes on to the
 application. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and
-serves with ``serve_commit`` too the commits the middleware leaves to the router (those
-under a root path, whose matching is the router's business).
+it answers through ``serve_commit`` as well the commits the middleware leaves to the router
+(those under a root path, whose matching is the router's business).
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ class CommitFastPath:
         status = await serve_commit(scope, receive, send, group_id)
         if status is None:
             return
-        (
+        served = (
             _SERVED if status == 200 else metrics.HTTP_REQUESTS.labels("POST", ROUTE, str(status))
-        ).inc()
+        )
+        served.inc()
         _LATENCY.observe(time.perf_counter() - started)
 
 
