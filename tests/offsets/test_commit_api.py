@@ -211,6 +211,25 @@ async def test_oversized_body_is_refused_with_413(api: httpx.AsyncClient) -> Non
     assert reply.json()["error"] == "INVALID_REQUEST"
 
 
+async def test_oversized_body_without_content_length_is_refused_with_413(
+    api: httpx.AsyncClient,
+) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"partitions": ['
+        for _ in range(5 * 1024):
+            yield b" " * 1024
+        yield b"]}"
+
+    reply = await api.post(
+        "/v1/groups/huge-stream/offsets/commit",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
+    assert reply.status_code == 413
+    assert reply.json()["error"] == "INVALID_REQUEST"
+    assert await stored(api, "huge-stream") == {}
+
+
 async def test_fetch_filters_by_topic_and_partition(api: httpx.AsyncClient) -> None:
     await commit(
         api,
