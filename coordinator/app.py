@@ -1,5 +1,5 @@
-"""The coordinator's FastAPI application: routers, the error handlers, the request-size
-limit, route metrics, the commit fast path, and the lifespan that owns the database engine
+"""The coordinator's FastAPI application: routers, the error handlers, route metrics, the
+middlewares (request-size limit, commit fast path), and the lifespan that owns the database engine
 and background loops."""
 
 from __future__ import annotations
@@ -21,56 +21,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator import metrics
+from coordinator.body_limit import BodySizeLimit
 from coordinator.db.engine import make_engine
-from coordinator.errors import KeyrangeError, PayloadTooLarge
+from coordinator.errors import KeyrangeError
 from coordinator.groups.fencing import request_rebalance
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets.batching import CommitBatcher, commit_alone
 from coordinator.offsets.fast_path import CommitFastPath
-from coordinator.problems import error_response, problem
+from coordinator.problems import error_response
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
 BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
-
-
-class BodySizeLimit:
-    """Refuse oversized bodies before they are buffered, whether or not Content-Length is set."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._refuse(scope, receive, send)
-                return
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise PayloadTooLarge(f"request body exceeds {self.limit} bytes")
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = problem(
-            413,
-            PayloadTooLarge.error,
-            PayloadTooLarge.title,
-            f"request body exceeds {self.limit} bytes",
-        )
-        await response(scope, receive, send)
 
 
 class RouteMetrics:

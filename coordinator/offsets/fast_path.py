@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator import metrics
 from coordinator.auth import check_group_access, principal_of
-from coordinator.errors import PayloadTooLarge
+from coordinator.body_limit import declares_too_much, limited, too_large
 from coordinator.offsets import service
 from coordinator.offsets.schemas import CommitReply, CommitRequest
 from coordinator.problems import error_response
@@ -114,8 +114,8 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
         elif name == b"content-length":
             declared_length = value
     limit = settings.max_body_bytes
-    if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    if declares_too_much(declared_length, limit):
+        raise too_large(limit)
     try:
         group_id = _GROUP_ID.validate_python(raw_group_id)
     except ValidationError as exc:
@@ -130,7 +130,7 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
                 }
             ]
         )
-    body = await _read_body(receive, limit)
+    body = await _read_body(limited(receive, limit))
     try:
         request = CommitRequest.model_validate_json(body)
     except ValidationError as exc:
@@ -146,18 +146,13 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
     return reply
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive) -> bytes:
     chunks: list[bytes] = []
-    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
