@@ -31,7 +31,6 @@ from operator import is_
 from types import TracebackType
 from typing import Any, TypeAlias
 
-import mmh3
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
@@ -43,7 +42,7 @@ from client.errors import (
     UnknownMemberId,
 )
 from client.http import CoordinatorClient, Slices
-from client.keyspace import HASH_MAX, HASH_MIN, KeyRange, key_hash, normalize
+from client.keyspace import HASH_MAX, HASH_MIN, KeyRange, key_hash, murmur3_halves, normalize
 from client.membership import Membership, Reconciler
 from client.tracker import CommitMode, OffsetTracker, SliceProgress
 
@@ -594,7 +593,7 @@ class KeyrangeConsumer:
                 accept = accept_one
             else:
                 accept = self._tracker.accept
-            digest = mmh3.mmh3_x64_128_utupledigest
+            digest = murmur3_halves  # ``key_hash`` inlined for keyed records
             key_decode, value_decode = self._key_deserializer, self._value_deserializer
             kept: list[Record] = []
             kept_offsets: list[int] = []
@@ -619,9 +618,7 @@ class KeyrangeConsumer:
         """The common case in bulk: one owned slice, nothing to deserialise, and a fetch that
         lies wholly past what the slice has seen and what the group committed. Each step is
         one comprehension or one C-level extend instead of Python calls per record."""
-        # The same hash as ``key_hash``: the first unsigned half of murmur3 x64 128, one bit
-        # shorter; this entry point skips keyword parsing, which is a third of its cost.
-        digest = mmh3.mmh3_x64_128_utupledigest
+        digest = murmur3_halves  # ``key_hash`` inlined for keyed records
         hashes = [
             digest(record.key, 0)[0] >> 1
             if record.key is not None
@@ -667,12 +664,12 @@ class KeyrangeConsumer:
         """Take records of ``slices`` that were not handed out yet back from delivery."""
         kept_runs: deque[_Run] = deque()
         for run in self._buffer:
-            keep = [not _in_slices(slices, run.tp, hashed) for hashed in run.hashes[run.next :]]
+            left = run.hashes[run.next :]
+            keep = [not _in_slices(slices, run.tp, hashed) for hashed in left]
             records = list(compress(run.records[run.next :], keep))
             if records:
                 offsets = list(compress(run.offsets[run.next :], keep))
-                hashes = list(compress(run.hashes[run.next :], keep))
-                kept_runs.append(_Run(run.tp, records, offsets, hashes))
+                kept_runs.append(_Run(run.tp, records, offsets, list(compress(left, keep))))
         self._buffer = kept_runs
         for dispatcher in self._dispatchers:
             dispatcher.withdraw(slices)
