@@ -15,7 +15,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, cast
 
-from client.keyspace import HASH_MAX, KeyRange
+from client.keyspace import HASH_MAX, HASH_MIN, KeyRange
 
 # Kafka offsets are int64; the stable offset never exceeds this either, because a record at
 # offset 2**63-1 could not exist (its next offset would overflow), so capping loses nothing.
@@ -65,30 +65,73 @@ class Watermark:
         return cls(KeyRange(start, end), _checked_int(items[2], "watermark offset", 0, OFFSET_MAX))
 
 
-@dataclass(frozen=True)
+# A watermark piece as the coordinator's algebra and storage handle it, ``(hash_start,
+# hash_end, offset)``: a commit touches a few pieces of every partition it carries, and plain
+# tuples cost a fraction of building and comparing ``Watermark`` objects on that path.
+Piece = tuple[int, int, int]
+
+
+@dataclass(frozen=True, init=False)
 class CommittedOffsets:
     """A group's committed state for one partition (DESIGN §3, §3a).
 
     Invariants, checked on construction so no malformed state reaches the hot path:
     ``ranges`` are sorted, disjoint, non-adjacent closed offset intervals all above
-    ``stable_offset``; ``watermarks`` are sorted, disjoint pieces of W(h), adjacent pieces
-    differ in W, and every W is above ``stable_offset`` (W is ``stable_offset`` elsewhere).
+    ``stable_offset``; ``pieces`` (the watermarks, compactly) are sorted, disjoint pieces of
+    W(h), adjacent pieces differ in W, and every W is above ``stable_offset`` (W is
+    ``stable_offset`` elsewhere).
     """
 
     stable_offset: int
-    ranges: tuple[tuple[int, int], ...] = ()
-    watermarks: tuple[Watermark, ...] = ()
-    metadata: str | None = None
+    ranges: tuple[tuple[int, int], ...]
+    pieces: tuple[Piece, ...]
+    metadata: str | None
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        stable_offset: int,
+        ranges: Iterable[Sequence[int]] = (),
+        watermarks: Iterable[Watermark] = (),
+        metadata: str | None = None,
+    ) -> None:
         # Accept any sequences but store tuples, so states hash and compare by value.
-        if type(self.ranges) is not tuple or any(type(r) is not tuple for r in self.ranges):
-            object.__setattr__(
-                self, "ranges", cast(tuple[tuple[int, int], ...], tuple(map(tuple, self.ranges)))
-            )
-        if type(self.watermarks) is not tuple:
-            object.__setattr__(self, "watermarks", tuple(self.watermarks))
+        self._assign(
+            stable_offset,
+            cast(tuple[tuple[int, int], ...], tuple(map(tuple, ranges))),
+            tuple((w.keys.start, w.keys.end, w.offset) for w in watermarks),
+            metadata,
+        )
+
+    @classmethod
+    def of_pieces(
+        cls,
+        stable_offset: int,
+        ranges: tuple[tuple[int, int], ...],
+        pieces: tuple[Piece, ...],
+        metadata: str | None = None,
+    ) -> CommittedOffsets:
+        """The constructor of the coordinator's commit path: tuples in, nothing converted."""
+        state = cls.__new__(cls)
+        state._assign(stable_offset, ranges, pieces, metadata)
+        return state
+
+    def _assign(
+        self,
+        stable_offset: int,
+        ranges: tuple[tuple[int, int], ...],
+        pieces: tuple[Piece, ...],
+        metadata: str | None,
+    ) -> None:
+        object.__setattr__(self, "stable_offset", stable_offset)
+        object.__setattr__(self, "ranges", ranges)
+        object.__setattr__(self, "pieces", pieces)
+        object.__setattr__(self, "metadata", metadata)
         self._check_invariants()
+
+    @cached_property
+    def watermarks(self) -> tuple[Watermark, ...]:
+        """The pieces as ``Watermark`` values, for code that reads a state rather than merges."""
+        return tuple(Watermark(KeyRange(start, end), offset) for start, end, offset in self.pieces)
 
     # Column copies for bisect, built on first use: consumers ask is_processed once per
     # record, while the coordinator builds many states that are never asked.
@@ -102,15 +145,15 @@ class CommittedOffsets:
 
     @cached_property
     def _piece_starts(self) -> tuple[int, ...]:
-        return tuple(w.keys.start for w in self.watermarks)
+        return tuple(map(itemgetter(0), self.pieces))
 
     @cached_property
     def _piece_ends(self) -> tuple[int, ...]:
-        return tuple(w.keys.end for w in self.watermarks)
+        return tuple(map(itemgetter(1), self.pieces))
 
     @cached_property
     def _piece_offsets(self) -> tuple[int, ...]:
-        return tuple(w.offset for w in self.watermarks)
+        return tuple(map(itemgetter(2), self.pieces))
 
     def _check_invariants(self) -> None:
         stable = self.stable_offset
@@ -131,23 +174,31 @@ class CommittedOffsets:
                     "ranges must be sorted, disjoint and non-adjacent"
                 )
             previous_end = end
-        previous: Watermark | None = None
-        for piece in self.watermarks:
-            if piece.offset <= stable:
+        previous_piece: Piece | None = None
+        for piece in self.pieces:
+            start, end, offset = piece
+            if not HASH_MIN <= start <= end <= HASH_MAX:
                 raise ValueError(
-                    f"watermark {piece.keys} -> {piece.offset} is not above stable_offset {stable}"
+                    f"watermark key range [{start}, {end}] is not within [0, 2**63-1] "
+                    "with start <= end"
                 )
-            if previous is not None:
-                if piece.keys.start <= previous.keys.end:
+            if not stable < offset <= OFFSET_MAX:
+                raise ValueError(
+                    f"watermark [{start}, {end}] -> {offset} is not above stable_offset {stable}"
+                    " (and within 2**63-1)"
+                )
+            if previous_piece is not None:
+                _, previous_end, previous_offset = previous_piece
+                if start <= previous_end:
                     raise ValueError(
-                        f"watermark pieces {previous.keys} and {piece.keys} are unsorted or overlap"
+                        f"watermark pieces {previous_piece} and {piece} are unsorted or overlap"
                     )
-                if piece.keys.start == previous.keys.end + 1 and piece.offset == previous.offset:
+                if start == previous_end + 1 and offset == previous_offset:
                     raise ValueError(
-                        f"adjacent watermark pieces {previous.keys} and {piece.keys} have the "
-                        f"same offset {piece.offset} and must be one piece"
+                        f"adjacent watermark pieces {previous_piece} and {piece} have the "
+                        f"same offset {offset} and must be one piece"
                     )
-            previous = piece
+            previous_piece = piece
 
     @classmethod
     def empty(cls, start: int) -> CommittedOffsets:
@@ -193,7 +244,7 @@ class CommittedOffsets:
         return {
             "stable_offset": self.stable_offset,
             "ranges": [[start, end] for start, end in self.ranges],
-            "watermarks": [piece.to_json() for piece in self.watermarks],
+            "watermarks": [list(piece) for piece in self.pieces],
             "metadata": self.metadata,
         }
 

@@ -71,7 +71,7 @@ async def admin_offsets(
                 partition=item.partition,
                 stable_offset=item.state.stable_offset,
                 ranges=list(item.state.ranges),
-                watermarks=[(w.keys.start, w.keys.end, w.offset) for w in item.state.watermarks],
+                watermarks=list(item.state.pieces),
                 metadata=item.state.metadata,
                 ic_offsets=ic_offset_count(item.state),
                 high_watermark=high,

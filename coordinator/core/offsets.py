@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from operator import itemgetter
 
-from client.committed import OFFSET_MAX, CommittedOffsets, Watermark
-from client.keyspace import HASH_MAX, HASH_MIN, KeyRange
+from client.committed import OFFSET_MAX, CommittedOffsets, Piece
+from client.keyspace import HASH_MAX, HASH_MIN
 
 OffsetRange = tuple[int, int]
 
@@ -55,7 +55,7 @@ class PartitionCommitResult:
 def apply_individual_commit(
     state: CommittedOffsets,
     ranges: Sequence[OffsetRange],
-    watermarks: Sequence[Watermark],
+    watermarks: Sequence[Piece],
     *,
     max_ic_ranges: int,
     max_watermark_pieces: int,
@@ -70,21 +70,21 @@ def apply_individual_commit(
     fresh = _clipped_ranges(ranges, floor=stable)
     too_old = bool(ranges) and not fresh
     merged_ranges = _merge_ranges(state.ranges, fresh) if fresh else state.ranges
-    raised_pieces = _raise_watermarks(state.watermarks, watermarks, floor=stable)
+    raised_pieces = _raise_watermarks(state.pieces, watermarks, floor=stable)
 
     apply_ranges, apply_watermarks = True, True
     while True:
         candidate = _settle(
             stable,
             merged_ranges if apply_ranges else state.ranges,
-            raised_pieces if apply_watermarks else state.watermarks,
+            raised_pieces if apply_watermarks else state.pieces,
             state.metadata,
         )
         ranges_refused = apply_ranges and _exceeds(
             len(candidate.ranges), len(state.ranges), max_ic_ranges
         )
         pieces_refused = apply_watermarks and _exceeds(
-            len(candidate.watermarks), len(state.watermarks), max_watermark_pieces
+            len(candidate.pieces), len(state.pieces), max_watermark_pieces
         )
         if not (ranges_refused or pieces_refused):
             break
@@ -111,9 +111,7 @@ def apply_individual_commit(
 def apply_classic_commit(state: CommittedOffsets, offset: int) -> PartitionCommitResult:
     """A plain offset commit: the stable offset moves forward only (an admin reset may go back)."""
     _check_offset(offset, "committed offset")
-    settled = _settle(
-        max(state.stable_offset, offset), state.ranges, state.watermarks, state.metadata
-    )
+    settled = _settle(max(state.stable_offset, offset), state.ranges, state.pieces, state.metadata)
     return PartitionCommitResult(
         state=settled,
         outcome=CommitOutcome.OK,
@@ -162,12 +160,10 @@ def _exceeds(count: int, stored_count: int, limit: int) -> bool:
     return count > limit and count > stored_count
 
 
-def _range_start(offset_range: OffsetRange) -> int:
-    return offset_range[0]
-
-
-def _range_end(offset_range: OffsetRange) -> int:
-    return offset_range[1]
+# Bisect and sort keys of offset ranges and of watermark pieces alike, which both begin with
+# (start, end); itemgetter runs in C, where a commit's bisects spend most of their time.
+_start = itemgetter(0)
+_end = itemgetter(1)
 
 
 def _coalesce(sorted_ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
@@ -193,35 +189,36 @@ def _merge_ranges(
     Only the stored stretch that ``fresh`` spans (with its touching neighbours) is re-merged.
     """
     span_start: int = min(fresh)[0]
-    span_end: int = max(map(itemgetter(1), fresh))
-    low = bisect_left(stored, span_start - 1, key=_range_end)
-    high = bisect_right(stored, span_end + 1, key=_range_start)
+    span_end: int = max(map(_end, fresh))
+    low = bisect_left(stored, span_start - 1, key=_end)
+    high = bisect_right(stored, span_end + 1, key=_start)
     middle = [*stored[low:high], *fresh]
-    middle.sort(key=itemgetter(0))  # Timsort takes the stored stretch as one presorted run
+    middle.sort(key=_start)  # Timsort takes the stored stretch as one presorted run
     return [*stored[:low], *_coalesce(middle), *stored[high:]]
 
 
-def _piece_start(piece: Watermark) -> int:
-    return piece.keys.start
-
-
-def _piece_end(piece: Watermark) -> int:
-    return piece.keys.end
-
-
 def _raise_watermarks(
-    stored: Sequence[Watermark], raises: Sequence[Watermark], *, floor: int
-) -> Sequence[Watermark]:
-    """W(h) := max(W(h), raise) under each raise; raises at or below ``floor`` change nothing."""
-    effective = [piece for piece in raises if piece.offset > floor]
+    stored: Sequence[Piece], raises: Sequence[Piece], *, floor: int
+) -> Sequence[Piece]:
+    """W(h) := max(W(h), raise) under each raise; raises at or below ``floor`` change nothing.
+
+    Validates each raise although the HTTP layer already did: defence in depth for any caller.
+    """
+    for start, end, offset in raises:
+        if not (HASH_MIN <= start <= end <= HASH_MAX and 0 <= offset <= OFFSET_MAX):
+            raise ValueError(
+                f"watermark [{start}, {end}] -> {offset} needs 0 <= start <= end <= 2**63-1 "
+                "and an offset within [0, 2**63-1]"
+            )
+    effective = [piece for piece in raises if piece[2] > floor]
     if not effective:
         return stored
-    span_start = min(piece.keys.start for piece in effective)
-    span_end = max(piece.keys.end for piece in effective)
+    span_start = min(effective)[0]
+    span_end = max(map(_end, effective))
     # Stored pieces touching the span (adjacent ones too, so equal neighbours merge) are
     # recomputed; the rest are kept as they are.
-    low = bisect_left(stored, span_start - 1, key=_piece_end)
-    high = bisect_right(stored, span_end + 1, key=_piece_start)
+    low = bisect_left(stored, span_start - 1, key=_end)
+    high = bisect_right(stored, span_end + 1, key=_start)
     if len(effective) == 1:  # the common case: a member commits one watermark per slice
         middle = _raise_one(stored[low:high], effective[0])
     else:
@@ -229,10 +226,10 @@ def _raise_watermarks(
     return [*stored[:low], *middle, *stored[high:]]
 
 
-def _raise_one(pieces: Sequence[Watermark], lift: Watermark) -> list[Watermark]:
+def _raise_one(pieces: Sequence[Piece], lift: Piece) -> list[Piece]:
     """``_upper_envelope`` of sorted, disjoint ``pieces`` and one more piece, in one pass."""
-    low, high, level = lift.keys.start, lift.keys.end, lift.offset
-    envelope: list[tuple[int, int, int]] = []
+    low, high, level = lift
+    envelope: list[Piece] = []
 
     def emit(start: int, end: int, offset: int) -> None:
         if envelope and envelope[-1][1] == start - 1 and envelope[-1][2] == offset:
@@ -241,8 +238,7 @@ def _raise_one(pieces: Sequence[Watermark], lift: Watermark) -> list[Watermark]:
             envelope.append((start, end, offset))
 
     cursor = low  # the first hash of the lift not emitted yet
-    for piece in pieces:
-        start, end, offset = piece.keys.start, piece.keys.end, piece.offset
+    for start, end, offset in pieces:
         if end < low:
             emit(start, end, offset)
             continue
@@ -263,20 +259,20 @@ def _raise_one(pieces: Sequence[Watermark], lift: Watermark) -> list[Watermark]:
             emit(high + 1, end, offset)
     if cursor <= high:
         emit(cursor, high, level)
-    return [Watermark(KeyRange(start, end), offset) for start, end, offset in envelope]
+    return envelope
 
 
-def _upper_envelope(pieces: Sequence[Watermark]) -> list[Watermark]:
+def _upper_envelope(pieces: Sequence[Piece]) -> list[Piece]:
     """Pointwise max of overlapping pieces, as sorted pieces with equal neighbours merged."""
-    bounds = sorted({p.keys.start for p in pieces} | {p.keys.end + 1 for p in pieces})
-    by_start = sorted(pieces, key=_piece_start)
+    bounds = sorted({start for start, _, _ in pieces} | {end + 1 for _, end, _ in pieces})
+    by_start = sorted(pieces, key=_start)
     active: list[tuple[int, int]] = []  # heap of (-offset, exclusive end)
-    envelope: list[tuple[int, int, int]] = []
+    envelope: list[Piece] = []
     next_piece = 0
     for left, right in pairwise(bounds):
-        while next_piece < len(by_start) and by_start[next_piece].keys.start <= left:
-            piece = by_start[next_piece]
-            heapq.heappush(active, (-piece.offset, piece.keys.end + 1))
+        while next_piece < len(by_start) and by_start[next_piece][0] <= left:
+            _, end, offset = by_start[next_piece]
+            heapq.heappush(active, (-offset, end + 1))
             next_piece += 1
         while active and active[0][1] <= left:
             heapq.heappop(active)
@@ -287,25 +283,25 @@ def _upper_envelope(pieces: Sequence[Watermark]) -> list[Watermark]:
             envelope[-1] = (envelope[-1][0], right - 1, level)
         else:
             envelope.append((left, right - 1, level))
-    return [Watermark(KeyRange(start, end), offset) for start, end, offset in envelope]
+    return envelope
 
 
-def _full_space_minimum(pieces: Sequence[Watermark]) -> int | None:
+def _full_space_minimum(pieces: Sequence[Piece]) -> int | None:
     """min over the whole hash space of W(h), or None where some hash has no piece."""
-    if not pieces or pieces[0].keys.start != HASH_MIN or pieces[-1].keys.end != HASH_MAX:
+    if not pieces or pieces[0][0] != HASH_MIN or pieces[-1][1] != HASH_MAX:
         return None
-    lowest = pieces[0].offset
+    lowest = pieces[0][2]
     for previous, piece in pairwise(pieces):
-        if piece.keys.start != previous.keys.end + 1:
+        if piece[0] != previous[1] + 1:
             return None
-        lowest = min(lowest, piece.offset)
+        lowest = min(lowest, piece[2])
     return lowest
 
 
 def _settle(
     stable: int,
     ranges: Sequence[OffsetRange],
-    pieces: Sequence[Watermark],
+    pieces: Sequence[Piece],
     metadata: str | None,
 ) -> CommittedOffsets:
     """Move the stable offset to the first offset not known processed and drop what it passed.
@@ -315,15 +311,10 @@ def _settle(
     """
     lowest = _full_space_minimum(pieces)
     new_stable = stable if lowest is None else max(stable, lowest)
-    index = bisect_right(ranges, new_stable, key=_range_start) - 1
+    index = bisect_right(ranges, new_stable, key=_start) - 1
     if index >= 0 and ranges[index][1] >= new_stable:
         new_stable = ranges[index][1] + 1
     new_stable = min(new_stable, OFFSET_MAX)
-    kept_ranges = ranges[bisect_right(ranges, new_stable, key=_range_start) :]
-    kept_pieces = [piece for piece in pieces if piece.offset > new_stable]
-    return CommittedOffsets(
-        stable_offset=new_stable,
-        ranges=tuple(kept_ranges),
-        watermarks=tuple(kept_pieces),
-        metadata=metadata,
-    )
+    kept_ranges = ranges[bisect_right(ranges, new_stable, key=_start) :]
+    kept_pieces = [piece for piece in pieces if piece[2] > new_stable]
+    return CommittedOffsets.of_pieces(new_stable, tuple(kept_ranges), tuple(kept_pieces), metadata)

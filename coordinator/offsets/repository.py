@@ -22,8 +22,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, Range
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Integer, Text
 
-from client.committed import CommittedOffsets, Watermark
-from client.keyspace import KeyRange
+from client.committed import CommittedOffsets
 from coordinator.db.models import PartitionOffsets
 from coordinator.groups.fencing import MEMBER_FENCE, STANDALONE_FENCE, CommitFence
 
@@ -153,14 +152,11 @@ def _ranges_from_db(ranges: Sequence[Range[int]]) -> tuple[tuple[int, int], ...]
 
 def _state_of(row: Any) -> CommittedOffsets:
     """A stored row (any query selecting the state columns) as the algebra's value."""
-    return CommittedOffsets(
-        stable_offset=row.stable_offset,
-        ranges=_ranges_from_db(row.ic_ranges),
-        watermarks=tuple(
-            Watermark(KeyRange(start, end), offset)
-            for start, end, offset in zip(row.wm_starts, row.wm_ends, row.wm_offsets, strict=True)
-        ),
-        metadata=row.metadata,
+    return CommittedOffsets.of_pieces(
+        row.stable_offset,
+        _ranges_from_db(row.ic_ranges),
+        tuple(zip(row.wm_starts, row.wm_ends, row.wm_offsets, strict=True)),
+        row.metadata,
     )
 
 
@@ -247,9 +243,9 @@ def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[Any], ...]:
     return (
         [state.stable_offset for state in states],
         [_multirange_literal(state.ranges) for state in states],
-        [_bigint_array([w.keys.start for w in state.watermarks]) for state in states],
-        [_bigint_array([w.keys.end for w in state.watermarks]) for state in states],
-        [_bigint_array([w.offset for w in state.watermarks]) for state in states],
+        [_bigint_array([start for start, _, _ in state.pieces]) for state in states],
+        [_bigint_array([end for _, end, _ in state.pieces]) for state in states],
+        [_bigint_array([offset for _, _, offset in state.pieces]) for state in states],
         [state.metadata for state in states],
     )
 
@@ -413,16 +409,11 @@ async def batch_read_switch(connection: asyncpg.Connection) -> bool | None:
 
 
 def _state_of_record(record: asyncpg.Record) -> CommittedOffsets:
-    return CommittedOffsets(
-        stable_offset=record["stable_offset"],
-        ranges=_ranges_from_db(record["ic_ranges"]),
-        watermarks=tuple(
-            Watermark(KeyRange(start, end), offset)
-            for start, end, offset in zip(
-                record["wm_starts"], record["wm_ends"], record["wm_offsets"], strict=True
-            )
-        ),
-        metadata=record["metadata"],
+    return CommittedOffsets.of_pieces(
+        record["stable_offset"],
+        _ranges_from_db(record["ic_ranges"]),
+        tuple(zip(record["wm_starts"], record["wm_ends"], record["wm_offsets"], strict=True)),
+        record["metadata"],
     )
 
 

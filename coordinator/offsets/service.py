@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from client.committed import CommittedOffsets, Watermark
-from client.keyspace import KeyRange
+from client.committed import CommittedOffsets
 from coordinator import metrics
 from coordinator.core.offsets import (
     CommitOutcome,
@@ -79,16 +78,13 @@ def _apply(
         result = apply_individual_commit(
             state,
             entry.ranges,
-            [Watermark(KeyRange(start, end), offset) for start, end, offset in entry.watermarks],
+            entry.watermarks,
             max_ic_ranges=settings.max_ic_ranges_per_partition,
             max_watermark_pieces=settings.max_watermark_pieces_per_partition,
         )
     if entry.metadata is not None and result.state.metadata != entry.metadata:
-        new_state = CommittedOffsets(
-            result.state.stable_offset,
-            result.state.ranges,
-            result.state.watermarks,
-            entry.metadata,
+        new_state = CommittedOffsets.of_pieces(
+            result.state.stable_offset, result.state.ranges, result.state.pieces, entry.metadata
         )
         result = PartitionCommitResult(
             new_state, result.outcome, result.stable_offset_advanced, duplicate=False
@@ -215,7 +211,7 @@ def offsets_reply(stored: Sequence[repository.StoredPartition]) -> list[Partitio
             partition=item.partition,
             stable_offset=item.state.stable_offset,
             ranges=list(item.state.ranges),
-            watermarks=[(w.keys.start, w.keys.end, w.offset) for w in item.state.watermarks],
+            watermarks=list(item.state.pieces),
             metadata=item.state.metadata,
         )
         for item in stored

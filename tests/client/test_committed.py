@@ -137,6 +137,35 @@ def test_from_json_rejects_malformed_state_with_a_clear_message(
         CommittedOffsets.from_json(document)
 
 
+@pytest.mark.parametrize(
+    ("pieces", "message"),
+    [
+        (((9, 0, 5),), "not within"),
+        (((0, HASH_MAX + 1, 5),), "not within"),
+        (((0, 9, 3),), "not above stable_offset 3"),
+        (((0, 9, OFFSET_MAX + 1),), "not above stable_offset"),
+        (((0, 9, 5), (9, 19, 6)), "unsorted or overlap"),
+        (((0, 9, 5), (10, 19, 5)), "must be one piece"),
+    ],
+)
+def test_the_compact_constructor_checks_the_same_invariants(
+    pieces: tuple[tuple[int, int, int], ...], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        CommittedOffsets.of_pieces(3, (), pieces)
+
+
+def test_compact_and_watermark_forms_of_a_state_are_one_value() -> None:
+    pieces = ((0, 9, 20), (10, HASH_MAX, 12))
+    compact = CommittedOffsets.of_pieces(10, ((15, 17),), pieces, "m")
+
+    assert compact == CommittedOffsets(
+        10, [[15, 17]], (watermark(0, 9, 20), watermark(10, HASH_MAX, 12)), "m"
+    )
+    assert compact.watermarks == (watermark(0, 9, 20), watermark(10, HASH_MAX, 12))
+    assert compact.is_processed(19, 5) and not compact.is_processed(19, 11)
+
+
 def test_watermark_rejects_offsets_outside_int64() -> None:
     with pytest.raises(ValueError, match="watermark offset"):
         watermark(0, 1, -1)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from client.committed import OFFSET_MAX, CommittedOffsets, Watermark
+from client.committed import OFFSET_MAX, CommittedOffsets, Piece, Watermark
 from client.keyspace import HASH_MAX, KeyRange
 from coordinator.core.offsets import (
     CommitOutcome,
@@ -44,7 +44,7 @@ def commit(
     return apply_individual_commit(
         state,
         ranges,
-        watermarks,
+        [(w.keys.start, w.keys.end, w.offset) for w in watermarks],
         max_ic_ranges=max_ic_ranges,
         max_watermark_pieces=max_watermark_pieces,
     )
@@ -288,6 +288,20 @@ def test_ic_offset_count_sums_the_range_lengths() -> None:
 def test_malformed_ranges_raise_and_apply_nothing(bad_range: tuple[int, int]) -> None:
     with pytest.raises(ValueError, match="offset range"):
         commit(CommittedOffsets.empty(0), [(1, 2), bad_range])
+
+
+@pytest.mark.parametrize(
+    "bad_piece", [(9, 5, 3), (-1, 5, 3), (0, HASH_MAX + 1, 3), (0, 5, -1), (0, 5, OFFSET_MAX + 1)]
+)
+def test_malformed_watermarks_raise_and_apply_nothing(bad_piece: Piece) -> None:
+    with pytest.raises(ValueError, match="watermark"):
+        apply_individual_commit(
+            CommittedOffsets.empty(0),
+            [],
+            [(0, 5, 3), bad_piece],
+            max_ic_ranges=ROOMY,
+            max_watermark_pieces=ROOMY,
+        )
 
 
 @pytest.mark.parametrize("bad_offset", [-1, OFFSET_MAX + 1])
@@ -576,11 +590,11 @@ test_commits_against_the_model = CommitMachine.TestCase
 
 
 @st.composite
-def normalized_pieces(draw: st.DrawFn) -> list[Watermark]:
+def normalized_pieces(draw: st.DrawFn) -> list[Piece]:
     """Sorted, disjoint pieces over a small hash space, gaps and touching neighbours included."""
     cuts = sorted(draw(st.sets(st.integers(0, 40), max_size=10)))
     pieces = [
-        watermark(start, end - 1, draw(st.integers(1, 5)))
+        (start, end - 1, draw(st.integers(1, 5)))
         for start, end in pairwise(cuts)
         if draw(st.booleans())
     ]
@@ -590,7 +604,7 @@ def normalized_pieces(draw: st.DrawFn) -> list[Watermark]:
 @settings(max_examples=500)
 @given(normalized_pieces(), st.integers(0, 40), st.integers(0, 40), st.integers(1, 6))
 def test_one_watermark_raises_stored_pieces_as_the_general_envelope_does(
-    pieces: list[Watermark], first: int, second: int, offset: int
+    pieces: list[Piece], first: int, second: int, offset: int
 ) -> None:
-    lift = watermark(min(first, second), max(first, second), offset)
+    lift = (min(first, second), max(first, second), offset)
     assert _raise_one(pieces, lift) == _upper_envelope([*pieces, lift])
