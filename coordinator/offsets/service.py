@@ -125,6 +125,10 @@ def apply_request(
     replies: list[dict[str, object]] = []
     changed: set[tuple[str, int]] = set()
     rebalance_needed = False
+    # Counted here and added once per request: a metric update takes a lock, and a request
+    # carries several partitions.
+    advanced = 0
+    outcomes: dict[CommitOutcome, int] = {}
     for entry in request.partitions:
         key = (entry.topic, entry.partition)
         result = _apply(entry, states[key], settings)
@@ -142,9 +146,8 @@ def apply_request(
                 "duplicate commit accepted",
                 extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
             )
-        if result.stable_offset_advanced:
-            metrics.STABLE_OFFSET_ADVANCES.inc()
-        _COMMITTED_BY_OUTCOME[result.outcome].inc()
+        advanced += result.stable_offset_advanced
+        outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
         replies.append(
             {
                 "topic": entry.topic,
@@ -153,6 +156,10 @@ def apply_request(
                 "last_stable_offset": result.state.stable_offset,
             }
         )
+    if advanced:
+        metrics.STABLE_OFFSET_ADVANCES.inc(advanced)
+    for outcome, count in outcomes.items():
+        _COMMITTED_BY_OUTCOME[outcome].inc(count)
     return AppliedRequest(
         # One validation of the whole reply runs in pydantic's core, cheaper than a model
         # per partition built in Python.
