@@ -20,9 +20,11 @@ is safe to re-apply.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -74,8 +76,8 @@ class CommitBatcher:
     """Queue of commit requests drained by a few workers, one transaction per drained batch.
 
     ``commit_batch_workers`` transactions may be in flight at once, so the coordinator computes
-    one batch while the database works on another; each holds one pooled connection while it
-    runs.
+    one batch while the database works on another; each holds one pooled connection while the
+    queue has work.
     """
 
     def __init__(
@@ -120,47 +122,84 @@ class CommitBatcher:
                     carried = await self._queue.get()
                 finally:
                     self._idle_workers -= 1
-            batch = [carried]
-            carried = None
-            # A fair share of the queue when other workers wait for work: their transactions
-            # then overlap this one's instead of idling through it.
-            share = min(self._max_batch, -(-(1 + self._queue.qsize()) // (1 + self._idle_workers)))
-            # Bounded like one request may be, so a batch never holds more locks, or runs
-            # longer statements, than the largest single commit could.
-            partitions, ranges = _size(batch[0])
-            while len(batch) < share and not self._queue.empty():
-                pending = self._queue.get_nowait()
-                more_partitions, more_ranges = _size(pending)
-                partitions += more_partitions
-                ranges += more_ranges
-                if (
-                    partitions > self._settings.max_partitions_per_request
-                    or ranges > self._settings.max_ranges_per_request
-                ):
-                    carried = pending
-                    break
-                batch.append(pending)
-            try:
-                await self._run(batch)
-            except asyncio.CancelledError:
-                for pending in [*batch, *([carried] if carried else [])]:
-                    if not pending.reply.done():
-                        pending.reply.cancel()
-                raise
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+            carried = await self._busy_period(carried)
 
-    async def _run(self, batch: list[_Pending]) -> None:
-        metrics.COMMIT_BATCH_SIZE.observe(len(batch))
+    async def _busy_period(self, first: _Pending) -> _Pending | None:
+        """Apply batches on one pooled connection until the queue is empty or a batch fails.
+
+        Checking a connection out and back in for every batch cost as much CPU as a tenth of
+        the batch's commits. The connection goes back to the pool once the queue is empty, so
+        an idle coordinator holds none, and after a failed batch, so a broken one is replaced.
+        Returns a request taken from the queue but not applied yet, if any.
+        """
+        # Taken before the pool is asked: while this worker waits for a connection, idle
+        # workers would split the queue into smaller batches.
+        batch, carried = self._take_batch(first)
         try:
-            outcomes = await self._apply_batch(batch)
-        except Exception as exc:
-            log.warning(
-                "batched commit failed; applying its requests one by one",
-                extra={"requests": len(batch), "error": type(exc).__name__},
-            )
-            outcomes = [_UNDECIDED] * len(batch)
+            async with _pooled_asyncpg(self._engine) as connection:
+                while True:
+                    applied = await self._run(batch, connection)
+                    self._account(batch)
+                    batch = []
+                    if not applied:
+                        return carried
+                    if carried is None:
+                        if self._queue.empty():
+                            return None
+                        carried = self._queue.get_nowait()
+                    batch, carried = self._take_batch(carried)
+        except asyncio.CancelledError:
+            for pending in [*batch, *([carried] if carried else [])]:
+                if not pending.reply.done():
+                    pending.reply.cancel()
+            raise
+        finally:
+            self._account(batch)
+
+    def _take_batch(self, first: _Pending) -> tuple[list[_Pending], _Pending | None]:
+        """``first`` and what follows it in the queue, up to a fair share and the size bounds;
+        the request that would have crossed a bound comes back apart."""
+        batch = [first]
+        # A fair share of the queue when other workers wait for work: their transactions
+        # then overlap this one's instead of idling through it.
+        share = min(self._max_batch, -(-(1 + self._queue.qsize()) // (1 + self._idle_workers)))
+        # Bounded like one request may be, so a batch never holds more locks, or runs
+        # longer statements, than the largest single commit could.
+        partitions, ranges = _size(first)
+        while len(batch) < share and not self._queue.empty():
+            pending = self._queue.get_nowait()
+            more_partitions, more_ranges = _size(pending)
+            partitions += more_partitions
+            ranges += more_ranges
+            if (
+                partitions > self._settings.max_partitions_per_request
+                or ranges > self._settings.max_ranges_per_request
+            ):
+                return batch, pending
+            batch.append(pending)
+        return batch, None
+
+    def _account(self, batch: list[_Pending]) -> None:
+        for _ in batch:
+            self._queue.task_done()
+
+    async def _run(self, batch: list[_Pending], connection: asyncpg.Connection | None) -> bool:
+        """Apply ``batch`` in one transaction on ``connection``; whether that transaction
+        committed. What it could not decide, or all of it when it failed, is applied alone."""
+        metrics.COMMIT_BATCH_SIZE.observe(len(batch))
+        outcomes: list[Outcome] = [_UNDECIDED] * len(batch)
+        applied = False
+        if connection is not None:
+            try:
+                async with connection.transaction():
+                    outcomes = await self._decide_and_apply(connection, batch)
+                applied = True
+            except Exception as exc:
+                log.warning(
+                    "batched commit failed; applying its requests one by one",
+                    extra={"requests": len(batch), "error": type(exc).__name__},
+                )
+                outcomes = [_UNDECIDED] * len(batch)
         alone = []
         for pending, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, _Undecided):
@@ -172,6 +211,7 @@ class CommitBatcher:
                 _settle(pending, result=outcome)
         if alone:
             await asyncio.gather(*alone)
+        return applied
 
     async def _answer_alone(self, pending: _Pending) -> None:
         try:
@@ -180,15 +220,6 @@ class CommitBatcher:
             _settle(pending, exception=exc)
         else:
             _settle(pending, result=result)
-
-    async def _apply_batch(self, batch: list[_Pending]) -> list[Outcome]:
-        async with self._engine.connect() as connection:
-            raw = await connection.get_raw_connection()
-            driver = raw.driver_connection
-            if not isinstance(driver, asyncpg.Connection):
-                raise TypeError("commit batching needs the asyncpg driver")
-            async with driver.transaction():
-                return await self._decide_and_apply(driver, batch)
 
     async def _decide_and_apply(
         self, connection: asyncpg.Connection, batch: list[_Pending]
@@ -228,6 +259,31 @@ class CommitBatcher:
             outcomes[index] = applied.result
         await repository.batch_write_partitions(connection, changed)
         return outcomes
+
+
+@contextlib.asynccontextmanager
+async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection | None]:
+    """A pooled connection's asyncpg connection, or None when the pool cannot give one.
+
+    Batches run on the driver connection: at the rates batching is for, SQLAlchemy's
+    per-statement work would cost more than the statements. The settings only accept the
+    asyncpg driver.
+    """
+    connection = engine.connect()
+    try:
+        await connection.start()
+    except Exception as exc:
+        log.warning(
+            "no database connection for batched commits; applying them one by one",
+            extra={"error": type(exc).__name__},
+        )
+        yield None
+        return
+    try:
+        raw = await connection.get_raw_connection()
+        yield cast(asyncpg.Connection, raw.driver_connection)
+    finally:
+        await connection.close()
 
 
 def _refusal(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from coordinator import metrics
 from coordinator.db.engine import make_engine
@@ -229,6 +231,62 @@ async def test_requests_arriving_together_are_shared_by_the_waiting_workers(
     assert all(r.reply.partitions[0].error is None for r in results)
     assert _batches() - batches_before == 4
     assert await stored(engine, "batch-spread") == [("t", p, 1, ()) for p in range(8)]
+
+
+async def test_workers_give_their_connections_back_once_the_queue_is_empty(
+    engine: AsyncEngine,
+) -> None:
+    batcher = CommitBatcher(engine, settings_for_tests(), alone_on(engine, []))
+    batcher.start()
+    try:
+        await asyncio.gather(
+            *(
+                batcher.submit(
+                    "batch-idle", commit_request({"topic": "t", "partition": p, "offset": 1})
+                )
+                for p in range(16)
+            )
+        )
+        # A worker releases its connection right after answering its last batch.
+        for _ in range(200):
+            if checked_out(engine) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert checked_out(engine) == 0
+    finally:
+        await batcher.close()
+
+
+async def test_without_a_database_each_request_gets_the_error_and_the_workers_live_on() -> None:
+    unreachable = make_engine(
+        f"postgresql+asyncpg://keyrange@127.0.0.1:{_closed_port()}/none", settings_for_tests()
+    )
+    batcher = CommitBatcher(
+        unreachable, settings_for_tests(), commit_alone(unreachable, settings_for_tests())
+    )
+    batcher.start()
+    try:
+        for _ in range(2):
+            with pytest.raises(OSError):
+                await batcher.submit(
+                    "batch-down", commit_request({"topic": "t", "partition": 0, "offset": 1})
+                )
+        assert not any(worker.done() for worker in batcher._workers)
+    finally:
+        await batcher.close()
+        await unreachable.dispose()
+
+
+def checked_out(engine: AsyncEngine) -> int:
+    pool = engine.sync_engine.pool
+    assert isinstance(pool, QueuePool)
+    return pool.checkedout()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _batches() -> float:
