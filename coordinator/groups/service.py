@@ -847,8 +847,12 @@ async def update_gauges(
 ) -> None:
     async with engine.connect() as connection:
         counts = await repository.live_member_counts(connection)
-        metrics.IC_RANGES_STORED.set(await repository.stored_ic_range_count(connection))
+        ic_ranges = await repository.stored_ic_range_count(connection)
         stable = await repository.stable_offsets(connection) if cluster is not None else {}
+    # Set once every figure is read, with no await until the lag below: the gauges are
+    # process-wide, and where several apps share a process and a loop (the test suite), one
+    # app's stale figure must not land between another's read and set.
+    metrics.IC_RANGES_STORED.set(ic_ranges)
     for group_id in exported.members - counts.keys():
         metrics.GROUP_MEMBERS.remove(group_id)
     for group_id, count in counts.items():
