@@ -26,8 +26,8 @@ from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
 from coordinator.groups.fencing import request_rebalance
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
+from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher, commit_alone
-from coordinator.offsets.fast_path import CommitFastPath
 from coordinator.problems import error_response
 from coordinator.settings import Settings
 
@@ -159,6 +159,23 @@ async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
             await asyncio.sleep(1.0)
 
 
+class CoordinatorApp(FastAPI):
+    """FastAPI with commits served ahead of it, by ``coordinator/offsets/fast_path.py``.
+
+    Commit requests skip FastAPI's entry point, Starlette's error middleware and the
+    middlewares below (the fast path applies the body limit and records the route metrics
+    itself): on the hottest request, that work cost a fifth of the handler's CPU.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        group_id = fast_path.commit_group(scope)
+        if group_id is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        await fast_path.serve_fast_path(scope, receive, send, group_id)
+
+
 def create_app(
     settings: Settings,
     database_url: str,
@@ -202,7 +219,7 @@ def create_app(
             await app.state.engine.dispose()
             log.info("coordinator stopped")
 
-    app = FastAPI(
+    app = CoordinatorApp(
         title="Keyrange coordinator",
         version="0.1.0",
         description="Cooperative key-range consumption for Apache Kafka. See docs/api.md.",
@@ -218,7 +235,4 @@ def create_app(
     app.include_router(groups_admin_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(RouteMetrics)
-    # Added last, so it runs first: commits skip the rest of the stack (it applies the body
-    # limit and records the route metrics itself).
-    app.add_middleware(CommitFastPath)
     return app

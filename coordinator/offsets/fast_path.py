@@ -1,14 +1,16 @@
-"""The commit route as a bare ASGI handler, in front of FastAPI's request machinery.
+"""The commit route as a bare ASGI handler, ahead of FastAPI's request machinery.
 
 Commits are the coordinator's hottest request by far. Through FastAPI, routing, the exception
 and exit-stack middlewares and the ``Request`` object cost more CPU than the HTTP server and
-the validation of the body together. This middleware answers
-``POST /v1/groups/{group_id}/offsets/commit`` itself with the same steps in the same order as
-the declared route (body limit, path, content type, body, token, request limits, commit) and
-the same answers, problem documents included; every other request goes on to the
-application. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and
-it answers through ``serve_commit`` as well the commits the middleware leaves to the router
-(those under a root path, whose matching is the router's business).
+the validation of the body together, and FastAPI's own entry point reads the environment on
+every request to decide whether it traces it. The application (``CoordinatorApp`` in
+``coordinator/app.py``) hands ``POST /v1/groups/{group_id}/offsets/commit`` to
+``serve_fast_path`` before FastAPI sees it; the handler takes the same steps in the same order
+as the declared route (body limit, path, content type, body, token, request limits, commit)
+and gives the same answers, problem documents included, and records the route metrics
+itself. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and it answers
+through ``serve_commit`` as well the commits the fast path leaves to the router (those under a
+root path, whose matching is the router's business).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from coordinator import metrics
 from coordinator.auth import check_group_access, principal_of
@@ -39,26 +41,15 @@ class ClientGone(Exception):
     """The client disconnected before its whole body arrived: nobody to answer."""
 
 
-class CommitFastPath:
-    """ASGI middleware serving commits directly; see the module docstring."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        group_id = _commit_group(scope)
-        if group_id is None:
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = await serve_commit(scope, receive, send, group_id)
-        if status is None:
-            return
-        served = (
-            _SERVED if status == 200 else metrics.HTTP_REQUESTS.labels("POST", ROUTE, str(status))
-        )
-        served.inc()
-        _LATENCY.observe(time.perf_counter() - started)
+async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
+    """Answer a commit that ``commit_group`` picked, and record the route metrics."""
+    started = time.perf_counter()
+    status = await serve_commit(scope, receive, send, raw_group_id)
+    if status is None:
+        return
+    served = _SERVED if status == 200 else metrics.HTTP_REQUESTS.labels("POST", ROUTE, str(status))
+    served.inc()
+    _LATENCY.observe(time.perf_counter() - started)
 
 
 _SERVED = metrics.HTTP_REQUESTS.labels("POST", ROUTE, "200")
@@ -88,8 +79,8 @@ async def serve_commit(scope: Scope, receive: Receive, send: Send, raw_group_id:
     return 200
 
 
-def _commit_group(scope: Scope) -> str | None:
-    """The raw group id of a commit request this handler serves, else None."""
+def commit_group(scope: Scope) -> str | None:
+    """The raw group id of a commit request the fast path serves, else None."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
         return None
     path: str = scope["path"]
