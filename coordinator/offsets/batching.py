@@ -28,6 +28,7 @@ from typing import cast
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from client.committed import CommittedOffsets
 from coordinator import metrics
@@ -125,29 +126,42 @@ class CommitBatcher:
             carried = await self._busy_period(carried)
 
     async def _busy_period(self, first: _Pending) -> _Pending | None:
-        """Apply batches on one pooled connection until the queue is empty or a batch fails.
+        """Apply batches on one pooled connection while the queue has work.
 
         Checking a connection out and back in for every batch cost as much CPU as a tenth of
         the batch's commits. The connection goes back to the pool once the queue is empty, so
-        an idle coordinator holds none, and after a failed batch, so a broken one is replaced.
-        Returns a request taken from the queue but not applied yet, if any.
+        an idle coordinator holds none; after a failed batch, so a broken one is replaced;
+        whenever the pool has no connection left, so heartbeats and admin requests waiting
+        for one are not starved by workers that keep theirs; and before requests are applied
+        alone, because that path takes connections of its own and a worker holding two could
+        wait on the pool for ever. Returns a request taken from the queue but not applied
+        yet, if any.
         """
         # Taken before the pool is asked: while this worker waits for a connection, idle
         # workers would split the queue into smaller batches.
         batch, carried = self._take_batch(first)
+        undecided: list[_Pending] = []
+        exhausted = False
         try:
             async with _pooled_asyncpg(self._engine) as connection:
                 while True:
-                    applied = await self._run(batch, connection)
+                    applied, undecided = await self._run(batch, connection)
+                    exhausted = self._pool_exhausted()
+                    if undecided or not applied or exhausted:
+                        break
                     self._account(batch)
                     batch = []
-                    if not applied:
-                        return carried
                     if carried is None:
                         if self._queue.empty():
-                            return None
+                            break
                         carried = self._queue.get_nowait()
                     batch, carried = self._take_batch(carried)
+            if undecided:
+                await asyncio.gather(*(self._answer_alone(pending) for pending in undecided))
+            elif exhausted:
+                # The pool's queue wakes its first waiter, but whoever asks before that waiter
+                # runs takes the connection: this worker, at once, unless it yields first.
+                await asyncio.sleep(0)
         except asyncio.CancelledError:
             for pending in [*batch, *([carried] if carried else [])]:
                 if not pending.reply.done():
@@ -155,6 +169,12 @@ class CommitBatcher:
             raise
         finally:
             self._account(batch)
+        return carried
+
+    def _pool_exhausted(self) -> bool:
+        pool = self._engine.sync_engine.pool
+        limit = self._settings.db_pool_size + self._settings.db_max_overflow
+        return isinstance(pool, QueuePool) and pool.checkedout() >= limit
 
     def _take_batch(self, first: _Pending) -> tuple[list[_Pending], _Pending | None]:
         """``first`` and what follows it in the queue, up to a fair share and the size bounds;
@@ -183,35 +203,36 @@ class CommitBatcher:
         for _ in batch:
             self._queue.task_done()
 
-    async def _run(self, batch: list[_Pending], connection: asyncpg.Connection | None) -> bool:
-        """Apply ``batch`` in one transaction on ``connection``; whether that transaction
-        committed. What it could not decide, or all of it when it failed, is applied alone."""
+    async def _run(
+        self, batch: list[_Pending], connection: asyncpg.Connection | None
+    ) -> tuple[bool, list[_Pending]]:
+        """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
+
+        Returns whether the transaction committed, and the requests left to the
+        single-request path: those it could not decide, or all of them when it failed.
+        """
         metrics.COMMIT_BATCH_SIZE.observe(len(batch))
-        outcomes: list[Outcome] = [_UNDECIDED] * len(batch)
-        applied = False
-        if connection is not None:
-            try:
-                async with connection.transaction():
-                    outcomes = await self._decide_and_apply(connection, batch)
-                applied = True
-            except Exception as exc:
-                log.warning(
-                    "batched commit failed; applying its requests one by one",
-                    extra={"requests": len(batch), "error": type(exc).__name__},
-                )
-                outcomes = [_UNDECIDED] * len(batch)
-        alone = []
+        if connection is None:
+            return False, batch
+        try:
+            async with connection.transaction():
+                outcomes = await self._decide_and_apply(connection, batch)
+        except Exception as exc:
+            log.warning(
+                "batched commit failed; applying its requests one by one",
+                extra={"requests": len(batch), "error": type(exc).__name__},
+            )
+            return False, batch
+        undecided = []
         for pending, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, _Undecided):
-                alone.append(self._answer_alone(pending))
+                undecided.append(pending)
             elif isinstance(outcome, KeyrangeError):
                 _settle(pending, exception=outcome)
             else:
                 metrics.COMMITS.inc()
                 _settle(pending, result=outcome)
-        if alone:
-            await asyncio.gather(*alone)
-        return applied
+        return True, undecided
 
     async def _answer_alone(self, pending: _Pending) -> None:
         try:

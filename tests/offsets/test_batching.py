@@ -277,6 +277,81 @@ async def test_without_a_database_each_request_gets_the_error_and_the_workers_li
         await unreachable.dispose()
 
 
+async def test_requests_left_to_the_single_request_path_get_the_workers_connection(
+    database_url: str,
+) -> None:
+    """With a pool of one, a failed batch's requests can only be applied alone once the
+    worker has given its connection back."""
+    settings = settings_for_tests(db_pool_size=1, db_statement_timeout_ms=200)
+    single = make_engine(database_url, settings)
+    holder_engine = make_engine(database_url, settings_for_tests())
+    batcher = CommitBatcher(single, settings, commit_alone(single, settings))
+    batcher.start()
+    try:
+        await batcher.submit(
+            "batch-one", commit_request({"topic": "t", "partition": 0, "offset": 1})
+        )
+        async with holder_engine.connect() as holder:
+            transaction = await holder.begin()
+            await holder.execute(
+                text("SELECT 1 FROM partition_offsets WHERE group_id = 'batch-one' FOR UPDATE")
+            )
+            pending = asyncio.ensure_future(
+                batcher.submit(
+                    "batch-one", commit_request({"topic": "t", "partition": 0, "offset": 7})
+                )
+            )
+            await asyncio.sleep(0.4)  # the batch's lock wait has timed out by now
+            await transaction.rollback()
+        # Far below the pool's 30 s checkout timeout, which a worker holding two would hit.
+        result = await asyncio.wait_for(pending, timeout=10)
+        assert result.reply.partitions[0].last_stable_offset == 7
+    finally:
+        await batcher.close()
+        await single.dispose()
+        await holder_engine.dispose()
+
+
+async def test_busy_workers_give_way_to_other_users_of_an_exhausted_pool(
+    database_url: str,
+) -> None:
+    # Small batches from many committers: the queue is never empty when the worker looks.
+    settings = settings_for_tests(
+        db_pool_size=1, commit_batch_workers=1, commit_batch_max_requests=4
+    )
+    single = make_engine(database_url, settings)
+    batcher = CommitBatcher(single, settings, commit_alone(single, settings))
+    batcher.start()
+    committed = 0
+    busy = asyncio.Event()
+
+    async def keep_committing(partition: int) -> None:
+        nonlocal committed
+        offset = 0
+        while True:
+            offset += 1
+            await batcher.submit(
+                "batch-busy",
+                commit_request({"topic": "t", "partition": partition, "offset": offset}),
+            )
+            committed += 1
+            if committed == 50:  # the workers are in a busy period
+                busy.set()
+
+    committers = [asyncio.create_task(keep_committing(p)) for p in range(32)]
+    try:
+        await asyncio.wait_for(busy.wait(), timeout=30)
+        async with asyncio.timeout(10):  # the pool's own checkout timeout is 30 s
+            async with single.connect() as connection:
+                assert (await connection.execute(text("SELECT 1"))).scalar() == 1
+    finally:
+        for task in committers:
+            task.cancel()
+        await asyncio.gather(*committers, return_exceptions=True)
+        await batcher.close()
+        await single.dispose()
+
+
 def checked_out(engine: AsyncEngine) -> int:
     pool = engine.sync_engine.pool
     assert isinstance(pool, QueuePool)
