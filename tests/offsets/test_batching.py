@@ -171,18 +171,8 @@ async def test_failed_transaction_applies_each_request_alone(database_url: str) 
             "batch-retry", commit_request({"topic": "t", "partition": 0, "offset": 1})
         )
         assert first.reply.partitions[0].last_stable_offset == 1 and calls == []
-        async with main.connect() as holder:
-            transaction = await holder.begin()
-            await holder.execute(
-                text("SELECT 1 FROM partition_offsets WHERE group_id = 'batch-retry' FOR UPDATE")
-            )
-            pending = asyncio.ensure_future(
-                batcher.submit(
-                    "batch-retry", commit_request({"topic": "t", "partition": 0, "offset": 9})
-                )
-            )
-            await asyncio.sleep(0.6)  # the batch's lock wait has timed out by now
-            await transaction.rollback()
+        # The batch's lock wait has timed out by the time the rows are released.
+        pending = await commit_past_a_row_lock(main, batcher, "batch-retry", 9, hold_s=0.6)
         result = await pending
         assert calls == ["batch-retry"]
         assert result.reply.partitions[0].last_stable_offset == 9
@@ -191,6 +181,26 @@ async def test_failed_transaction_applies_each_request_alone(database_url: str) 
         await batcher.close()
         await main.dispose()
         await impatient.dispose()
+
+
+async def commit_past_a_row_lock(
+    holder_engine: AsyncEngine, batcher: CommitBatcher, group_id: str, offset: int, hold_s: float
+) -> asyncio.Future[CommitResult]:
+    """Submit a commit of partition t-0 while another transaction holds the group's rows for
+    ``hold_s``; the commit's future, once the rows are free again."""
+    async with holder_engine.connect() as holder:
+        transaction = await holder.begin()
+        await holder.execute(
+            text("SELECT 1 FROM partition_offsets WHERE group_id = :g FOR UPDATE"), {"g": group_id}
+        )
+        pending = asyncio.ensure_future(
+            batcher.submit(
+                group_id, commit_request({"topic": "t", "partition": 0, "offset": offset})
+            )
+        )
+        await asyncio.sleep(hold_s)
+        await transaction.rollback()
+    return pending
 
 
 async def test_a_batch_holds_no_more_partitions_than_one_request_may(
@@ -291,18 +301,7 @@ async def test_requests_left_to_the_single_request_path_get_the_workers_connecti
         await batcher.submit(
             "batch-one", commit_request({"topic": "t", "partition": 0, "offset": 1})
         )
-        async with holder_engine.connect() as holder:
-            transaction = await holder.begin()
-            await holder.execute(
-                text("SELECT 1 FROM partition_offsets WHERE group_id = 'batch-one' FOR UPDATE")
-            )
-            pending = asyncio.ensure_future(
-                batcher.submit(
-                    "batch-one", commit_request({"topic": "t", "partition": 0, "offset": 7})
-                )
-            )
-            await asyncio.sleep(0.4)  # the batch's lock wait has timed out by now
-            await transaction.rollback()
+        pending = await commit_past_a_row_lock(holder_engine, batcher, "batch-one", 7, hold_s=0.4)
         # Far below the pool's 30 s checkout timeout, which a worker holding two would hit.
         result = await asyncio.wait_for(pending, timeout=10)
         assert result.reply.partitions[0].last_stable_offset == 7
