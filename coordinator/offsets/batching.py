@@ -145,9 +145,10 @@ class CommitBatcher:
         try:
             async with _pooled_asyncpg(self._engine) as connection:
                 while True:
-                    applied, undecided = await self._run(batch, connection)
+                    # A failed batch leaves all its requests undecided, so it ends here too.
+                    undecided = await self._run(batch, connection)
                     exhausted = self._pool_exhausted()
-                    if undecided or not applied or exhausted:
+                    if undecided or exhausted:
                         break
                     self._account(batch)
                     batch = []
@@ -205,15 +206,15 @@ class CommitBatcher:
 
     async def _run(
         self, batch: list[_Pending], connection: asyncpg.Connection | None
-    ) -> tuple[bool, list[_Pending]]:
+    ) -> list[_Pending]:
         """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
 
-        Returns whether the transaction committed, and the requests left to the
-        single-request path: those it could not decide, or all of them when it failed.
+        Returns the requests left to the single-request path: those it could not decide, or
+        all of them when it failed.
         """
         metrics.COMMIT_BATCH_SIZE.observe(len(batch))
         if connection is None:
-            return False, batch
+            return batch
         try:
             async with connection.transaction():
                 outcomes = await self._decide_and_apply(connection, batch)
@@ -222,7 +223,7 @@ class CommitBatcher:
                 "batched commit failed; applying its requests one by one",
                 extra={"requests": len(batch), "error": type(exc).__name__},
             )
-            return False, batch
+            return batch
         undecided = []
         for pending, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, _Undecided):
@@ -232,7 +233,7 @@ class CommitBatcher:
             else:
                 metrics.COMMITS.inc()
                 _settle(pending, result=outcome)
-        return True, undecided
+        return undecided
 
     async def _answer_alone(self, pending: _Pending) -> None:
         try:
