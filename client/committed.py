@@ -15,7 +15,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, cast
 
-from client.keyspace import HASH_MAX, HASH_MIN, KeyRange
+from client.keyspace import HASH_MAX, KeyRange, check_key_range
 
 # Kafka offsets are int64; the stable offset never exceeds this either, because a record at
 # offset 2**63-1 could not exist (its next offset would overflow), so capping loses nothing.
@@ -177,11 +177,7 @@ class CommittedOffsets:
         previous_piece: Piece | None = None
         for piece in self.pieces:
             start, end, offset = piece
-            if not HASH_MIN <= start <= end <= HASH_MAX:
-                raise ValueError(
-                    f"watermark key range [{start}, {end}] is not within [0, 2**63-1] "
-                    "with start <= end"
-                )
+            check_key_range(start, end, "watermark key range")
             if not stable < offset <= OFFSET_MAX:
                 raise ValueError(
                     f"watermark [{start}, {end}] -> {offset} is not above stable_offset {stable}"

@@ -30,6 +30,13 @@ def key_hash(key: bytes | None, offset: int) -> int:
     return int(murmur3_halves(key, 0)[0]) >> 1
 
 
+def check_key_range(start: int, end: int, what: str = "key range") -> None:
+    """The rule for a closed range of key hashes, also for the bare (start, end) pairs the
+    coordinator's commit path handles without building ``KeyRange`` objects."""
+    if not (HASH_MIN <= start <= end <= HASH_MAX):
+        raise ValueError(f"{what} [{start}, {end}] is not within [0, 2**63-1] with start <= end")
+
+
 @dataclass(frozen=True, order=True, slots=True)
 class KeyRange:
     """Closed interval ``[start, end]`` of 63-bit key hashes."""
@@ -38,10 +45,7 @@ class KeyRange:
     end: int
 
     def __post_init__(self) -> None:
-        if not (HASH_MIN <= self.start <= self.end <= HASH_MAX):
-            raise ValueError(
-                f"key range [{self.start}, {self.end}] is not within [0, 2**63-1] with start <= end"
-            )
+        check_key_range(self.start, self.end)
 
     @classmethod
     def full(cls) -> KeyRange:

@@ -26,7 +26,7 @@ from itertools import pairwise
 from operator import itemgetter
 
 from client.committed import OFFSET_MAX, CommittedOffsets, Piece
-from client.keyspace import HASH_MAX, HASH_MIN
+from client.keyspace import HASH_MAX, HASH_MIN, check_key_range
 
 OffsetRange = tuple[int, int]
 
@@ -205,11 +205,8 @@ def _raise_watermarks(
     Validates each raise although the HTTP layer already did: defence in depth for any caller.
     """
     for start, end, offset in raises:
-        if not (HASH_MIN <= start <= end <= HASH_MAX and 0 <= offset <= OFFSET_MAX):
-            raise ValueError(
-                f"watermark [{start}, {end}] -> {offset} needs 0 <= start <= end <= 2**63-1 "
-                "and an offset within [0, 2**63-1]"
-            )
+        check_key_range(start, end, "watermark key range")
+        _check_offset(offset, "watermark offset")
     effective = [piece for piece in raises if piece[2] > floor]
     if not effective:
         return stored
