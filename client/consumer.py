@@ -7,6 +7,12 @@ and that the group has not processed yet, and commits what was processed to the 
 and one at a time: ``async for`` and ``getmany`` hand records out in partition order, and
 ``run`` keeps one chain per key while different keys run concurrently.
 
+Nothing is handed out once the membership is lost: before every hand-out (``records``,
+``getmany``, ``run``'s workers, and before buffering a fetch) the consumer asks
+``Membership.session_lost``, which reads the session deadline off the monotonic clock, so a
+member frozen or blocked past its session hands out nothing after it resumes, even before its
+heartbeat learns what the coordinator did meanwhile (DESIGN §5, docs/membership.md).
+
 Delivery is at least once. A record counts as processed when it is marked: ``async for``
 marks the previous record when the next one is requested (unless ``auto_mark=False``),
 ``getmany`` leaves marking to the caller, ``run`` marks after the handler returns.
@@ -20,6 +26,7 @@ them down in a fixed order: reconciliation, final commit, leave the group, Kafka
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import logging
@@ -331,7 +338,7 @@ class KeyrangeConsumer:
                 self.mark_processed(self._last_auto)
                 self._last_auto = None
             try:
-                if not self._buffer or self._closed:
+                if self._closed or not self._buffer or not self._may_hand_out():
                     await self._until_buffered(None)
                 tp, record, hashed = self._take_one()
             except ConsumerStopped:
@@ -350,7 +357,7 @@ class KeyrangeConsumer:
         ``mark_processed`` once done."""
         deadline = time.monotonic() + timeout_ms / 1000
         batch: dict[TopicPartition, list[Record]] = {}
-        if not self._buffer:
+        if not self._buffer or not self._may_hand_out():
             try:
                 await self._until_buffered(deadline)
             except TimeoutError:
@@ -430,19 +437,40 @@ class KeyrangeConsumer:
         if self._tracker.uncommitted_ranges >= self._max_ranges:
             self._request_commit()
 
+    def still_owned(self, record: Record) -> bool:
+        """Whether ``record``, handed out and not marked yet, is still this consumer's to
+        process: False once its slice was released after the revoke timeout or lost, and from
+        the instant the session deadline passes. Ask it right before a side effect (it costs
+        a clock read and a lookup); what it cannot cover, a handler frozen between asking and
+        acting, needs a fence downstream (docs/membership.md, "Zombie members")."""
+        if not self._may_hand_out():
+            return False
+        tp = (record.topic, record.partition)
+        handed = self._outstanding.get(tp)
+        if handed is not None and record.offset in handed:
+            return True
+        return any(run.holds(record.offset) for run in self._outstanding_batches.get(tp, ()))
+
     async def commit(self) -> None:
         """Commit everything marked so far, now."""
         self._check_running()
         await self._commit(raise_errors=True)
 
-    async def run(self, handler: Handler, *, max_concurrency: int = 1) -> None:
+    async def run(
+        self, handler: Handler, *, max_concurrency: int = 1, cancel_on_loss: bool = True
+    ) -> None:
         """Process records with ``handler`` until ``stop()``: different keys concurrently (up
         to ``max_concurrency`` handlers at once), each key one record at a time in offset
         order; a record is marked when its handler returns. A handler error stops the run
-        (its record stays unprocessed) and is raised here."""
+        (its record stays unprocessed) and is raised here.
+
+        When the membership is lost (session deadline passed, fenced), handlers still running
+        are cancelled, because their keys may already be another member's; their records are
+        not marked and go to the slices' next owner. ``cancel_on_loss=False`` lets them run
+        to their end instead (their outcome is still not committed)."""
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
-        dispatcher = _Dispatcher(self, handler, max_concurrency)
+        dispatcher = _Dispatcher(self, handler, max_concurrency, cancel_on_loss=cancel_on_loss)
         self._dispatchers.add(dispatcher)
         try:
             await dispatcher.run()
@@ -502,15 +530,20 @@ class KeyrangeConsumer:
             extra={"group_id": self._group_id, "slices": _describe(revoked)},
         )
 
+    def withhold(self) -> None:
+        # Synchronous on purpose: it runs the instant the loss is known, before any other task
+        # of this loop can hand a buffered or queued record to user code.
+        self._buffer.clear()
+        self._last_auto = None
+        for dispatcher in self._dispatchers:
+            dispatcher.lose()
+
     async def lose_all(self) -> None:
         async with self._kafka_lock:
             lost = self._tracker.clear()
-            self._buffer.clear()
+            self.withhold()
             self._outstanding.clear()
             self._outstanding_batches.clear()
-            self._last_auto = None
-            for dispatcher in self._dispatchers:
-                dispatcher.withdraw(None)
             self._sync_kafka(self._running_kafka(), seek={})
         if lost:
             logger.warning(
@@ -545,13 +578,15 @@ class KeyrangeConsumer:
             self._check_running()
             if interrupt is not None and interrupt.done():
                 raise _Interrupted
-            if self._buffer:
+            lost = not self._may_hand_out()
+            if self._buffer and not lost:
                 return
             remaining = None if deadline is None else deadline - time.monotonic()
             if polled and remaining is not None and remaining <= 0:
                 raise TimeoutError
             kafka = self._running_kafka()
-            if not kafka.assignment():
+            if lost or not kafka.assignment():
+                # Lost: nothing to hand out until the member rejoined and acquired slices.
                 waits: set[asyncio.Future[None]] = {self._change_future()}
                 if interrupt is not None:
                     waits.add(interrupt)
@@ -566,6 +601,9 @@ class KeyrangeConsumer:
             poll = _POLL_SLICE_S if remaining is None else max(min(remaining, _POLL_SLICE_S), 0)
             async with self._kafka_lock:
                 batches = await kafka.getmany(timeout_ms=int(poll * 1000))
+                if not self._may_hand_out():
+                    # Lost during the poll: these records belong to slices no longer ours.
+                    continue
                 for tp, records in batches.items():
                     self._examine(tp, records)
 
@@ -758,6 +796,8 @@ class KeyrangeConsumer:
             batch = self._tracker.prepare_commit(max_ranges=_MAX_RANGES_PER_REQUEST)
             if batch is None:
                 return
+            if not self._may_hand_out():
+                raise UnknownMemberId("the session was lost; nothing committed")
             member_id, member_epoch = (
                 (None, None) if self._membership is None else self._membership.identity()
             )
@@ -815,6 +855,11 @@ class KeyrangeConsumer:
         if self._membership is not None and self._membership.failure.done():
             self._membership.failure.result()
 
+    def _may_hand_out(self) -> bool:
+        """The guard before every hand-out (DESIGN §5, the client half of the safety
+        invariant); asking it is what notices a session deadline passed during a freeze."""
+        return self._membership is None or not self._membership.session_lost()
+
     def _change_future(self) -> asyncio.Future[None]:
         if self._changed is None or self._changed.done():
             self._changed = asyncio.get_running_loop().create_future()
@@ -861,6 +906,10 @@ class _Run:
         self.hashes = hashes
         self.next = 0
 
+    def holds(self, offset: int) -> bool:
+        index = bisect.bisect_left(self.offsets, offset)
+        return index < len(self.offsets) and self.offsets[index] == offset
+
 
 class _Dispatcher:
     """``run()``'s machinery: one chain of records per (partition, key hash) and a fixed pool
@@ -872,14 +921,25 @@ class _Dispatcher:
     # across hot keys without reading the whole partition into memory.
     _QUEUED_PER_WORKER = 64
 
-    def __init__(self, consumer: KeyrangeConsumer, handler: Handler, max_concurrency: int) -> None:
+    def __init__(
+        self,
+        consumer: KeyrangeConsumer,
+        handler: Handler,
+        max_concurrency: int,
+        *,
+        cancel_on_loss: bool,
+    ) -> None:
         self._consumer = consumer
         self._handler = handler
         self._workers = max_concurrency
+        self._cancel_on_loss = cancel_on_loss
         self._max_queued = max_concurrency * self._QUEUED_PER_WORKER
         self._chains: dict[tuple[TopicPartition, int], deque[_Item]] = {}
         self._ready: asyncio.Queue[tuple[TopicPartition, int] | None] = asyncio.Queue()
-        self._running: set[tuple[TopicPartition, int]] = set()
+        # The worker task running each chain's head, and the chains whose handler was
+        # cancelled because the membership was lost.
+        self._running: dict[tuple[TopicPartition, int], asyncio.Task[Any]] = {}
+        self._cancelled: set[tuple[TopicPartition, int]] = set()
         self._queued = 0
         self._space = asyncio.Event()
         self._space.set()
@@ -928,28 +988,43 @@ class _Dispatcher:
 
     async def _work(self) -> None:
         chains, ready = self._chains, self._ready
+        worker = asyncio.current_task()
+        assert worker is not None
         while True:
             ident = await ready.get()
             if ident is None or self._failure.done():
                 return
             chain = chains[ident]
-            if not chain:  # withdrawn while waiting in the ready queue
+            # Asked before every hand-out. A lost membership withdrew every queued record
+            # before the answer turned False, so the chain is empty then.
+            if not chain or not self._consumer._may_hand_out():
+                self._done(len(chain))
                 del chains[ident]
                 continue
             tp, record, hashed = chain[0]
             self._consumer._hand_out(tp, record, hashed)
-            self._running.add(ident)
+            self._running[ident] = worker
             try:
                 await self._handler(record)
+            except asyncio.CancelledError:
+                if ident not in self._cancelled or worker.uncancel() > 0:
+                    raise
             except Exception as error:
                 if not self._failure.done():
                     self._failure.set_exception(error)
                 return
             finally:
-                self._running.discard(ident)
+                del self._running[ident]
             chain.popleft()
             self._done(1)
-            self._consumer.mark_processed(record)
+            if ident in self._cancelled:
+                # Cancelled for a lost membership (or it swallowed the cancellation): the
+                # key may be another member's already, so the record is not marked.
+                self._cancelled.discard(ident)
+                if worker.cancelling():
+                    worker.uncancel()
+            else:
+                self._consumer.mark_processed(record)
             if chain:
                 ready.put_nowait(ident)
             else:
@@ -959,6 +1034,18 @@ class _Dispatcher:
         self._queued -= count
         if self._queued < self._max_queued:
             self._space.set()
+
+    def lose(self) -> None:
+        """The membership is lost: drop every queued record and cancel the handlers still
+        running (unless ``cancel_on_loss`` is off), since their keys may be another member's
+        already."""
+        self.withdraw(None)
+        if not self._cancel_on_loss:
+            return
+        for ident, worker in self._running.items():
+            if ident not in self._cancelled:
+                self._cancelled.add(ident)
+                worker.cancel()
 
     def withdraw(self, slices: Slices | None) -> None:
         """Drop queued records of ``slices`` (all with None) that no handler started."""

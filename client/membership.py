@@ -7,9 +7,14 @@ schedule and publishes each reply's ``assignment`` (what the member may own *now
 ``owned`` is reported at once, then acquires ``assignment - owned``. Keeping them apart lets
 the member keep heartbeating while a revocation drains in-flight work.
 
-Losing the membership (fenced, unknown member, or no successful heartbeat for a whole session
-timeout while the coordinator is unreachable) drops every slice without committing and
-rejoins with epoch 0, so a zombie never commits over the slices' new owners.
+Losing the membership (fenced, unknown member, or a passed session deadline) drops every
+slice without committing and rejoins with epoch 0, so a zombie never commits over the slices'
+new owners. The session deadline is decided locally, on the monotonic clock: the send time of
+the last successful heartbeat plus the session timeout. The coordinator measures from when it
+*received* that heartbeat, so the member's deadline is never later than the coordinator's
+expiry, and a member frozen or blocked past it (SIGSTOP, a paused VM, a synchronous call in
+the event loop) learns it from the clock the moment it runs again, without a round trip.
+``Membership.session_lost`` is what the consumer asks before every hand-out (DESIGN §5).
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class SliceOwner(Protocol):
     async def acquire(self, added: Slices) -> None: ...
 
     async def lose_all(self) -> None: ...
+
+    def withhold(self) -> None:
+        """Hand nothing more out, at once: the membership was just lost. Called before
+        ``lose_all``, which drops the slices themselves once it gets its turn."""
 
 
 def slices_minus(left: Mapping[TopicPartition, Sequence[KeyRange]], right: Slices) -> Slices:
@@ -167,6 +176,9 @@ class Membership:
         self._requested_session_ms = session_timeout_ms
         self._interval_s = self._session_s / 3
         self._last_success: float | None = None
+        # Set from the moment the membership is known lost (deadline passed, fenced, unknown)
+        # until every slice has been dropped: nothing may be handed out in between.
+        self._lost = False
         self.reconciler = Reconciler(owner, self.wake)
         self._wake: asyncio.Future[None] | None = None
         self._waiters: list[asyncio.Future[bool]] = []
@@ -181,6 +193,24 @@ class Membership:
         if self.member_id is None:
             return None, None
         return self.member_id, self.member_epoch
+
+    def session_lost(self) -> bool:
+        """True while the member may not hand out records: from the instant its session
+        deadline passed (or the coordinator answered fenced / unknown member) until its slices
+        were dropped. Cheap enough to ask before every hand-out; the first caller to see the
+        deadline passed wakes the heartbeat task, which drops the slices and rejoins."""
+        if self._lost:
+            return True
+        if self._session_left() > 0:
+            return False
+        self._mark_lost()
+        return True
+
+    def _mark_lost(self) -> None:
+        if not self._lost:
+            self._lost = True
+            self._owner.withhold()
+            self.wake()
 
     def wake(self) -> None:
         """Heartbeat now rather than at the next interval (owned slices shrank)."""
@@ -226,8 +256,20 @@ class Membership:
         while True:
             # Created before the heartbeat so a wake() during it is not lost.
             self._wake = asyncio.get_running_loop().create_future()
+            if self.session_lost():
+                # Checked before sending: a heartbeat sent past the deadline could still be
+                # answered with the old assignment by a coordinator that has not reaped yet.
+                logger.warning(
+                    "session deadline passed without a successful heartbeat; slices are lost",
+                    extra={"group_id": self._group_id, "member_id": self.member_id},
+                )
+                self._resolve_waiters(False)
+                await self._lose()
+                continue
             sent_at = time.monotonic()
             error = await self._beat()
+            if error is None and self.session_lost():
+                continue
             if error is None:
                 backoff = _BACKOFF_INITIAL_S
                 self._resolve_waiters(True)
@@ -242,12 +284,6 @@ class Membership:
                 delay = 0.0
             elif error.retriable:
                 self._resolve_waiters(False)
-                if self._session_left() <= 0:
-                    logger.warning(
-                        "no heartbeat succeeded for a session timeout; slices are lost",
-                        extra={"group_id": self._group_id, "error": str(error)},
-                    )
-                    await self._lose()
                 # Wake up in time to give the slices up when the session runs out.
                 delay = min(backoff, self._session_left())
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
@@ -282,6 +318,10 @@ class Membership:
             return CoordinatorUnavailable("heartbeat timed out")
         except KeyrangeClientError as error:
             return error
+        if self._lost:
+            # The deadline passed while this heartbeat was on the wire and records were
+            # already withdrawn: the loss stands, whatever the coordinator answered.
+            return None
         self._last_success = sent_at
         if reply.member_id != self.member_id or reply.member_epoch != self.member_epoch:
             logger.info(
@@ -310,9 +350,13 @@ class Membership:
         return self._last_success + self._session_s - time.monotonic()
 
     async def _lose(self) -> None:
+        self._mark_lost()
         self.member_id, self.member_epoch = None, JOIN_EPOCH
         self._last_success = None
-        await self.reconciler.reset()
+        try:
+            await self.reconciler.reset()
+        finally:
+            self._lost = False
 
     async def _sleep(self, delay: float) -> None:
         if self._wake is None or self._waiters:

@@ -66,9 +66,7 @@ def member(
         coordinator_url=coordinator,
         group_id=group_id,
         rebalance_listener=listener,
-        session_timeout_ms=2_000,
-        auto_commit_interval_ms=200,
-        **options,  # type: ignore[arg-type]
+        **{"session_timeout_ms": 2_000, "auto_commit_interval_ms": 200, **options},  # type: ignore[arg-type]
     )
 
 

@@ -10,14 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import httpx
 import pytest
 import pytest_asyncio
 from aiokafka.structs import TopicPartition
@@ -34,80 +30,13 @@ from tests.e2e import (
     until,
     zipf_keys,
 )
-from tests.fixtures.coordinator import MakeDatabase, free_port
+from tests.e2e.processes import WorkerProcess
 from tests.fixtures.services import MakeTopic
 
 pytestmark = pytest.mark.slow
 # The coordinator's default max_ic_ranges_per_partition: past it a commit is refused and the
 # group rebalanced, so stored state near it would disturb the group.
 MAX_IC_RANGES_PER_PARTITION = 10_000
-
-WORKER = Path(__file__).with_name("worker_process.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def coordinator(
-    make_migrated_database: MakeDatabase,
-    kafka_bootstrap: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[str]:
-    """The coordinator as operators run it (``python -m coordinator serve``), in its own
-    process so members and coordinator do not share one event loop, with short sessions and
-    heartbeats so dead members are noticed within seconds."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("coordinator") / "coordinator.log"
-    env = dict(os.environ)
-    env.update(
-        KEYRANGE_DATABASE_URL=await make_migrated_database(),
-        KEYRANGE_KAFKA_BOOTSTRAP=kafka_bootstrap,
-        KEYRANGE_HOST="127.0.0.1",
-        KEYRANGE_PORT=str(port),
-        KEYRANGE_MIGRATE_ON_START="false",
-        KEYRANGE_LOG_LEVEL="WARNING",
-        KEYRANGE_LOG_FORMAT="text",
-        KEYRANGE_SESSION_TIMEOUT_MIN_MS="500",
-        KEYRANGE_SESSION_TIMEOUT_DEFAULT_MS=str(SESSION_TIMEOUT_MS),
-        KEYRANGE_HEARTBEAT_INTERVAL_MS="200",
-        KEYRANGE_REAPER_INTERVAL_MS="100",
-        KEYRANGE_METADATA_REFRESH_MS="500",
-    )
-    with log_path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "coordinator",
-            "serve",
-            env=env,
-            cwd=REPO_ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=url) as api:
-            for _ in range(300):
-                if process.returncode is not None:
-                    raise RuntimeError(f"coordinator exited: {log_path.read_text()[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await api.get("/readyz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError(f"coordinator not ready: {log_path.read_text()[-3000:]}")
-        yield url
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), 20)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        problems = [line for line in log_path.read_text().splitlines() if "ERROR" in line]
-        if problems:
-            print(f"\ncoordinator log has {len(problems)} ERROR lines, see {log_path}")
 
 
 class WarningCounter(logging.Handler):
@@ -245,47 +174,25 @@ async def test_four_members_share_a_skewed_partition_in_key_order_with_small_sto
         assert run.observer.peak_ic_ranges < MAX_IC_RANGES_PER_PARTITION
 
 
-class ProcessMember:
-    """A member in its own process (``worker_process.py``), to be killed with SIGKILL."""
+class ProcessMember(WorkerProcess):
+    """A member in its own process, to be killed with SIGKILL."""
 
     def __init__(self, run: Run, out: Path) -> None:
-        self.run = run
-        self.out = out
-        self.name = "process-member"
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            "--bootstrap",
-            self.run.bootstrap,
-            "--coordinator",
-            self.run.coordinator,
-            "--group",
-            self.run.group,
-            "--topic",
-            self.run.topic,
-            "--out",
-            str(self.out),
-            "--work-ms",
-            "0.5",
-            "--session-timeout-ms",
-            str(SESSION_TIMEOUT_MS),
-            stdin=asyncio.subprocess.PIPE,
-            cwd=REPO_ROOT,
+        super().__init__(
+            bootstrap=run.bootstrap,
+            coordinator=run.coordinator,
+            group=run.group,
+            topic=run.topic,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            options=["--out", str(out), "--work-ms", "0.5"],
         )
+        self.out = out
 
     def processed(self) -> list[int]:
         if not self.out.exists():
             return []
         lines = self.out.read_bytes().split(b"\n")
         return [int(line) for line in lines if line]
-
-    async def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        await self.process.wait()
 
 
 @pytest.mark.parametrize("death", ["task-cancelled", "process-killed"])

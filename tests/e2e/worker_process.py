@@ -1,27 +1,63 @@
-"""A cooperative member in its own process, for tests that kill it with SIGKILL.
+"""A cooperative member in its own process, for tests that kill it with SIGKILL, freeze it
+with SIGSTOP, or block its event loop.
 
-Appends each processed offset to ``--out`` (one line, written before the record is marked
-processed, so the file lists everything it might have committed) and runs until killed or
-its stdin closes.
+With ``--out`` it appends each processed offset to that file (one line, written before the
+record is marked processed, so the file lists everything it might have committed). With
+``--ledger`` it appends one JSON line per event instead, on the machine-wide monotonic clock
+so a test can line up several processes: ``start`` when a record is handed to the handler
+(with the member id it was handed out under) and ``effect`` when the handler acts on it, which
+it does only while ``still_owned`` says the record is still this member's. SIGUSR1 makes the
+next handler block the event loop for ``--block-ms`` with a synchronous sleep (then a
+``blocked`` event). It runs until killed or its stdin closes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import signal
 import sys
+import time
 from typing import Any
 
 from client import KeyrangeConsumer
 
 
 async def main(args: argparse.Namespace) -> None:
-    out = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    out = None if args.out is None else _append(args.out)
+    ledger = None if args.ledger is None else _append(args.ledger)
+    block_next = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, block_next.set)
+
+    def note(event: dict[str, Any]) -> None:
+        if ledger is not None:
+            os.write(ledger, json.dumps(event).encode() + b"\n")
 
     async def handle(record: Any) -> None:
+        started = time.monotonic()
+        member = consumer.member_id
+        note({"e": "start", "m": member, "o": record.offset, "k": record.key.hex(), "t": started})
+        if block_next.is_set():
+            block_next.clear()
+            time.sleep(args.block_ms / 1000)  # noqa: ASYNC251 - the point: a blocked loop
+            note({"e": "blocked", "s": started, "t": time.monotonic()})
         await asyncio.sleep(args.work_ms / 1000)
-        os.write(out, b"%d\n" % record.offset)
+        if ledger is not None and not consumer.still_owned(record):
+            return
+        note(
+            {
+                "e": "effect",
+                "m": member,
+                "o": record.offset,
+                "k": record.key.hex(),
+                "s": started,
+                "t": time.monotonic(),
+            }
+        )
+        if out is not None:
+            os.write(out, b"%d\n" % record.offset)
 
     async with KeyrangeConsumer(
         args.topic,
@@ -32,12 +68,16 @@ async def main(args: argparse.Namespace) -> None:
         session_timeout_ms=args.session_timeout_ms,
         auto_commit_interval_ms=200,
     ) as consumer:
-        processing = asyncio.create_task(consumer.run(handle, max_concurrency=4))
+        processing = asyncio.create_task(consumer.run(handle, max_concurrency=args.concurrency))
         stdin_closed = asyncio.create_task(_stdin_closed())
         await asyncio.wait({processing, stdin_closed}, return_when=asyncio.FIRST_COMPLETED)
         stdin_closed.cancel()
         if processing.done():
             processing.result()
+
+
+def _append(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 async def _stdin_closed() -> None:
@@ -50,8 +90,12 @@ async def _stdin_closed() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    for name in ("bootstrap", "coordinator", "group", "topic", "out"):
+    for name in ("bootstrap", "coordinator", "group", "topic"):
         parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--ledger")
     parser.add_argument("--work-ms", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--block-ms", type=float, default=5_000)
     parser.add_argument("--session-timeout-ms", type=int, default=2_000)
     asyncio.run(main(parser.parse_args()))
