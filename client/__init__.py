@@ -36,6 +36,15 @@ Standalone (no membership; commits are accepted only while the group has no live
             c.mark_all_processed(records)  # or c.mark_processed(record) for each one
         await c.commit()
 
+A member past its session deadline (frozen, or its event loop blocked) hands nothing more
+out and rejoins; ``run`` cancels its running handlers (``cancel_on_loss=False`` lets them
+finish), and a handler asks ``consumer.still_owned(record)`` right before a side effect::
+
+    async def handle(record) -> None:
+        result = await compute(record)
+        if consumer.still_owned(record):
+            await store(result, fence=record.offset)
+
 ``mark_all_processed`` marks a partition's batch, processed in offset order, in one step
 (much cheaper than a call per record); other lists of records are marked one by one.
 """
