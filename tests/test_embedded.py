@@ -70,6 +70,7 @@ def test_create_database_refuses_names_that_need_quoting(
         embedded_postgres.create_database('x"; DROP DATABASE postgres; --')
 
 
+@pytest.mark.db
 async def test_data_survives_stop_and_start(tmp_path: Path) -> None:
     data_dir = tmp_path / "postgres"
     server = EmbeddedPostgres(data_dir)
@@ -106,6 +107,7 @@ def test_a_second_handle_reuses_the_server_and_leaves_it_running(
     assert _postmaster_pid(embedded_postgres.data_dir) == pid
 
 
+@pytest.mark.db
 def test_postgres_that_cannot_start_explains_why(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -120,6 +122,7 @@ async def test_broker_fixture_answers_metadata(kafka_bootstrap: str) -> None:
         assert isinstance(await cluster.list_topics(), set)
 
 
+@pytest.mark.kafka
 def test_broker_stops_completely_and_logs_to_its_directory(tmp_path: Path) -> None:
     with EmbeddedBroker(tmp_path / "broker") as broker:
         host, port = broker.bootstrap.split(":")
@@ -135,6 +138,7 @@ def test_broker_stops_completely_and_logs_to_its_directory(tmp_path: Path) -> No
     broker.stop()
 
 
+@pytest.mark.kafka
 def test_broker_that_cannot_listen_reports_its_log(tmp_path: Path) -> None:
     with socket.socket() as occupied:
         occupied.bind(("127.0.0.1", 0))
@@ -147,6 +151,7 @@ def test_broker_that_cannot_listen_reports_its_log(tmp_path: Path) -> None:
     assert broker.pid is None
 
 
+@pytest.mark.kafka
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux")
 def test_broker_dies_with_a_killed_parent(tmp_path: Path) -> None:
     script = (
@@ -176,6 +181,7 @@ def test_broker_dies_with_a_killed_parent(tmp_path: Path) -> None:
     assert not _alive(broker_pid)
 
 
+@pytest.mark.kafka
 def test_a_crashed_broker_can_be_started_again(tmp_path: Path) -> None:
     broker = EmbeddedBroker(tmp_path / "broker")
     try:

@@ -128,6 +128,7 @@ async def test_closed_port_is_kafka_unavailable() -> None:
         await cluster.close()
 
 
+@pytest.mark.kafka
 @pytest.mark.timeout(60)
 async def test_a_stopped_broker_becomes_kafka_unavailable(tmp_path: Path) -> None:
     broker = EmbeddedBroker(tmp_path / "broker")
@@ -143,6 +144,7 @@ async def test_a_stopped_broker_becomes_kafka_unavailable(tmp_path: Path) -> Non
         await cluster.close()
 
 
+@pytest.mark.kafka
 @pytest.mark.timeout(60)
 async def test_a_reader_that_started_before_kafka_recovers_once_it_is_up(tmp_path: Path) -> None:
     port = _closed_port()

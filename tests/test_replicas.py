@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator
 from tests.fixtures.services import MakeTopic
+from tests.waiting import until
 
 Held = dict[str, list[tuple[str, int, int, int]]]
 
@@ -148,21 +149,20 @@ async def test_three_replicas_on_one_database_act_as_one(
 
         for member in members:
             member.alive = True
-        for _ in range(15):  # converge: everyone alive keeps heartbeating
+
+        async def converged() -> bool:  # everyone alive keeps heartbeating
             await asyncio.gather(*(heartbeat(m) for m in members))
-            await asyncio.sleep(0.05)
+            held = await _held_by_members(database_url)
+            return len(held) == len(members) and not any(
+                _uncovered(held, partition) for partition in (0, 1)
+            )
+
+        await until(converged, 30, "the live members to cover both partitions")
         held = await _held_by_members(database_url)
         _assert_no_double_grant(held)
         assert len(held) == len(members)
         for partition in (0, 1):  # the live members together cover each partition exactly
-            pieces = sorted(
-                (lo, hi) for ranges in held.values() for t, p, lo, hi in ranges if p == partition
-            )
-            merged_end = -1
-            for lo, hi in pieces:
-                assert lo <= merged_end + 1
-                merged_end = max(merged_end, hi)
-            assert pieces[0][0] == 0 and merged_end == 2**63 - 1
+            assert _uncovered(held, partition) is None
 
         reply = await clients[1].get(f"/v1/groups/{group}/offsets")
         stored = {p["partition"]: p for p in reply.json()["partitions"]}
@@ -174,3 +174,18 @@ async def test_three_replicas_on_one_database_act_as_one(
     finally:
         for client in clients:
             await client.aclose()
+
+
+def _uncovered(held: Held, partition: int) -> str | None:
+    """Where the members' pieces of ``partition`` leave a gap in the hash space, if anywhere."""
+    pieces = sorted(
+        (lo, hi) for ranges in held.values() for _, p, lo, hi in ranges if p == partition
+    )
+    merged_end = -1
+    for lo, hi in pieces:
+        if lo > merged_end + 1:
+            return f"partition {partition}: nothing holds {merged_end + 1}..{lo - 1}"
+        merged_end = max(merged_end, hi)
+    if merged_end != 2**63 - 1:
+        return f"partition {partition}: nothing holds {merged_end + 1}.."
+    return None

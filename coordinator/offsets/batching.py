@@ -96,6 +96,11 @@ class CommitBatcher:
         self._worker_count = settings.commit_batch_workers
         self._idle_workers = 0
 
+    @property
+    def idle_workers(self) -> int:
+        """Workers waiting for a request (tests wait for all of them before they submit)."""
+        return self._idle_workers
+
     def start(self) -> None:
         self._workers = [
             asyncio.create_task(self._work(), name=f"commit-batcher-{index}")

@@ -14,10 +14,18 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from client import CoordinatorClient, KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
+from client import (
+    CommittedOffsets,
+    CoordinatorClient,
+    KeyRange,
+    KeyrangeConsumer,
+    RebalanceListener,
+    key_hash,
+)
 from client.http import Slices
 from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator
 from tests.fixtures.services import MakeTopic
+from tests.waiting import until
 
 StartCoordinator = Callable[..., Awaitable[RunningCoordinator]]
 
@@ -295,11 +303,13 @@ async def test_enough_uncommitted_ranges_trigger_a_commit_without_waiting(
         records = await take(c, 20, mark=False)
         for record in records[1:6:2]:  # offsets 1, 3, 5: three IC ranges above offset 0
             c.mark_processed(record)
-        for _ in range(200):  # the coordinator is polled: the commit runs in the background
-            committed = await api.fetch_offsets(group_id, [topic])
-            if tp in committed:
-                break
-            await asyncio.sleep(0.05)
+        committed: dict[TopicPartition, CommittedOffsets] = {}
+
+        async def commit_landed() -> bool:  # the commit runs in the background
+            committed.update(await api.fetch_offsets(group_id, [topic]))
+            return tp in committed
+
+        await until(commit_landed, 30, "the early commit to reach the coordinator")
     assert committed[tp].ranges == ((1, 1), (3, 3), (5, 5))
 
 

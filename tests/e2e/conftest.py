@@ -13,7 +13,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.e2e import SESSION_TIMEOUT_MS
+from tests.e2e.harness import SESSION_TIMEOUT_MS
 from tests.fixtures.coordinator import MakeDatabase, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

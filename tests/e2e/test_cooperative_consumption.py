@@ -19,7 +19,7 @@ import pytest_asyncio
 from aiokafka.structs import TopicPartition
 
 from client import CommittedOffsets, CoordinatorClient, key_hash
-from tests.e2e import (
+from tests.e2e.harness import (
     SESSION_TIMEOUT_MS,
     Ledger,
     Member,
@@ -27,11 +27,11 @@ from tests.e2e import (
     allow_range_fetch,
     produce,
     unique,
-    until,
     zipf_keys,
 )
 from tests.e2e.processes import WorkerProcess
 from tests.fixtures.services import MakeTopic
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 # The coordinator's default max_ic_ranges_per_partition: past it a commit is refused and the
@@ -329,7 +329,8 @@ async def test_a_topic_without_range_fetch_is_never_split(
 
     await run.until_processed(len(keys))
     await run.until_stable_offset(len(keys))
-    await asyncio.sleep(0.5)  # a few more polls with the group settled
+    settled_at = run.observer.polls
+    await until(lambda: run.observer.polls >= settled_at + 3, 30, "a few polls of the settled group")
 
     assert run.ledger.missing() == []
     assert run.observer.overlaps == []

@@ -25,9 +25,10 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from tests.e2e import allow_range_fetch, unique, until
+from tests.e2e.harness import allow_range_fetch, unique
 from tests.e2e.processes import WorkerProcess
 from tests.fixtures.services import MakeTopic
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -224,10 +225,11 @@ async def one_round(
         sent = await traffic.stop()
 
     async with httpx.AsyncClient(base_url=coordinator) as api:
-        deadline = time.monotonic() + 60
-        while (reached := await stable_offset(api, group, topic)) < sent:
-            assert time.monotonic() < deadline, f"stable offset {reached} of {sent} after 60 s"
-            await asyncio.sleep(0.1)
+
+        async def all_committed() -> bool:
+            return await stable_offset(api, group, topic) >= sent
+
+        await until(all_committed, 60, f"the stable offset to reach {sent}")
 
     for process in processes.values():
         assert await process.close() == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
@@ -20,6 +20,7 @@ from coordinator.offsets.batching import ApplyAlone, CommitBatcher, commit_alone
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.offsets.service import CommitResult
 from tests.fixtures.coordinator import insert_live_member, settings_for_tests
+from tests.waiting import until
 
 
 @pytest_asyncio.fixture
@@ -171,8 +172,10 @@ async def test_failed_transaction_applies_each_request_alone(database_url: str) 
             "batch-retry", commit_request({"topic": "t", "partition": 0, "offset": 1})
         )
         assert first.reply.partitions[0].last_stable_offset == 1 and calls == []
-        # The batch's lock wait has timed out by the time the rows are released.
-        pending = await commit_past_a_row_lock(main, batcher, "batch-retry", 9, hold_s=0.6)
+        # The rows are released once the batch's lock wait timed out and it went alone.
+        pending = await commit_past_a_row_lock(
+            main, batcher, "batch-retry", 9, released_when=lambda: bool(calls)
+        )
         result = await pending
         assert calls == ["batch-retry"]
         assert result.reply.partitions[0].last_stable_offset == 9
@@ -184,10 +187,15 @@ async def test_failed_transaction_applies_each_request_alone(database_url: str) 
 
 
 async def commit_past_a_row_lock(
-    holder_engine: AsyncEngine, batcher: CommitBatcher, group_id: str, offset: int, hold_s: float
+    holder_engine: AsyncEngine,
+    batcher: CommitBatcher,
+    group_id: str,
+    offset: int,
+    *,
+    released_when: Callable[[], object],
 ) -> asyncio.Future[CommitResult]:
-    """Submit a commit of partition t-0 while another transaction holds the group's rows for
-    ``hold_s``; the commit's future, once the rows are free again."""
+    """Submit a commit while another transaction holds the group's offset rows, and keep them
+    held until ``released_when()`` (the batch gave up waiting); the commit's future."""
     async with holder_engine.connect() as holder:
         transaction = await holder.begin()
         await holder.execute(
@@ -198,7 +206,7 @@ async def commit_past_a_row_lock(
                 group_id, commit_request({"topic": "t", "partition": 0, "offset": offset})
             )
         )
-        await asyncio.sleep(hold_s)
+        await until(released_when, 30, "the batch to give up waiting for the held rows")
         await transaction.rollback()
     return pending
 
@@ -233,7 +241,7 @@ async def test_requests_arriving_together_are_shared_by_the_waiting_workers(
     settings = settings_for_tests(commit_batch_workers=4)
     batcher = CommitBatcher(engine, settings, alone_on(engine, []))
     batcher.start()
-    await asyncio.sleep(0.05)  # every worker waits for work
+    await until(lambda: batcher.idle_workers == 4, 30, "every worker to wait for work")
     batches_before = _batches()
     requests = [commit_request({"topic": "t", "partition": p, "offset": 1}) for p in range(8)]
     results = await asyncio.gather(*(batcher.submit("batch-spread", r) for r in requests))
@@ -258,11 +266,7 @@ async def test_workers_give_their_connections_back_once_the_queue_is_empty(
             )
         )
         # A worker releases its connection right after answering its last batch.
-        for _ in range(200):
-            if checked_out(engine) == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert checked_out(engine) == 0
+        await until(lambda: checked_out(engine) == 0, 30, "every connection to be returned")
     finally:
         await batcher.close()
 
@@ -295,13 +299,16 @@ async def test_requests_left_to_the_single_request_path_get_the_workers_connecti
     settings = settings_for_tests(db_pool_size=1, db_statement_timeout_ms=200)
     single = make_engine(database_url, settings)
     holder_engine = make_engine(database_url, settings_for_tests())
-    batcher = CommitBatcher(single, settings, commit_alone(single, settings))
+    calls: list[str] = []
+    batcher = CommitBatcher(single, settings, alone_on(single, calls))
     batcher.start()
     try:
         await batcher.submit(
             "batch-one", commit_request({"topic": "t", "partition": 0, "offset": 1})
         )
-        pending = await commit_past_a_row_lock(holder_engine, batcher, "batch-one", 7, hold_s=0.4)
+        pending = await commit_past_a_row_lock(
+            holder_engine, batcher, "batch-one", 7, released_when=lambda: bool(calls)
+        )
         # Far below the pool's 30 s checkout timeout, which a worker holding two would hit.
         result = await asyncio.wait_for(pending, timeout=10)
         assert result.reply.partitions[0].last_stable_offset == 7
