@@ -330,7 +330,7 @@ async def test_a_topic_without_range_fetch_is_never_split(
     await run.until_processed(len(keys))
     await run.until_stable_offset(len(keys))
     settled_at = run.observer.polls
-    await until(lambda: run.observer.polls >= settled_at + 3, 30, "a few polls of the settled group")
+    await until(lambda: run.observer.polls >= settled_at + 3, 30, "polls of the settled group")
 
     assert run.ledger.missing() == []
     assert run.observer.overlaps == []
