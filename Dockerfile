@@ -14,8 +14,9 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
 # Dependencies first, from pyproject.toml alone: a source change then reuses this layer.
+# The image runs the coordinator: the base dependencies and the `server` extra.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(project['dependencies']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(project['dependencies'] + project['optional-dependencies']['server']))" > /tmp/requirements.txt \
     && pip install --no-cache-dir --requirement /tmp/requirements.txt
 
 # The package itself, without dependencies: they are all in the layer above.

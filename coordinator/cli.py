@@ -1,5 +1,9 @@
 """The `keyrange` command: run the coordinator, migrate its database, and administer groups
-through the admin API."""
+through the admin API.
+
+`serve` and `migrate` need the coordinator's packages (the `keyrange[server]` extra) and import
+them when they run; `admin` and `version` need only what a plain `pip install keyrange` brings,
+so a worker's image can administer a coordinator without the server installed."""
 
 from __future__ import annotations
 
@@ -11,16 +15,59 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from importlib.util import find_spec
 from typing import Any
 
 import httpx
 
-from coordinator import logs, migrate
-from coordinator.settings import Settings
+from coordinator import logs
 
 log = logging.getLogger("keyrange")
 
 VERSION = "0.1.0"
+
+# Import names of the packages the `server` extra installs (pyproject.toml).
+SERVER_PACKAGES = (
+    "fastapi",
+    "uvicorn",
+    "sqlalchemy",
+    "asyncpg",
+    "alembic",
+    "pydantic",
+    "pydantic_settings",
+    "prometheus_client",
+)
+
+
+def missing_server_packages() -> list[str]:
+    return [name for name in SERVER_PACKAGES if not _importable(name)]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return find_spec(name) is not None
+    except ImportError:  # present but unusable counts as missing
+        return False
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _needs_server(command: Command) -> Command:
+    """Refuse with one clear line, not an ImportError, where the server extra is missing."""
+
+    def checked(args: argparse.Namespace) -> int:
+        missing = missing_server_packages()
+        if missing:
+            print(
+                f"keyrange: this command runs the coordinator, which needs its packages: "
+                f"pip install 'keyrange[server]' (missing: {', '.join(missing)})",
+                file=sys.stderr,
+            )
+            return 2
+        return command(args)
+
+    return checked
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -36,8 +83,10 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_with_services(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from coordinator import migrate
     from coordinator.app import create_app
     from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
+    from coordinator.settings import Settings
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -90,6 +139,9 @@ def _serve_with_services(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from coordinator import migrate
+    from coordinator.settings import Settings
+
     settings = Settings()
     logs.configure(settings.log_level, settings.log_format)
     if settings.database_url is None:
@@ -208,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (KEYRANGE_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (KEYRANGE_PORT, default 8080)")
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=_needs_server(_serve))
 
     migrate_cmd = commands.add_parser("migrate", help="apply database migrations and exit")
     migrate_cmd.add_argument("--revision", default="head", help="target revision (default head)")
@@ -219,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait up to SECONDS for the database to accept connections first",
     )
-    migrate_cmd.set_defaults(handler=_migrate)
+    migrate_cmd.set_defaults(handler=_needs_server(_migrate))
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=_version)

