@@ -23,12 +23,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check coordinator client migrations tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check coordinator client migrations tests bench examples
 	$(VENV)/bin/ruff format --check coordinator client migrations tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 bench-commit: $(STAMP)
 	$(PY) -m bench.commit
