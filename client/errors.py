@@ -89,6 +89,13 @@ class MaxIndividualCommitReached(KeyrangeClientError):
     retriable = True
 
 
+class ConsumerStopped(KeyrangeClientError):
+    """The consumer is not started, or was stopped (raised by the SDK itself, never by the
+    coordinator)."""
+
+    error = "CONSUMER_STOPPED"
+
+
 _BY_NAME: dict[str, type[KeyrangeClientError]] = {
     cls.error: cls
     for cls in (

@@ -1,0 +1,208 @@
+"""``run()``'s machinery: records of different keys processed concurrently, each key's one at a
+time in offset order, on a fixed pool of worker tasks apart from the fetch.
+
+It sees the consumer only through ``RecordSource``: the next record to hand out, the hand-out
+guard (the membership's session deadline), handing out and marking. When the membership is
+lost the consumer calls ``lose``, which drops what is queued and cancels running handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiokafka.structs import TopicPartition
+
+from client.errors import ConsumerStopped
+from client.fetcher import FetchInterrupted, Item, Record, in_slices
+from client.http import Slices
+
+Handler = Callable[[Record], Awaitable[object]]
+
+
+class RecordSource(Protocol):
+    """What the dispatcher needs of the consumer."""
+
+    @property
+    def stopped(self) -> bool:
+        """The consumer was stopped (a ``ConsumerStopped`` then ends the run quietly)."""
+
+    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
+        """The next record to hand out; ``FetchInterrupted`` once ``interrupt`` is done."""
+
+    def may_hand_out(self) -> bool:
+        """Asked right before each hand-out (DESIGN §5)."""
+
+    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> None: ...
+
+    def mark_processed(self, record: Record) -> None: ...
+
+
+class Dispatcher:
+    """``run()``'s machinery: one chain of records per (partition, key hash) and a fixed pool
+    of ``max_concurrency`` workers. A chain is scheduled at most once at any time, so a key's
+    records run one at a time in offset order; a worker takes one record of a chain and puts
+    the chain back at the end of the ready queue, so hot keys do not starve the others."""
+
+    # Records dispatched but not finished, per worker: enough to keep every worker busy
+    # across hot keys without reading the whole partition into memory.
+    _QUEUED_PER_WORKER = 64
+
+    def __init__(
+        self,
+        source: RecordSource,
+        handler: Handler,
+        max_concurrency: int,
+        *,
+        cancel_on_loss: bool,
+    ) -> None:
+        self._source = source
+        self._handler = handler
+        self._workers = max_concurrency
+        self._cancel_on_loss = cancel_on_loss
+        self._max_queued = max_concurrency * self._QUEUED_PER_WORKER
+        self._chains: dict[tuple[TopicPartition, int], deque[Item]] = {}
+        self._ready: asyncio.Queue[tuple[TopicPartition, int] | None] = asyncio.Queue()
+        # The worker task running each chain's head, and the chains whose handler was
+        # cancelled because the membership was lost.
+        self._running: dict[tuple[TopicPartition, int], asyncio.Task[Any]] = {}
+        self._cancelled: set[tuple[TopicPartition, int]] = set()
+        self._queued = 0
+        self._space = asyncio.Event()
+        self._space.set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stopping = False
+
+    async def run(self) -> None:
+        source = self._source
+        for index in range(self._workers):
+            task = asyncio.create_task(self._work(), name=f"keyrange-worker-{index}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            while not self._stopping:
+                try:
+                    item = await source.next_item(self._failure)
+                except FetchInterrupted:
+                    break
+                except ConsumerStopped:
+                    if source.stopped:
+                        break
+                    raise
+                self._dispatch(item)
+                while self._queued >= self._max_queued and not self._failure.done():
+                    self._space.clear()
+                    space = asyncio.ensure_future(self._space.wait())
+                    waits: set[asyncio.Future[Any]] = {space, self._failure}
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    space.cancel()
+        finally:
+            await self.finish(None)
+        if self._failure.done():
+            self._failure.result()
+
+    def _dispatch(self, item: Item) -> None:
+        tp, _, hashed = item
+        ident = (tp, hashed)
+        self._queued += 1
+        chain = self._chains.get(ident)
+        if chain is not None:
+            chain.append(item)
+            return
+        self._chains[ident] = deque([item])
+        self._ready.put_nowait(ident)
+
+    async def _work(self) -> None:
+        chains, ready = self._chains, self._ready
+        worker = asyncio.current_task()
+        assert worker is not None
+        while True:
+            ident = await ready.get()
+            if ident is None or self._failure.done():
+                return
+            chain = chains[ident]
+            # Asked before every hand-out. A lost membership withdrew every queued record
+            # before the answer turned False, so the chain is empty then.
+            if not chain or not self._source.may_hand_out():
+                self._done(len(chain))
+                del chains[ident]
+                continue
+            tp, record, hashed = chain[0]
+            self._source.hand_out(tp, record, hashed)
+            self._running[ident] = worker
+            try:
+                await self._handler(record)
+            except asyncio.CancelledError:
+                if ident not in self._cancelled or worker.uncancel() > 0:
+                    raise
+            except Exception as error:
+                if not self._failure.done():
+                    self._failure.set_exception(error)
+                return
+            finally:
+                del self._running[ident]
+            chain.popleft()
+            self._done(1)
+            if ident in self._cancelled:
+                # Cancelled for a lost membership (or it swallowed the cancellation): the
+                # key may be another member's already, so the record is not marked.
+                self._cancelled.discard(ident)
+                if worker.cancelling():
+                    worker.uncancel()
+            else:
+                self._source.mark_processed(record)
+            if chain:
+                ready.put_nowait(ident)
+            else:
+                del chains[ident]
+
+    def _done(self, count: int) -> None:
+        self._queued -= count
+        if self._queued < self._max_queued:
+            self._space.set()
+
+    def lose(self) -> None:
+        """The membership is lost: drop every queued record and cancel the handlers still
+        running (unless ``cancel_on_loss`` is off), since their keys may be another member's
+        already."""
+        self.withdraw(None)
+        if not self._cancel_on_loss:
+            return
+        current = asyncio.current_task()
+        for ident, worker in self._running.items():
+            if ident not in self._cancelled:
+                self._cancelled.add(ident)
+                # A handler that noticed the loss itself (``still_owned``) is told by the
+                # answer; cancelling its own running task would strike after it returned.
+                if worker is not current:
+                    worker.cancel()
+
+    def withdraw(self, slices: Slices | None) -> None:
+        """Drop queued records of ``slices`` (all with None) that no handler started."""
+        for (tp, hashed), chain in self._chains.items():
+            if slices is not None and not in_slices(slices, tp, hashed):
+                continue
+            keep = 1 if (tp, hashed) in self._running else 0
+            dropped = len(chain) - keep
+            if dropped > 0:
+                for _ in range(dropped):
+                    chain.pop()
+                self._done(dropped)
+
+    async def finish(self, timeout_s: float | None) -> None:
+        """Stop dispatching; let started handlers end (up to ``timeout_s``), drop the rest."""
+        self._stopping = True
+        self.withdraw(None)
+        if not self._failure.done():
+            self._failure.set_result(None)
+        for _ in range(self._workers):
+            self._ready.put_nowait(None)
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
