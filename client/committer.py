@@ -27,9 +27,6 @@ from client.tracker import OffsetTracker
 
 logger = logging.getLogger(__name__)
 
-# The coordinator's default max_ranges_per_request (DESIGN §3.1).
-_MAX_RANGES_PER_REQUEST = 60_000
-
 
 class Committer:
     """Sends the tracker's progress for one group; ``membership`` is None when standalone."""
@@ -47,6 +44,8 @@ class Committer:
         self._tracker = tracker
         self._may_commit = may_commit
         self.membership: Membership | None = None
+        # Learned from the coordinator before the first commit (``GET /v1/limits``).
+        self._max_ranges: int | None = None
         self._lock = asyncio.Lock()
         self._soon: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -97,8 +96,10 @@ class Committer:
     async def _commit_locked(self) -> None:
         refreshed = False
         membership = self.membership
+        if self._max_ranges is None:
+            self._max_ranges = (await self._client.limits()).max_ranges_per_request
         while True:
-            batch = self._tracker.prepare_commit(max_ranges=_MAX_RANGES_PER_REQUEST)
+            batch = self._tracker.prepare_commit(max_ranges=self._max_ranges)
             if batch is None:
                 return
             if not self._may_commit():

@@ -24,7 +24,12 @@ import httpx
 from aiokafka.structs import TopicPartition
 
 from client.committed import CommittedOffsets, Watermark
-from client.errors import CoordinatorUnavailable, InvalidRequest, error_for_name
+from client.errors import (
+    CoordinatorUnavailable,
+    InvalidRequest,
+    KeyrangeClientError,
+    error_for_name,
+)
 from client.keyspace import KeyRange
 
 logger = logging.getLogger(__name__)
@@ -36,6 +41,13 @@ _BACKOFF_INITIAL_S = 0.1
 _BACKOFF_MAX_S = 2.0
 
 Slices = dict[TopicPartition, list[KeyRange]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits of the coordinator; the defaults are DESIGN §3.1's."""
+
+    max_ranges_per_request: int = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +247,18 @@ class CoordinatorClient:
             )
             for entry in document["partitions"]
         }
+
+    async def limits(self) -> Limits:
+        """What one commit may carry on this coordinator (``GET /v1/limits``); DESIGN's
+        defaults from a coordinator too old to say."""
+        try:
+            document = await self._request("GET", "/v1/limits")
+        except KeyrangeClientError as error:
+            if error.status != 404:
+                raise
+            logger.debug("the coordinator has no /v1/limits; assuming the defaults")
+            return Limits()
+        return Limits(max_ranges_per_request=int(document["max_ranges_per_request"]))
 
     async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:
         anonymous_join = (

@@ -186,6 +186,7 @@ def create_app(
     from coordinator.groups.endpoints import router as groups_router
     from coordinator.groups.service import background_loops
     from coordinator.health.endpoints import router as health_router
+    from coordinator.limits import router as limits_router
     from coordinator.offsets.endpoints import router as offsets_router
 
     loops = dict(background_loops(settings) if background is None else background)
@@ -233,6 +234,7 @@ def create_app(
     app.include_router(groups_router)
     app.include_router(admin_router)
     app.include_router(groups_admin_router)
+    app.include_router(limits_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(RouteMetrics)
     return app

@@ -108,3 +108,16 @@ def test_plain_postgres_urls_select_the_asyncpg_driver() -> None:
         assert url.get_secret_value() == "postgresql+asyncpg://u:p@db:5432/k"
     with pytest.raises(ValueError, match="postgresql"):
         Settings(database_url="mysql://u@db/k")
+
+
+async def test_the_limits_need_a_valid_token_of_either_scope(secured: httpx.AsyncClient) -> None:
+    assert (await secured.get("/v1/limits")).status_code == 401
+    for token in (CLIENT, ADMIN):
+        reply = await secured.get("/v1/limits", headers=bearer(token))
+        assert reply.status_code == 200
+        assert reply.json() == {
+            "max_ranges_per_request": 60_000,
+            "max_partitions_per_request": 10_000,
+            "max_metadata_chars": 4_096,
+            "max_body_bytes": 4_194_304,
+        }

@@ -337,6 +337,31 @@ async def test_without_individual_commit_a_whole_partition_commits_a_classic_off
     assert (committed.stable_offset, committed.ranges, committed.watermarks) == (4, (), ())
 
 
+async def test_commits_keep_to_the_range_limit_the_coordinator_announces(
+    kafka_bootstrap: str,
+    make_migrated_database: MakeDatabase,
+    start_coordinator: StartCoordinator,
+    make_topic: MakeTopic,
+) -> None:
+    coordinator = await start_coordinator(await make_migrated_database(), max_ranges_per_request=2)
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:10])
+    group_id = group()
+    tp = TopicPartition(topic, 0)
+    async with consumer_for(
+        kafka_bootstrap, coordinator.url, group_id, commit_mode="ranges"
+    ) as consumer:
+        consumer.assign({tp: []})
+        records = await take(consumer, 10, mark=False)
+        for record in records[1:6:2]:  # offsets 1, 3, 5: three IC ranges, one over the limit
+            consumer.mark_processed(record)
+        await consumer.commit()
+        await consumer.commit()
+    async with CoordinatorClient(coordinator.url) as api:
+        committed = (await api.fetch_offsets(group_id, [topic]))[tp]
+    assert committed.ranges == ((1, 1), (3, 3), (5, 5))
+
+
 async def test_a_revoked_range_is_released_only_after_its_handed_out_records_are_marked(
     kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
 ) -> None:
