@@ -61,7 +61,7 @@ from sqlalchemy.engine import make_url
 from coordinator import migrate
 from coordinator.app import tune_gc_for_serving
 from coordinator.db.engine import make_engine
-from coordinator.offsets.batching import CommitBatcher, commit_alone
+from coordinator.offsets.batching import CommitBatcher
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.settings import Settings
 
@@ -715,7 +715,7 @@ async def run(args: argparse.Namespace, database_url: str, work_dir: Path) -> di
             coordinator_process(command, database_url, port, work_dir / "coordinator.log")
         )
         engine = make_engine(database_url, settings)
-        batcher = CommitBatcher(engine, settings, commit_alone(engine, settings))
+        batcher = CommitBatcher(engine, settings)
         batcher.start()
         pool = await asyncpg.create_pool(
             asyncpg_dsn(database_url), min_size=args.committers, max_size=args.committers

@@ -24,10 +24,10 @@ from coordinator import metrics
 from coordinator.body_limit import BodySizeLimit
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
-from coordinator.groups.fencing import request_rebalance
+from coordinator.groups.repository import request_rebalances
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
-from coordinator.offsets.batching import CommitBatcher, commit_alone
+from coordinator.offsets.batching import CommitBatcher
 from coordinator.problems import error_response
 from coordinator.settings import Settings
 
@@ -134,8 +134,8 @@ def _rebalance_on_max_ic(app: FastAPI) -> Callable[[str], Awaitable[None]]:
     async def flag(group_id: str) -> None:
         try:
             async with app.state.engine.begin() as connection:
-                await request_rebalance(
-                    connection, group_id, "max individual-commit ranges reached"
+                await request_rebalances(
+                    connection, [group_id], "max individual-commit ranges reached"
                 )
         except (OperationalError, InterfaceError, DBAPIError) as exc:
             # The next commit that hits the cap flags it again.
@@ -182,7 +182,7 @@ def create_app(
     background: dict[str, BackgroundLoop] | None = None,
 ) -> FastAPI:
     from coordinator.admin.endpoints import router as admin_router
-    from coordinator.groups.admin_endpoints import router as groups_admin_router
+    from coordinator.admin.members import router as groups_admin_router
     from coordinator.groups.endpoints import router as groups_router
     from coordinator.groups.service import background_loops
     from coordinator.health.endpoints import router as health_router
@@ -195,9 +195,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.engine = make_engine(database_url, settings)
         app.state.cluster = await _connect_cluster(settings)
-        app.state.commits = CommitBatcher(
-            app.state.engine, settings, commit_alone(app.state.engine, settings)
-        )
+        app.state.commits = CommitBatcher(app.state.engine, settings)
         app.state.commits.start()
         try:
             await _seed_switches(app)

@@ -19,6 +19,11 @@ COMMIT_BATCH_SIZE = Histogram(
     "Commit requests applied in one database transaction",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
+COMMITS_RERUN_ALONE = Counter(
+    "keyrange_commit_requests_rerun_alone_total",
+    "Commit requests a batch could not decide, or lost with its failed transaction, re-run "
+    "in a transaction of their own",
+)
 COMMITTED_PARTITIONS = Counter(
     "keyrange_committed_partitions_total", "Partition entries of applied commits", ["outcome"]
 )

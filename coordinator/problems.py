@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import asyncpg
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -20,6 +21,16 @@ PROBLEM = "application/problem+json"
 
 # deadlock_detected, serialization_failure
 _RETRIABLE_SQLSTATES = {"40P01", "40001"}
+
+# Commits run on the driver connection (coordinator.offsets.batching), so the driver's own
+# errors reach here unwrapped: the database gone or going away.
+_DATABASE_GONE = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+)
 
 
 def problem(status: int, error: str, title: str, detail: str, **extra: Any) -> JSONResponse:
@@ -45,14 +56,15 @@ def error_response(exc: Exception) -> JSONResponse:
         return problem(400, "INVALID_REQUEST", "Invalid request", detail, errors=errors)
     if isinstance(exc, StarletteHTTPException):
         return problem(exc.status_code, "INVALID_REQUEST", "Request not served", str(exc.detail))
-    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, *_DATABASE_GONE)):
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem(
             503, "SERVICE_UNAVAILABLE", "Service unavailable", "the database is not reachable"
         )
     # Postgres aborted the transaction to break a lock cycle or a serialisation conflict:
     # nothing was applied and the same request will succeed when retried.
-    if isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in _RETRIABLE_SQLSTATES:
+    sqlstate = getattr(exc.orig if isinstance(exc, DBAPIError) else exc, "sqlstate", None)
+    if isinstance(exc, DBAPIError | asyncpg.PostgresError) and sqlstate in _RETRIABLE_SQLSTATES:
         log.warning("transaction aborted by the database", extra={"error": type(exc).__name__})
         return problem(
             503, "SERVICE_UNAVAILABLE", "Service unavailable", "transaction conflict; retry"

@@ -25,12 +25,11 @@ from coordinator.admin.schemas import (
 )
 from coordinator.auth import require_admin
 from coordinator.core.offsets import ic_offset_count, reset_offsets
-from coordinator.db.engine import transaction
+from coordinator.db.engine import driver_connection, transaction
+from coordinator.db.switches import read_switches
 from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest
-from coordinator.groups.fencing import count_live_members
 from coordinator.offsets import repository as offsets_repository
 from coordinator.offsets.repository import StoredPartition
-from coordinator.settings import Settings
 from coordinator.validation import GroupId, TopicName
 
 log = logging.getLogger(__name__)
@@ -87,7 +86,7 @@ async def _require_group(connection: AsyncConnection, group_id: str, *, lock: bo
 
 
 async def _require_empty(connection: AsyncConnection, group_id: str, action: str) -> None:
-    live = await count_live_members(connection, group_id)
+    live = await repository.count_live_members(connection, group_id)
     if live:
         raise GroupNotEmpty(
             f"cannot {action} while group '{group_id}' has {live} live member(s); stop them "
@@ -155,14 +154,20 @@ async def reset_group_offsets(
         keys = sorted(stored)
     elif body.to_offset is not None and body.partitions is not None:
         keys = [(body.topic, p) for p in sorted(set(body.partitions))]
-        stored = await offsets_repository.lock_partitions(connection, group_id, keys)
+        locked = await offsets_repository.lock_partitions(
+            await driver_connection(connection), [(group_id, t, p) for t, p in keys]
+        )
+        stored = {(topic, partition): state for (_, topic, partition), state in locked.items()}
     else:
         stored = await offsets_repository.lock_existing_partitions(
             connection, group_id, body.topic, body.partitions
         )
         keys = sorted(stored)
     new_states = {key: reset_offsets(stored[key], body.to_offset) for key in keys}
-    await offsets_repository.write_partitions(connection, group_id, new_states)
+    await offsets_repository.write_partitions(
+        await driver_connection(connection),
+        {(group_id, topic, partition): state for (topic, partition), state in new_states.items()},
+    )
     log.info(
         "offsets reset",
         extra={"group_id": group_id, "topic": body.topic, "to_offset": body.to_offset},
@@ -185,13 +190,6 @@ async def delete_group_offsets(
     return DeletedReply(deleted=deleted)
 
 
-async def _switches(connection: AsyncConnection, settings: Settings) -> tuple[bool, bool]:
-    stored = await repository.get_switches(connection)
-    if stored is None:
-        return settings.accept_individual_commit, settings.default_accept_range_fetch
-    return stored
-
-
 @router.get("/topics/{topic}/config", response_model=TopicConfigReply)
 async def get_topic_config(
     request: Request, topic: Annotated[TopicName, Path()], connection: Connection
@@ -199,8 +197,10 @@ async def get_topic_config(
     explicit = await repository.get_topic_config(connection, topic)
     if explicit is not None:
         return TopicConfigReply(topic=topic, accept_range_fetch=explicit, explicit=True)
-    _, default = await _switches(connection, request.app.state.settings)
-    return TopicConfigReply(topic=topic, accept_range_fetch=default, explicit=False)
+    switches = await read_switches(connection, request.app.state.settings)
+    return TopicConfigReply(
+        topic=topic, accept_range_fetch=switches.default_accept_range_fetch, explicit=False
+    )
 
 
 @router.put("/topics/{topic}/config", response_model=TopicConfigReply)
@@ -216,9 +216,10 @@ async def put_topic_config(
 
 @router.get("/config", response_model=CoordinatorConfigReply)
 async def get_config(request: Request, connection: Connection) -> CoordinatorConfigReply:
-    accept, default = await _switches(connection, request.app.state.settings)
+    switches = await read_switches(connection, request.app.state.settings)
     return CoordinatorConfigReply(
-        accept_individual_commit=accept, default_accept_range_fetch=default
+        accept_individual_commit=switches.accept_individual_commit,
+        default_accept_range_fetch=switches.default_accept_range_fetch,
     )
 
 
@@ -226,7 +227,8 @@ async def get_config(request: Request, connection: Connection) -> CoordinatorCon
 async def put_config(
     request: Request, body: CoordinatorConfigBody, connection: Connection
 ) -> CoordinatorConfigReply:
-    accept, default = await _switches(connection, request.app.state.settings)
+    switches = await read_switches(connection, request.app.state.settings)
+    accept, default = switches.accept_individual_commit, switches.default_accept_range_fetch
     if body.accept_individual_commit is not None:
         accept = body.accept_individual_commit
     if body.default_accept_range_fetch is not None:

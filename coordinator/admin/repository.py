@@ -81,17 +81,6 @@ async def set_topic_config(connection: AsyncConnection, topic: str, accept: bool
     )
 
 
-async def get_switches(connection: AsyncConnection) -> tuple[bool, bool] | None:
-    result = await connection.execute(
-        select(
-            CoordinatorConfig.accept_individual_commit,
-            CoordinatorConfig.default_accept_range_fetch,
-        ).where(CoordinatorConfig.id == 1)
-    )
-    row = result.one_or_none()
-    return None if row is None else (bool(row[0]), bool(row[1]))
-
-
 async def set_switches(
     connection: AsyncConnection, accept: bool, default_range_fetch: bool
 ) -> None:
@@ -108,3 +97,12 @@ async def set_switches(
             },
         )
     )
+
+
+async def count_live_members(connection: AsyncConnection, group_id: str) -> int:
+    result = await connection.execute(
+        select(func.count())
+        .select_from(Member)
+        .where(Member.group_id == group_id, Member.expires_at > func.now())
+    )
+    return int(result.scalar_one())

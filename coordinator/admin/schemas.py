@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from coordinator.groups.schemas import GroupDescription
 from coordinator.offsets.schemas import PartitionOffsetsReply
 from coordinator.validation import Offset, PartitionId, TopicName
 
@@ -71,3 +72,9 @@ class CoordinatorConfigBody(StrictModel):
 class CoordinatorConfigReply(BaseModel):
     accept_individual_commit: bool
     default_accept_range_fetch: bool
+
+
+class AdminGroupDescription(GroupDescription):
+    """A group's membership (from the membership service) with its offsets and lag."""
+
+    partitions: list[AdminPartitionOffsets]

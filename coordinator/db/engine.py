@@ -4,7 +4,9 @@ when the handler returns and rolls back when it raises, so services never commit
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import cast
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from starlette.requests import Request
 
@@ -33,3 +35,18 @@ async def transaction(request: Request) -> AsyncIterator[AsyncConnection]:
     engine: AsyncEngine = request.app.state.engine
     async with engine.begin() as connection:
         yield connection
+
+
+async def driver_connection(connection: AsyncConnection) -> asyncpg.Connection:
+    """The asyncpg connection under ``connection``, for statements written for the driver
+    (the offset store's row locks and writes, which commit batches run) inside the same
+    transaction.
+
+    SQLAlchemy begins the database transaction at its first statement, so the caller must
+    have run one: a driver statement before it would commit on its own.
+    """
+    raw = await connection.get_raw_connection()
+    driver = cast(asyncpg.Connection, raw.driver_connection)
+    if not driver.is_in_transaction():
+        raise RuntimeError("driver statements need the transaction begun by a statement first")
+    return driver

@@ -23,7 +23,6 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import Boolean, Integer, Text
 
 from coordinator.db.models import (
-    CoordinatorConfig,
     Group,
     Member,
     PartitionOffsets,
@@ -522,18 +521,6 @@ async def read_range_fetch(connection: AsyncConnection, topics: Collection[str])
         )
     )
     return {row.topic: bool(row.accept_range_fetch) for row in result}
-
-
-async def read_switches(connection: AsyncConnection) -> tuple[bool, bool] | None:
-    row = (
-        await connection.execute(
-            select(
-                CoordinatorConfig.accept_individual_commit,
-                CoordinatorConfig.default_accept_range_fetch,
-            ).where(CoordinatorConfig.id == 1)
-        )
-    ).one_or_none()
-    return None if row is None else (bool(row[0]), bool(row[1]))
 
 
 async def write_partition_counts(connection: AsyncConnection, counts: Mapping[str, int]) -> None:

@@ -8,7 +8,6 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from coordinator.admin.schemas import AdminPartitionOffsets
 from coordinator.validation import INT32_MAX, KeyHash, MemberEpoch, PartitionId, TopicName
 
 JOIN_EPOCH = 0
@@ -121,7 +120,6 @@ class GroupDescription(BaseModel):
     rebalance_requested: bool
     rebalance_reason: str | None
     members: list[MemberDescription]
-    partitions: list[AdminPartitionOffsets]
 
 
 class RebalanceReply(BaseModel):

@@ -46,9 +46,10 @@ from coordinator.core.assignment import (
     union_slices,
 )
 from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError, get_assignor
+from coordinator.core.fence import MemberStanding, member_refusal
 from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
+from coordinator.db.switches import read_switches
 from coordinator.errors import (
-    FencedMemberEpoch,
     GroupIdNotFound,
     InvalidRequest,
     ServiceUnavailable,
@@ -202,11 +203,7 @@ async def _recompute_targets(
     subscriptions = {mid: _resolved_topics(m, counts) for mid, m in members.items()}
     subscribed = {t for topics in subscriptions.values() for t in topics if t in counts}
     range_fetch = await repository.read_range_fetch(connection, subscribed)
-    switches = await repository.read_switches(connection)
-    accept_individual, default_range_fetch = switches or (
-        settings.accept_individual_commit,
-        settings.default_accept_range_fetch,
-    )
+    switches = await read_switches(connection, settings)
     old_targets = {mid: from_wire(m.target) for mid, m in members.items()}
     spec = GroupSpec.of(
         (
@@ -225,11 +222,11 @@ async def _recompute_targets(
             TopicSpec(
                 name=t,
                 partition_count=counts[t],
-                accept_range_fetch=range_fetch.get(t, default_range_fetch),
+                accept_range_fetch=range_fetch.get(t, switches.default_accept_range_fetch),
             )
             for t in sorted(subscribed)
         ),
-        accept_individual_commit=accept_individual,
+        accept_individual_commit=switches.accept_individual_commit,
     )
     assignment = get_assignor(assignor_name).assign(spec)
     _record_rebalance(group.group_id, reason, old_targets, assignment)
@@ -530,18 +527,18 @@ def _expiry_reasons(expired: list[str]) -> list[str]:
 
 
 def _check_member(group_id: str, member: MemberRow | None, request: HeartbeatRequest) -> MemberRow:
-    if member is None:
-        raise UnknownMemberId(
-            f"member '{request.member_id}' is not a live member of '{group_id}'; rejoin with "
-            "member_epoch 0"
-        )
-    # The previous epoch is a retry whose reply was lost: answered, but nothing is released.
-    if request.member_epoch not in (member.member_epoch, member.previous_member_epoch):
-        raise FencedMemberEpoch(
-            f"member epoch {request.member_epoch} is stale; the member's epoch is "
-            f"{member.member_epoch}: release every slice and rejoin with member_epoch 0",
-            member_epoch=member.member_epoch,
-        )
+    """The heartbeating member, judged by the same fence as its commits; ``member`` was read
+    live (expired members were reaped first)."""
+    assert request.member_id is not None  # the schema requires it for epochs other than 0
+    standing = (
+        None
+        if member is None
+        else MemberStanding(member.member_epoch, member.previous_member_epoch, alive=True)
+    )
+    refused = member_refusal(group_id, request.member_id, request.member_epoch, standing)
+    if refused is not None:
+        raise refused
+    assert member is not None
     return member
 
 
@@ -733,7 +730,6 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
             )
             for m in members
         ],
-        partitions=[],
     )
 
 

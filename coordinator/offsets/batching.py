@@ -1,20 +1,22 @@
-"""Group commit: concurrent commit requests share one database transaction.
+"""Group commit: the one way a commit is applied. Concurrent commit requests share one
+database transaction.
 
 At the rates Keyrange clients commit, the database and the coordinator spend their time on
 per-transaction and per-statement work (round trips, WAL flushes, driver calls), not on the
 offsets. Requests that arrive while a transaction is in flight are queued and the next
-transaction applies all of them with at most four statements whatever their number, so the
-cost of a commit falls as load rises, while a lone commit waits for nobody.
+transaction applies all of them with the statements ``coordinator.offsets.repository``
+counts (three in the common case) whatever their number, so the cost of a commit falls as
+load rises, while a lone commit waits for nobody.
 
-Each request stays all-or-nothing and is judged exactly as on its own (DESIGN §3.7): the
-switch, then its membership fence, under the same locks; a refused request changes nothing
-and the others in its transaction are applied. Two requests of one transaction that touch
-the same partition are applied one after the other in arrival order. A reply is sent only
-once the transaction has committed. Whatever a batch cannot decide (a group created by
-another transaction in the middle of the batch), and every request of a batch whose
-transaction failed, is applied again on its own in a transaction of its own, by the same
-path as before batching; commits are idempotent, so a batch whose commit outcome is unknown
-is safe to re-apply.
+Each request stays all-or-nothing and is judged exactly as on its own (DESIGN §3.7) by the
+fence in ``coordinator.core.fence``: the switch, then its membership, under the locks that
+keep them true; a refused request changes nothing and the others in its transaction are
+applied. Two requests of one transaction that touch the same partition are applied one after
+the other in arrival order. A reply is sent only once the transaction has committed. A
+request the batch cannot decide (its group was created by another transaction in the middle
+of the batch), and every request of a batch whose transaction failed, is re-run as a batch of
+one in a transaction of its own; commits are idempotent, so a batch whose commit outcome is
+unknown is safe to re-apply.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -32,17 +34,19 @@ from sqlalchemy.pool import QueuePool
 
 from client.committed import CommittedOffsets
 from coordinator import metrics
-from coordinator.errors import KeyrangeError
-from coordinator.groups.fencing import CommitFence, check_commit_fencing, commit_refusal
+from coordinator.core.fence import commit_refusal, switch_refusal
+from coordinator.db.switches import accept_individual_commit
+from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
 from coordinator.offsets.schemas import CommitRequest
-from coordinator.offsets.service import CommitResult, apply_request, commit, refusal_for_switch
+from coordinator.offsets.service import CommitResult, apply_request
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Applies one request in a transaction of its own: the path for what a batch cannot decide.
-ApplyAlone = Callable[[str, CommitRequest], Awaitable[CommitResult]]
+# A request re-run alone is undecided again only if yet another transaction created its group
+# in the meantime; past this many attempts the client is told to retry.
+_ATTEMPTS_ALONE = 3
 
 
 @dataclass
@@ -54,18 +58,8 @@ class _Pending:
     )
 
 
-def commit_alone(engine: AsyncEngine, settings: Settings) -> ApplyAlone:
-    """The single-request path: one request in a transaction of its own."""
-
-    async def apply(group_id: str, request: CommitRequest) -> CommitResult:
-        async with engine.begin() as connection:
-            return await commit(connection, group_id, request, settings, check_commit_fencing)
-
-    return apply
-
-
 class _Undecided:
-    """A request the batch leaves to the single-request path."""
+    """A request the batch cannot decide, re-run as a batch of one."""
 
 
 _UNDECIDED = _Undecided()
@@ -81,15 +75,9 @@ class CommitBatcher:
     queue has work.
     """
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        settings: Settings,
-        apply_alone: ApplyAlone,
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self._engine = engine
         self._settings = settings
-        self._apply_alone = apply_alone
         self._max_batch = settings.commit_batch_max_requests
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
@@ -137,33 +125,40 @@ class CommitBatcher:
         the batch's commits. The connection goes back to the pool once the queue is empty, so
         an idle coordinator holds none; after a failed batch, so a broken one is replaced;
         whenever the pool has no connection left, so heartbeats and admin requests waiting
-        for one are not starved by workers that keep theirs; and before requests are applied
-        alone, because that path takes connections of its own and a worker holding two could
+        for one are not starved by workers that keep theirs; and before requests are re-run
+        alone, because each takes a connection of its own and a worker holding two could
         wait on the pool for ever. Returns a request taken from the queue but not applied
         yet, if any.
         """
         # Taken before the pool is asked: while this worker waits for a connection, idle
         # workers would split the queue into smaller batches.
         batch, carried = self._take_batch(first)
-        undecided: list[_Pending] = []
+        rerun: list[_Pending] = []
         exhausted = False
         try:
-            async with _pooled_asyncpg(self._engine) as connection:
-                while True:
-                    # A failed batch leaves all its requests undecided, so it ends here too.
-                    undecided = await self._run(batch, connection)
-                    exhausted = self._pool_exhausted()
-                    if undecided or exhausted:
-                        break
-                    self._account(batch)
-                    batch = []
-                    if carried is None:
-                        if self._queue.empty():
+            try:
+                async with _pooled_asyncpg(self._engine) as connection:
+                    while True:
+                        # A failed batch leaves all its requests to be re-run, so it ends here.
+                        rerun = await self._run(batch, connection)
+                        exhausted = self._pool_exhausted()
+                        if rerun or exhausted:
                             break
-                        carried = self._queue.get_nowait()
-                    batch, carried = self._take_batch(carried)
-            if undecided:
-                await asyncio.gather(*(self._answer_alone(pending) for pending in undecided))
+                        self._account(batch)
+                        batch = []
+                        if carried is None:
+                            if self._queue.empty():
+                                break
+                            carried = self._queue.get_nowait()
+                        batch, carried = self._take_batch(carried)
+            except _NoConnection as exc:
+                log.warning(
+                    "no database connection for batched commits; trying them one by one",
+                    extra={"requests": len(batch), "error": type(exc.__cause__).__name__},
+                )
+                rerun = batch
+            if rerun:
+                await asyncio.gather(*(self._rerun_alone(pending) for pending in rerun))
             elif exhausted:
                 # The pool's queue wakes its first waiter, but whoever asks before that waiter
                 # runs takes the connection: this worker, at once, unless it yields first.
@@ -209,44 +204,50 @@ class CommitBatcher:
         for _ in batch:
             self._queue.task_done()
 
-    async def _run(
-        self, batch: list[_Pending], connection: asyncpg.Connection | None
-    ) -> list[_Pending]:
+    async def _transaction(
+        self, batch: list[_Pending], connection: asyncpg.Connection
+    ) -> list[Outcome]:
+        async with connection.transaction():
+            return await self._decide_and_apply(connection, batch)
+
+    async def _run(self, batch: list[_Pending], connection: asyncpg.Connection) -> list[_Pending]:
         """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
 
-        Returns the requests left to the single-request path: those it could not decide, or
-        all of them when it failed.
+        Returns the requests to re-run alone: those it could not decide, or all of them when
+        it failed. Re-runs are not batches of the queue: their own counter counts them.
         """
         metrics.COMMIT_BATCH_SIZE.observe(len(batch))
-        if connection is None:
-            return batch
         try:
-            async with connection.transaction():
-                outcomes = await self._decide_and_apply(connection, batch)
+            outcomes = await self._transaction(batch, connection)
         except Exception as exc:
             log.warning(
-                "batched commit failed; applying its requests one by one",
+                "batched commit failed; re-running its requests one by one",
                 extra={"requests": len(batch), "error": type(exc).__name__},
             )
             return batch
-        undecided = []
-        for pending, outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, _Undecided):
-                undecided.append(pending)
-            elif isinstance(outcome, KeyrangeError):
-                _settle(pending, exception=outcome)
-            else:
-                metrics.COMMITS.inc()
-                _settle(pending, result=outcome)
-        return undecided
+        return [
+            pending
+            for pending, outcome in zip(batch, outcomes, strict=True)
+            if not _answer(pending, outcome)
+        ]
 
-    async def _answer_alone(self, pending: _Pending) -> None:
+    async def _rerun_alone(self, pending: _Pending) -> None:
+        """Decide ``pending`` as a batch of one, in a transaction of its own; whatever goes
+        wrong now is the request's answer."""
+        metrics.COMMITS_RERUN_ALONE.inc()
         try:
-            result = await self._apply_alone(pending.group_id, pending.request)
+            for _ in range(_ATTEMPTS_ALONE):
+                async with _pooled_asyncpg(self._engine) as connection:
+                    (outcome,) = await self._transaction([pending], connection)
+                if _answer(pending, outcome):
+                    return
+            raise ServiceUnavailable(
+                f"group '{pending.group_id}' was being created by another request; retry"
+            )
+        except _NoConnection as exc:
+            _settle(pending, exception=exc.__cause__)
         except Exception as exc:  # delivered to the request, which renders it
             _settle(pending, exception=exc)
-        else:
-            _settle(pending, result=result)
 
     async def _decide_and_apply(
         self, connection: asyncpg.Connection, batch: list[_Pending]
@@ -255,17 +256,11 @@ class CommitBatcher:
         committing_members = {
             (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
         }
-        groups = await repository.batch_lock_groups(connection, standalone_groups)
-        members = await repository.batch_lock_members(connection, committing_members)
-        if groups.switch_read:
-            stored_switch = groups.stored_switch
-        elif members.switch_read:
-            stored_switch = members.stored_switch
-        else:  # no subject found: every request is refused, but the switch is judged first
-            stored_switch = await repository.batch_read_switch(connection)
-        switch = self._settings.accept_individual_commit if stored_switch is None else stored_switch
-
-        refusals = [_refusal(p, switch, groups.facts, members.facts) for p in batch]
+        committers = await repository.lock_committers(
+            connection, standalone_groups, committing_members
+        )
+        switch = accept_individual_commit(committers.stored_switch, self._settings)
+        refusals = [_refusal(pending, switch, committers) for pending in batch]
         outcomes: list[Outcome] = [_UNDECIDED if r is None else r for r in refusals]
         admitted = [(index, p) for index, p in enumerate(batch) if refusals[index] is None]
         keys = [
@@ -273,7 +268,7 @@ class CommitBatcher:
             for _, pending in admitted
             for entry in pending.request.partitions
         ]
-        locked = await repository.batch_lock_partitions(connection, keys) if keys else {}
+        locked = await repository.lock_partitions(connection, keys) if keys else {}
         states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
@@ -284,15 +279,19 @@ class CommitBatcher:
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result
-        await repository.batch_write_partitions(connection, changed)
+        await repository.write_partitions(connection, changed)
         return outcomes
 
 
-@contextlib.asynccontextmanager
-async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection | None]:
-    """A pooled connection's asyncpg connection, or None when the pool cannot give one.
+class _NoConnection(Exception):
+    """The pool could not give a connection; the cause says why."""
 
-    Batches run on the driver connection: at the rates batching is for, SQLAlchemy's
+
+@contextlib.asynccontextmanager
+async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection's asyncpg connection.
+
+    Commits run on the driver connection: at the rates batching is for, SQLAlchemy's
     per-statement work would cost more than the statements. The settings only accept the
     asyncpg driver.
     """
@@ -300,12 +299,7 @@ async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connecti
     try:
         await connection.start()
     except Exception as exc:
-        log.warning(
-            "no database connection for batched commits; applying them one by one",
-            extra={"error": type(exc).__name__},
-        )
-        yield None
-        return
+        raise _NoConnection from exc
     try:
         raw = await connection.get_raw_connection()
         yield cast(asyncpg.Connection, raw.driver_connection)
@@ -314,34 +308,34 @@ async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connecti
 
 
 def _refusal(
-    pending: _Pending,
-    switch: bool,
-    groups: dict[str, int],
-    members: dict[tuple[str, str], repository.MemberFenceRow],
+    pending: _Pending, switch: bool, committers: repository.Committers
 ) -> KeyrangeError | _Undecided | None:
     """Why ``pending`` may not be applied in this batch; None when it is admitted."""
     request = pending.request
-    try:
-        refusal_for_switch(request, switch)
-    except KeyrangeError as refused:
-        return refused
-    if request.member_id is None:
-        if pending.group_id not in groups:
-            return _UNDECIDED
-        live = groups[pending.group_id]
-        if live == 0:
-            return None
-        fence: CommitFence | None = CommitFence(False, live, None, None)
+    individual = any(entry.ranges or entry.watermarks for entry in request.partitions)
+    if request.member_id is None and pending.group_id not in committers.live_members:
+        return switch_refusal(individual, switch) or _UNDECIDED
+    return commit_refusal(
+        pending.group_id,
+        request.member_id,
+        request.member_epoch,
+        individual=individual,
+        accept_individual_commit=switch,
+        live_members=committers.live_members.get(pending.group_id, 0),
+        standing=committers.standings.get((pending.group_id, request.member_id or "")),
+    )
+
+
+def _answer(pending: _Pending, outcome: Outcome) -> bool:
+    """Settle ``pending`` with ``outcome``; False when the outcome is that it is undecided."""
+    if isinstance(outcome, _Undecided):
+        return False
+    if isinstance(outcome, KeyrangeError):
+        _settle(pending, exception=outcome)
     else:
-        row = members.get((pending.group_id, request.member_id))
-        if row is None:
-            fence = None
-        else:
-            epoch_ok = request.member_epoch in (row.member_epoch, row.previous_member_epoch)
-            if row.alive and epoch_ok:
-                return None
-            fence = CommitFence(False, None, row.member_epoch, row.alive)
-    return commit_refusal(pending.group_id, request.member_id, request.member_epoch, fence)
+        metrics.COMMITS.inc()
+        _settle(pending, result=outcome)
+    return True
 
 
 def _size(pending: _Pending) -> tuple[int, int]:

@@ -1,16 +1,17 @@
-"""Commit and fetch of individual-commit offsets (DESIGN §3, §3a).
+"""Commit and fetch of individual-commit offsets (DESIGN §3, §3a): the rules a request meets
+between the HTTP shell and the database.
 
-The service decides; the repository talks SQL; the pure algebra in ``coordinator.core.offsets``
-computes each partition's new state. The caller's transaction makes a request all-or-nothing.
+``check_limits`` runs once per request, before it is queued; commit batching
+(``coordinator.offsets.batching``) judges the request by the fence in ``coordinator.core.fence``
+and applies it with ``apply_request``, whose new states the pure algebra in
+``coordinator.core.offsets`` computes. The batch's transaction makes a request all-or-nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from client.committed import CommittedOffsets
 from coordinator import metrics
@@ -20,8 +21,7 @@ from coordinator.core.offsets import (
     apply_classic_commit,
     apply_individual_commit,
 )
-from coordinator.errors import IndividualCommitNotAllowed, InvalidRequest
-from coordinator.groups.fencing import commit_refusal
+from coordinator.errors import InvalidRequest
 from coordinator.offsets import repository
 from coordinator.offsets.schemas import (
     CommitReply,
@@ -37,9 +37,6 @@ _COMMITTED_BY_OUTCOME = {
     outcome: metrics.COMMITTED_PARTITIONS.labels(outcome=outcome.name.lower())
     for outcome in CommitOutcome
 }
-
-# Checks the committer's membership inside the commit's transaction; raises to refuse.
-FencingCheck = Callable[[AsyncConnection, str, str | None, int | None], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -90,19 +87,6 @@ def _apply(
             new_state, result.outcome, result.stable_offset_advanced, duplicate=False
         )
     return result
-
-
-def refusal_for_switch(request: CommitRequest, accept_individual: bool) -> None:
-    """Refuse ranges and watermarks while ``accept.individual.commit`` is off.
-
-    Judged before membership, so a fenced member with an individual commit hears about the
-    switch first, whichever path applied the commit.
-    """
-    if not accept_individual and any(p.ranges or p.watermarks for p in request.partitions):
-        raise IndividualCommitNotAllowed(
-            "the coordinator does not accept individual commits (accept.individual.commit is "
-            "off); commit a plain offset"
-        )
 
 
 @dataclass(frozen=True)
@@ -166,49 +150,6 @@ def apply_request(
         CommitResult(CommitReply.model_validate({"partitions": replies}), rebalance_needed),
         frozenset(changed),
     )
-
-
-async def commit(
-    connection: AsyncConnection,
-    group_id: str,
-    request: CommitRequest,
-    settings: Settings,
-    fencing: FencingCheck,
-) -> CommitResult:
-    """Apply ``request`` alone in the caller's transaction.
-
-    The switch, the membership fence and the partition locks come from one statement;
-    ``fencing`` runs on its own only when that statement could not read the membership (the
-    group was created concurrently, after the statement's snapshot).
-    """
-    check_limits(request, settings)
-    individual = any(p.ranges or p.watermarks for p in request.partitions)
-    keys = [(p.topic, p.partition) for p in request.partitions]
-    lock = await repository.lock_for_commit(
-        connection,
-        group_id,
-        request.member_id,
-        request.member_epoch,
-        keys,
-        individual,
-        settings.accept_individual_commit,
-    )
-    refusal_for_switch(
-        request,
-        settings.accept_individual_commit if lock.stored_switch is None else lock.stored_switch,
-    )
-    states = lock.states
-    if not lock.membership_read:
-        await fencing(connection, group_id, request.member_id, request.member_epoch)
-        states = await repository.lock_partitions(connection, group_id, keys)
-    elif not states:
-        raise commit_refusal(group_id, request.member_id, request.member_epoch, lock.fence)
-    applied = apply_request(group_id, request, states, settings)
-    await repository.write_partitions(
-        connection, group_id, {key: states[key] for key in applied.changed}
-    )
-    metrics.COMMITS.inc()
-    return applied.result
 
 
 def offsets_reply(stored: Sequence[repository.StoredPartition]) -> list[PartitionOffsetsReply]:

@@ -16,7 +16,7 @@ from coordinator import metrics
 from coordinator.db.engine import make_engine
 from coordinator.errors import FencedMemberEpoch, KeyrangeError, UnknownMemberId
 from coordinator.offsets import repository
-from coordinator.offsets.batching import ApplyAlone, CommitBatcher, commit_alone
+from coordinator.offsets.batching import CommitBatcher
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.offsets.service import CommitResult
 from tests.fixtures.coordinator import insert_live_member, settings_for_tests
@@ -39,15 +39,14 @@ def commit_request(
     return CommitRequest.model_validate(body)
 
 
-def alone_on(engine: AsyncEngine, calls: list[str]) -> ApplyAlone:
-    """The real single-request path, recording which requests took it."""
-    apply = commit_alone(engine, settings_for_tests())
-
-    async def recorded(group_id: str, request: CommitRequest) -> CommitResult:
-        calls.append(group_id)
-        return await apply(group_id, request)
-
-    return recorded
+def reruns() -> float:
+    """Requests re-run as batches of one so far (the metric the batcher keeps)."""
+    return next(
+        sample.value
+        for metric in metrics.COMMITS_RERUN_ALONE.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
 
 
 async def with_live_member(
@@ -70,8 +69,7 @@ async def test_one_transaction_judges_each_request_alone(
     engine: AsyncEngine, database_url: str
 ) -> None:
     await with_live_member(engine, database_url, "batch-members", epoch=5)
-    calls: list[str] = []
-    batcher = CommitBatcher(engine, settings_for_tests(), alone_on(engine, calls))
+    batcher = CommitBatcher(engine, settings_for_tests())
     requests = [
         ("batch-new", commit_request({"topic": "t", "partition": 0, "offset": 7})),
         ("batch-shared", commit_request({"topic": "t", "partition": 0, "ranges": [[0, 4]]})),
@@ -92,7 +90,7 @@ async def test_one_transaction_judges_each_request_alone(
         ),
     ]
     # Queued before any worker runs, so one worker drains them all into one transaction.
-    batches_before = _batches()
+    batches_before, reruns_before = _batches(), reruns()
     replies = [asyncio.ensure_future(batcher.submit(g, r)) for g, r in requests]
     await asyncio.sleep(0)
     batcher.start()
@@ -100,7 +98,7 @@ async def test_one_transaction_judges_each_request_alone(
     await batcher.close()
 
     assert _batches() - batches_before == 1
-    assert calls == []  # every request was decided inside the batch
+    assert reruns() == reruns_before  # every request was decided inside the batch
     new, first, second, overlapping, stale, unknown, standalone, member = outcomes
     assert isinstance(new, CommitResult)
     assert new.reply.partitions[0].last_stable_offset == 7
@@ -126,7 +124,7 @@ async def test_switch_off_refuses_individual_commits_first(
     engine: AsyncEngine, database_url: str
 ) -> None:
     await with_live_member(engine, database_url, "batch-switch", epoch=2)
-    batcher = CommitBatcher(engine, settings_for_tests(), alone_on(engine, []))
+    batcher = CommitBatcher(engine, settings_for_tests())
     async with engine.begin() as connection:
         await connection.execute(
             text(
@@ -161,23 +159,26 @@ async def test_switch_off_refuses_individual_commits_first(
 
 async def test_failed_transaction_applies_each_request_alone(database_url: str) -> None:
     """A batch that the database aborts (here: a lock wait past the statement timeout) loses
-    nothing: its requests are applied again one by one."""
+    nothing: its requests are re-run, each as a batch of one."""
     main = make_engine(database_url, settings_for_tests())
-    impatient = make_engine(database_url, settings_for_tests(db_statement_timeout_ms=200))
-    calls: list[str] = []
-    batcher = CommitBatcher(impatient, settings_for_tests(), alone_on(main, calls))
+    # Long enough that the holder, polling, releases the rows before the re-run's own wait
+    # times out too, even on a busy machine.
+    impatient = make_engine(database_url, settings_for_tests(db_statement_timeout_ms=1000))
+    batcher = CommitBatcher(impatient, settings_for_tests())
     batcher.start()
     try:
+        reruns_before = reruns()
         first = await batcher.submit(
             "batch-retry", commit_request({"topic": "t", "partition": 0, "offset": 1})
         )
-        assert first.reply.partitions[0].last_stable_offset == 1 and calls == []
+        assert first.reply.partitions[0].last_stable_offset == 1
+        assert reruns() == reruns_before
         # The rows are released once the batch's lock wait timed out and it went alone.
         pending = await commit_past_a_row_lock(
-            main, batcher, "batch-retry", 9, released_when=lambda: bool(calls)
+            main, batcher, "batch-retry", 9, released_when=lambda: reruns() > reruns_before
         )
         result = await pending
-        assert calls == ["batch-retry"]
+        assert reruns() == reruns_before + 1
         assert result.reply.partitions[0].last_stable_offset == 9
         assert await stored(main, "batch-retry") == [("t", 0, 9, ())]
     finally:
@@ -215,7 +216,7 @@ async def test_a_batch_holds_no_more_partitions_than_one_request_may(
     engine: AsyncEngine,
 ) -> None:
     settings = settings_for_tests(max_partitions_per_request=3)
-    batcher = CommitBatcher(engine, settings, alone_on(engine, []))
+    batcher = CommitBatcher(engine, settings)
     requests = [
         commit_request(*({"topic": "t", "partition": p, "offset": 1} for p in (0, 1))),
         commit_request({"topic": "t", "partition": 2, "offset": 1}),
@@ -239,7 +240,7 @@ async def test_requests_arriving_together_are_shared_by_the_waiting_workers(
     """Eight requests for four idle workers make four transactions of two, which overlap,
     rather than one transaction of eight while three workers wait."""
     settings = settings_for_tests(commit_batch_workers=4)
-    batcher = CommitBatcher(engine, settings, alone_on(engine, []))
+    batcher = CommitBatcher(engine, settings)
     batcher.start()
     await until(lambda: batcher.idle_workers == 4, 30, "every worker to wait for work")
     batches_before = _batches()
@@ -254,7 +255,7 @@ async def test_requests_arriving_together_are_shared_by_the_waiting_workers(
 async def test_workers_give_their_connections_back_once_the_queue_is_empty(
     engine: AsyncEngine,
 ) -> None:
-    batcher = CommitBatcher(engine, settings_for_tests(), alone_on(engine, []))
+    batcher = CommitBatcher(engine, settings_for_tests())
     batcher.start()
     try:
         await asyncio.gather(
@@ -275,9 +276,7 @@ async def test_without_a_database_each_request_gets_the_error_and_the_workers_li
     unreachable = make_engine(
         f"postgresql+asyncpg://keyrange@127.0.0.1:{_closed_port()}/none", settings_for_tests()
     )
-    batcher = CommitBatcher(
-        unreachable, settings_for_tests(), commit_alone(unreachable, settings_for_tests())
-    )
+    batcher = CommitBatcher(unreachable, settings_for_tests())
     batcher.start()
     try:
         for _ in range(2):
@@ -291,23 +290,21 @@ async def test_without_a_database_each_request_gets_the_error_and_the_workers_li
         await unreachable.dispose()
 
 
-async def test_requests_left_to_the_single_request_path_get_the_workers_connection(
-    database_url: str,
-) -> None:
-    """With a pool of one, a failed batch's requests can only be applied alone once the
-    worker has given its connection back."""
-    settings = settings_for_tests(db_pool_size=1, db_statement_timeout_ms=200)
+async def test_requests_re_run_alone_get_the_workers_connection(database_url: str) -> None:
+    """With a pool of one, a failed batch's requests can only be re-run once the worker has
+    given its connection back."""
+    settings = settings_for_tests(db_pool_size=1, db_statement_timeout_ms=1000)
     single = make_engine(database_url, settings)
     holder_engine = make_engine(database_url, settings_for_tests())
-    calls: list[str] = []
-    batcher = CommitBatcher(single, settings, alone_on(single, calls))
+    batcher = CommitBatcher(single, settings)
     batcher.start()
     try:
         await batcher.submit(
             "batch-one", commit_request({"topic": "t", "partition": 0, "offset": 1})
         )
+        reruns_before = reruns()
         pending = await commit_past_a_row_lock(
-            holder_engine, batcher, "batch-one", 7, released_when=lambda: bool(calls)
+            holder_engine, batcher, "batch-one", 7, released_when=lambda: reruns() > reruns_before
         )
         # Far below the pool's 30 s checkout timeout, which a worker holding two would hit.
         result = await asyncio.wait_for(pending, timeout=10)
@@ -326,7 +323,7 @@ async def test_busy_workers_give_way_to_other_users_of_an_exhausted_pool(
         db_pool_size=1, commit_batch_workers=1, commit_batch_max_requests=4
     )
     single = make_engine(database_url, settings)
-    batcher = CommitBatcher(single, settings, commit_alone(single, settings))
+    batcher = CommitBatcher(single, settings)
     batcher.start()
     committed = 0
     busy = asyncio.Event()

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends, Path, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.admin.endpoints import admin_offsets
+from coordinator.admin.schemas import AdminGroupDescription
 from coordinator.auth import require_admin
 from coordinator.db.engine import transaction
 from coordinator.groups import service
-from coordinator.groups.schemas import GroupDescription, RebalanceReply, RemovedMemberReply
+from coordinator.groups.schemas import RebalanceReply, RemovedMemberReply
 from coordinator.offsets import repository as offsets_repository
 from coordinator.validation import GroupId
 
@@ -22,14 +23,16 @@ GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 MemberPath = Annotated[str, Path(min_length=1, max_length=255, description="Member id")]
 
 
-@router.get("/{group_id}", response_model=GroupDescription)
+@router.get("/{group_id}", response_model=AdminGroupDescription)
 async def describe_group(
     request: Request, group_id: GroupPath, connection: Connection
-) -> GroupDescription:
+) -> AdminGroupDescription:
     """Members with their owned, assigned and target slices, and per-partition lag."""
     description = await service.describe(connection, group_id)
     stored = await offsets_repository.read_partitions(connection, group_id)
-    return description.model_copy(update={"partitions": await admin_offsets(request, stored)})
+    return AdminGroupDescription(
+        **dict(description), partitions=await admin_offsets(request, stored)
+    )
 
 
 @router.post("/{group_id}/rebalance", response_model=RebalanceReply)
