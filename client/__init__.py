@@ -54,7 +54,6 @@ from __future__ import annotations
 from aiokafka.structs import TopicPartition
 
 from client import errors
-from client.committed import CommittedOffsets, Watermark
 from client.consumer import ConsumerStopped, KeyrangeConsumer, RebalanceListener
 from client.errors import KeyrangeClientError
 from client.http import (
@@ -64,7 +63,8 @@ from client.http import (
     PartitionCommit,
     PartitionCommitReply,
 )
-from client.keyspace import KeyRange, key_hash
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import KeyRange, key_hash
 
 __all__ = [
     "CommittedOffsets",

@@ -46,8 +46,8 @@ from client.errors import ConsumerStopped, InvalidRequest
 from client.fetcher import Fetcher, Item, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices
-from client.keyspace import KeyRange, normalize
 from client.membership import Membership, Reconciler
+from client.protocol.keyspace import KeyRange, normalize
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]

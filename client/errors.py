@@ -1,4 +1,5 @@
-"""Client-side errors: one root, one class per coordinator error name (docs/api.md).
+"""Client-side errors: one root, one class per error name the coordinator sends (docs/api.md,
+names from ``client/protocol/error_names.py``).
 
 Callers decide with ``isinstance`` and the ``retriable`` class attribute, never by matching
 message text; ``error_for_name`` is the single place that maps a problem document's
@@ -8,6 +9,8 @@ message text; ``error_for_name`` is the single place that maps a problem documen
 from __future__ import annotations
 
 from typing import Any
+
+from client.protocol import error_names as names
 
 
 class KeyrangeClientError(Exception):
@@ -26,66 +29,58 @@ class KeyrangeClientError(Exception):
 class CoordinatorUnavailable(KeyrangeClientError):
     """The coordinator could not be reached or answered 5xx; the call may succeed later."""
 
-    error = "SERVICE_UNAVAILABLE"
+    error = names.SERVICE_UNAVAILABLE
     retriable = True
 
 
 class InvalidRequest(KeyrangeClientError):
-    error = "INVALID_REQUEST"
+    error = names.INVALID_REQUEST
 
 
 class Unauthorized(KeyrangeClientError):
-    error = "UNAUTHORIZED"
+    error = names.UNAUTHORIZED
 
 
 class Forbidden(KeyrangeClientError):
-    error = "FORBIDDEN"
+    error = names.FORBIDDEN
 
 
 class GroupIdNotFound(KeyrangeClientError):
-    error = "GROUP_ID_NOT_FOUND"
+    error = names.GROUP_ID_NOT_FOUND
 
 
 class FencedMemberEpoch(KeyrangeClientError):
     """The member's epoch is stale: refresh it with a heartbeat before committing again."""
 
-    error = "FENCED_MEMBER_EPOCH"
+    error = names.FENCED_MEMBER_EPOCH
 
 
 class UnknownMemberId(KeyrangeClientError):
     """The coordinator does not know this member (session expired, or standalone commit
     while the group has live members); the member must rejoin with epoch 0."""
 
-    error = "UNKNOWN_MEMBER_ID"
+    error = names.UNKNOWN_MEMBER_ID
 
 
 class IndividualCommitNotAllowed(KeyrangeClientError):
-    error = "INDIVIDUAL_COMMIT_NOT_ALLOWED"
+    error = names.INDIVIDUAL_COMMIT_NOT_ALLOWED
 
 
 class GroupNotEmpty(KeyrangeClientError):
-    error = "GROUP_NOT_EMPTY"
-
-
-class TopicRangeFetchNotAllowed(KeyrangeClientError):
-    error = "TOPIC_RANGE_FETCH_NOT_ALLOWED"
-
-
-class ConsumerRangeFetchNotAccepted(KeyrangeClientError):
-    error = "CONSUMER_RANGE_FETCH_NOT_ACCEPTED"
+    error = names.GROUP_NOT_EMPTY
 
 
 class IndividualCommitTooOld(KeyrangeClientError):
     """Per-partition commit outcome: everything sent was already below the stable offset."""
 
-    error = "INDIVIDUAL_COMMIT_TOO_OLD"
+    error = names.INDIVIDUAL_COMMIT_TOO_OLD
 
 
 class MaxIndividualCommitReached(KeyrangeClientError):
     """Per-partition commit outcome: the partition holds too many IC ranges; the coordinator
     rebalances the group, and committing again later (after a watermark advance) succeeds."""
 
-    error = "MAX_INDIVIDUAL_COMMIT_REACHED"
+    error = names.MAX_INDIVIDUAL_COMMIT_REACHED
     retriable = True
 
 
@@ -96,31 +91,34 @@ class ConsumerStopped(KeyrangeClientError):
     error = "CONSUMER_STOPPED"
 
 
-_BY_NAME: dict[str, type[KeyrangeClientError]] = {
-    cls.error: cls
-    for cls in (
-        CoordinatorUnavailable,
-        InvalidRequest,
-        Unauthorized,
-        Forbidden,
-        GroupIdNotFound,
-        FencedMemberEpoch,
-        UnknownMemberId,
-        IndividualCommitNotAllowed,
-        GroupNotEmpty,
-        TopicRangeFetchNotAllowed,
-        ConsumerRangeFetchNotAccepted,
-        IndividualCommitTooOld,
-        MaxIndividualCommitReached,
-    )
+# Every name the coordinator sends (client/protocol/error_names.py), and its class here; a 500
+# is a coordinator fault that may pass, so it retries like any other 5xx.
+ERROR_CLASSES: dict[str, type[KeyrangeClientError]] = {
+    **{
+        cls.error: cls
+        for cls in (
+            CoordinatorUnavailable,
+            InvalidRequest,
+            Unauthorized,
+            Forbidden,
+            GroupIdNotFound,
+            FencedMemberEpoch,
+            UnknownMemberId,
+            IndividualCommitNotAllowed,
+            GroupNotEmpty,
+            IndividualCommitTooOld,
+            MaxIndividualCommitReached,
+        )
+    },
+    names.INTERNAL_ERROR: CoordinatorUnavailable,
 }
 
 
 def error_for_name(name: str | None, status: int) -> type[KeyrangeClientError]:
     """The class for a problem document's ``error`` name; unknown names fall back by status
     so a newer coordinator's errors still classify sensibly (5xx stays retriable)."""
-    if name is not None and name in _BY_NAME:
-        return _BY_NAME[name]
+    if name is not None and name in ERROR_CLASSES:
+        return ERROR_CLASSES[name]
     if status >= 500:
         return CoordinatorUnavailable
     return KeyrangeClientError

@@ -23,7 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from client.errors import ConsumerStopped
 from client.http import Slices
-from client.keyspace import HASH_MAX, HASH_MIN, key_hash, murmur3_halves
+from client.protocol.keyspace import HASH_MAX, HASH_MIN, hash_records
 from client.tracker import OffsetTracker, SliceProgress
 
 # aiokafka ships no type information; at runtime this is ``aiokafka.structs.ConsumerRecord``.
@@ -237,15 +237,12 @@ class Fetcher:
                 accept = accept_one
             else:
                 accept = self._tracker.accept
-            digest = murmur3_halves  # ``key_hash`` inlined for keyed records
             key_decode, value_decode = self._key_deserializer, self._value_deserializer
             kept: list[Record] = []
             kept_offsets: list[int] = []
             kept_hashes: list[int] = []
-            for record in records:
-                key = record.key
+            for record, hashed in zip(records, hash_records(records), strict=True):
                 offset = record.offset
-                hashed = key_hash(None, offset) if key is None else digest(key, 0)[0] >> 1
                 if accept(tp, offset, hashed):
                     if key_decode is not None or value_decode is not None:
                         record = _decoded(record, key_decode, value_decode)
@@ -262,13 +259,7 @@ class Fetcher:
         """The common case in bulk: one owned slice, nothing to deserialise, and a fetch that
         lies wholly past what the slice has seen and what the group committed. Each step is
         one comprehension or one C-level extend instead of Python calls per record."""
-        digest = murmur3_halves  # ``key_hash`` inlined for keyed records
-        hashes = [
-            digest(record.key, 0)[0] >> 1
-            if record.key is not None
-            else key_hash(None, record.offset)
-            for record in records
-        ]
+        hashes = hash_records(records)
         low, high = only.keys.start, only.keys.end
         kept: list[Record]
         if low == HASH_MIN and high == HASH_MAX:

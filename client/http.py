@@ -23,14 +23,15 @@ from typing import Any
 import httpx
 from aiokafka.structs import TopicPartition
 
-from client.committed import CommittedOffsets, Watermark
 from client.errors import (
     CoordinatorUnavailable,
     InvalidRequest,
     KeyrangeClientError,
     error_for_name,
 )
-from client.keyspace import KeyRange
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import KeyRange
+from client.protocol.wire import ranges_from_wire, ranges_to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -143,22 +144,14 @@ class HeartbeatReply:
 
 
 def slices_to_json(slices: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[dict[str, Any]]:
-    return [
-        {
-            "topic": tp.topic,
-            "partition": tp.partition,
-            "ranges": [key_range.to_json() for key_range in sorted(slices[tp])],
-        }
-        for tp in sorted(slices)
-    ]
+    return ranges_to_wire(slices)
 
 
 def slices_from_json(documents: Sequence[Mapping[str, Any]]) -> Slices:
-    slices: Slices = {}
-    for document in documents:
-        tp = TopicPartition(str(document["topic"]), int(document["partition"]))
-        slices.setdefault(tp, []).extend(KeyRange.from_json(pair) for pair in document["ranges"])
-    return slices
+    return {
+        TopicPartition(topic, partition): ranges
+        for (topic, partition), ranges in ranges_from_wire(documents).items()
+    }
 
 
 class CoordinatorClient:

@@ -35,7 +35,8 @@ from client.errors import (
     UnknownMemberId,
 )
 from client.http import CoordinatorClient, HeartbeatRequest, Slices
-from client.keyspace import KeyRange, normalize, subtract
+from client.protocol.epochs import JOIN_EPOCH, LEAVE_EPOCH
+from client.protocol.keyspace import KeyRange, normalize, subtract
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ _BACKOFF_INITIAL_S = 0.1
 _BACKOFF_MAX_S = 2.0
 # A heartbeat call gets at least this long, even with almost no session left.
 _MIN_CALL_S = 0.05
-LEAVE_EPOCH = -1
-JOIN_EPOCH = 0
 
 
 class SliceOwner(Protocol):

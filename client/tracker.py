@@ -25,11 +25,10 @@ from typing import Literal
 
 from aiokafka.structs import TopicPartition
 
-from client.committed import CommittedOffsets, Watermark
 from client.http import PartitionCommit, PartitionCommitReply
-from client.keyspace import KeyRange, intersect, normalize
-
-_TOO_OLD = "INDIVIDUAL_COMMIT_TOO_OLD"
+from client.protocol import error_names as names
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import KeyRange, intersect, normalize
 
 CommitMode = Literal["watermarks", "ranges", "offset"]
 
@@ -399,7 +398,7 @@ class OffsetTracker:
             slices = self._slices.get(tp)
             if slices is None:
                 continue
-            if reply.error is None or reply.error == _TOO_OLD:
+            if reply.error is None or reply.error == names.INDIVIDUAL_COMMIT_TOO_OLD:
                 self._apply_claims(
                     slices, batch.claimed_offsets.get(tp, ()), batch.claimed_watermarks.get(tp, {})
                 )

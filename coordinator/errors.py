@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from client.protocol import error_names as names
+
 
 class KeyrangeError(Exception):
     status: int = 500
-    error: str = "INTERNAL_ERROR"
+    error: str = names.INTERNAL_ERROR
     title: str = "Internal error"
     retriable: bool = False
 
@@ -20,7 +22,7 @@ class KeyrangeError(Exception):
 
 class InvalidRequest(KeyrangeError):
     status = 400
-    error = "INVALID_REQUEST"
+    error = names.INVALID_REQUEST
     title = "Invalid request"
 
 
@@ -31,48 +33,48 @@ class PayloadTooLarge(InvalidRequest):
 
 class Unauthorized(KeyrangeError):
     status = 401
-    error = "UNAUTHORIZED"
+    error = names.UNAUTHORIZED
     title = "Unauthorized"
 
 
 class Forbidden(KeyrangeError):
     status = 403
-    error = "FORBIDDEN"
+    error = names.FORBIDDEN
     title = "Forbidden"
 
 
 class GroupIdNotFound(KeyrangeError):
     status = 404
-    error = "GROUP_ID_NOT_FOUND"
+    error = names.GROUP_ID_NOT_FOUND
     title = "Group not found"
 
 
 class FencedMemberEpoch(KeyrangeError):
     status = 409
-    error = "FENCED_MEMBER_EPOCH"
+    error = names.FENCED_MEMBER_EPOCH
     title = "Fenced member epoch"
 
 
 class UnknownMemberId(KeyrangeError):
     status = 409
-    error = "UNKNOWN_MEMBER_ID"
+    error = names.UNKNOWN_MEMBER_ID
     title = "Unknown member id"
 
 
 class IndividualCommitNotAllowed(KeyrangeError):
     status = 409
-    error = "INDIVIDUAL_COMMIT_NOT_ALLOWED"
+    error = names.INDIVIDUAL_COMMIT_NOT_ALLOWED
     title = "Individual commit not allowed"
 
 
 class GroupNotEmpty(KeyrangeError):
     status = 409
-    error = "GROUP_NOT_EMPTY"
+    error = names.GROUP_NOT_EMPTY
     title = "Group has live members"
 
 
 class ServiceUnavailable(KeyrangeError):
     status = 503
-    error = "SERVICE_UNAVAILABLE"
+    error = names.SERVICE_UNAVAILABLE
     title = "Service unavailable"
     retriable = True

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from client.protocol import error_names as names
 from coordinator.errors import KeyrangeError
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,15 @@ def error_response(exc: Exception) -> JSONResponse:
         errors = [{"loc": loc, "msg": msg} for loc, msg in located]
         loc, msg = located[0] if located else ("", "invalid request")
         detail = f"{loc}: {msg}" if loc else msg
-        return problem(400, "INVALID_REQUEST", "Invalid request", detail, errors=errors)
+        return problem(400, names.INVALID_REQUEST, "Invalid request", detail, errors=errors)
     if isinstance(exc, StarletteHTTPException):
-        return problem(exc.status_code, "INVALID_REQUEST", "Request not served", str(exc.detail))
+        return problem(
+            exc.status_code, names.INVALID_REQUEST, "Request not served", str(exc.detail)
+        )
     if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, *_DATABASE_GONE)):
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem(
-            503, "SERVICE_UNAVAILABLE", "Service unavailable", "the database is not reachable"
+            503, names.SERVICE_UNAVAILABLE, "Service unavailable", "the database is not reachable"
         )
     # Postgres aborted the transaction to break a lock cycle or a serialisation conflict:
     # nothing was applied and the same request will succeed when retried.
@@ -67,7 +70,7 @@ def error_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, DBAPIError | asyncpg.PostgresError) and sqlstate in _RETRIABLE_SQLSTATES:
         log.warning("transaction aborted by the database", extra={"error": type(exc).__name__})
         return problem(
-            503, "SERVICE_UNAVAILABLE", "Service unavailable", "transaction conflict; retry"
+            503, names.SERVICE_UNAVAILABLE, "Service unavailable", "transaction conflict; retry"
         )
     log.exception("unexpected error", extra={"error": type(exc).__name__})
-    return problem(500, "INTERNAL_ERROR", "Internal error", "unexpected error; see the logs")
+    return problem(500, names.INTERNAL_ERROR, "Internal error", "unexpected error; see the logs")

@@ -7,9 +7,10 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, StringConstraints
 
-INT64_MAX = 2**63 - 1
+from client.protocol.committed import OFFSET_MAX
+from client.protocol.keyspace import HASH_MAX
+
 INT32_MAX = 2**31 - 1
-HASH_MAX = 2**63 - 1
 
 
 def _not_dot_names(topic: str) -> str:
@@ -27,6 +28,6 @@ TopicName = Annotated[
 PartitionId = Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)]
 # Query strings carry text, so numbers there are parsed rather than required to be JSON ints.
 PartitionQuery = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Offset = Annotated[int, Field(ge=0, le=INT64_MAX, strict=True)]
+Offset = Annotated[int, Field(ge=0, le=OFFSET_MAX, strict=True)]
 KeyHash = Annotated[int, Field(ge=0, le=HASH_MAX, strict=True)]
 MemberEpoch = Annotated[int, Field(ge=-1, le=INT32_MAX, strict=True)]

@@ -30,11 +30,10 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from client.errors import KeyrangeClientError
 from client.http import CoordinatorClient, PartitionCommitReply
+from client.protocol import error_names as names
 from client.spark.planning import Position, group_of, is_stream_offset, plan_commits, positions_of
 
 logger = logging.getLogger(__name__)
-
-MAX_INDIVIDUAL_COMMIT_REACHED = "MAX_INDIVIDUAL_COMMIT_REACHED"
 
 
 class CommitFailed(KeyrangeClientError):
@@ -55,7 +54,7 @@ async def commit_positions(
             return []
         replies = await api.commit(group, commits)
     for reply in replies:
-        if reply.error == MAX_INDIVIDUAL_COMMIT_REACHED:
+        if reply.error == names.MAX_INDIVIDUAL_COMMIT_REACHED:
             logger.warning(
                 "coordinator refused more IC ranges for a partition",
                 extra={"group": group, "topic": reply.topic, "partition": reply.partition},

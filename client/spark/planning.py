@@ -18,9 +18,9 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from client.committed import CommittedOffsets, Watermark
 from client.http import PartitionCommit
-from client.keyspace import KeyRange, normalize
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import KeyRange, normalize
 from client.spark.options import SliceBy
 
 OFFSET_FORMAT_VERSION = 1

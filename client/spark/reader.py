@@ -22,8 +22,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.committed import CommittedOffsets
-from client.keyspace import KeyRange, key_hash
+from client.protocol.committed import CommittedOffsets
+from client.protocol.keyspace import KeyRange, key_hash
 from client.spark.kafka import read_slice
 from client.spark.planning import Slice
 

@@ -34,8 +34,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client.committed import CommittedOffsets
 from client.http import CoordinatorClient, PartitionCommitReply
+from client.protocol.committed import CommittedOffsets
 from client.spark.commit import commit_positions
 from client.spark.kafka import ClusterView
 from client.spark.options import (

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.keyspace import HASH_SPACE, KeyRange, intersect, normalize, subtract
+from client.protocol.keyspace import HASH_SPACE, KeyRange, intersect, normalize, subtract
+from client.protocol.wire import ranges_from_wire, ranges_to_wire
 
 TopicPartition = tuple[str, int]
 
@@ -173,34 +174,16 @@ def subtract_slices(left: Iterable[Slice], removed: Iterable[Slice]) -> tuple[Sl
     )
 
 
-# Wire shape (docs/api.md): one entry per partition, its key ranges as closed pairs.
+# Wire shape: the kernel's codec (client/protocol/wire.py), over Slice tuples.
 
 
 def slices_to_wire(slices: Iterable[Slice]) -> list[dict[str, Any]]:
-    return [
-        {"topic": topic, "partition": partition, "ranges": [keys.to_json() for keys in ranges]}
-        for (topic, partition), ranges in sorted(ranges_by_partition(slices).items())
-    ]
+    return ranges_to_wire(ranges_by_partition(slices))
 
 
 def slices_from_wire(entries: Iterable[Mapping[str, Any]]) -> tuple[Slice, ...]:
-    """Parse and normalize wire slices; ``ValueError`` on a malformed entry.
-
-    A missing, null or empty ``ranges`` means the whole partition, as in the KIP's
-    ``assign(Map<TopicPartition, List<KeyRange>>)`` ("an empty list means full ownership").
-    """
-    slices: list[Slice] = []
-    for entry in entries:
-        topic, partition = entry.get("topic"), entry.get("partition")
-        if not isinstance(topic, str) or not topic:
-            raise ValueError(f"a slice needs a topic name, got {topic!r}")
-        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
-            raise ValueError(f"a slice needs a partition >= 0, got {partition!r}")
-        pairs = entry.get("ranges") or [KeyRange.full().to_json()]
-        if not isinstance(pairs, list):
-            raise ValueError(f"slice ranges must be a list of [start, end] pairs, got {pairs!r}")
-        slices.extend(Slice(topic, partition, KeyRange.from_json(pair)) for pair in pairs)
-    return normalize_slices(slices)
+    """Parse and normalize wire slices; ``ValueError`` on a malformed entry."""
+    return slices_from_ranges(ranges_from_wire(entries))
 
 
 # Quality measures (DESIGN §6): loads are in partition units, 1.0 = one whole partition.

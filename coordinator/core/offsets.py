@@ -25,16 +25,17 @@ from dataclasses import dataclass
 from itertools import pairwise
 from operator import itemgetter
 
-from client.committed import OFFSET_MAX, CommittedOffsets, Piece
-from client.keyspace import HASH_MAX, HASH_MIN, check_key_range
+from client.protocol import error_names as names
+from client.protocol.committed import OFFSET_MAX, CommittedOffsets, Piece
+from client.protocol.keyspace import HASH_MAX, HASH_MIN, check_key_range
 
 OffsetRange = tuple[int, int]
 
 
 class CommitOutcome(enum.Enum):
     OK = "OK"
-    TOO_OLD = "INDIVIDUAL_COMMIT_TOO_OLD"
-    MAX_REACHED = "MAX_INDIVIDUAL_COMMIT_REACHED"
+    TOO_OLD = names.INDIVIDUAL_COMMIT_TOO_OLD
+    MAX_REACHED = names.MAX_INDIVIDUAL_COMMIT_REACHED
 
     @property
     def error_name(self) -> str | None:

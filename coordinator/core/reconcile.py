@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from client.keyspace import KeyRange, normalize, subtract
+from client.protocol.keyspace import KeyRange, normalize, subtract
 from coordinator.core.assignment import (
     GroupAssignment,
     Slice,

@@ -8,10 +8,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from client.protocol.epochs import JOIN_EPOCH
 from coordinator.validation import INT32_MAX, KeyHash, MemberEpoch, PartitionId, TopicName
-
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
 
 # Generous bounds that still keep one heartbeat body small and its handling cheap.
 MAX_SUBSCRIBED_TOPICS = 10_000

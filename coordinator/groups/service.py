@@ -29,7 +29,8 @@ from fastapi import FastAPI
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from client.keyspace import HASH_SPACE
+from client.protocol.epochs import FIRST_MEMBER_EPOCH, JOIN_EPOCH, LEAVE_EPOCH
+from client.protocol.keyspace import HASH_SPACE
 from coordinator import metrics
 from coordinator.core.assignment import (
     GroupAssignment,
@@ -58,8 +59,6 @@ from coordinator.errors import (
 from coordinator.groups import repository
 from coordinator.groups.repository import GroupRow, MemberRow, WireSlices
 from coordinator.groups.schemas import (
-    JOIN_EPOCH,
-    LEAVE_EPOCH,
     GroupDescription,
     HeartbeatReply,
     HeartbeatRequest,
@@ -76,7 +75,6 @@ log = logging.getLogger(__name__)
 BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
 
 # Epoch 0 means "joining" on the wire, so a member's first epoch is 1.
-FIRST_MEMBER_EPOCH = 1
 # Groups reaped per transaction: bounds how long one reaper pass holds its locks.
 REAP_BATCH = 50
 

@@ -32,7 +32,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 
-from client.committed import CommittedOffsets
+from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
 from coordinator.core.fence import commit_refusal, switch_refusal
 from coordinator.db.switches import accept_individual_commit

@@ -24,7 +24,7 @@ import asyncpg
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from client.committed import CommittedOffsets
+from client.protocol.committed import CommittedOffsets
 from coordinator.core.fence import MemberStanding
 from coordinator.db.models import PartitionOffsets
 from coordinator.db.switches import STORED_SWITCH

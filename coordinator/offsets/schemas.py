@@ -6,8 +6,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from client.protocol.committed import OFFSET_MAX
 from coordinator.validation import (
-    INT64_MAX,
     GroupId,
     KeyHash,
     MemberEpoch,
@@ -37,7 +37,7 @@ class PartitionCommitRequest(StrictModel):
         for start, end in self.ranges:
             if start > end:
                 raise ValueError(f"offset range [{start}, {end}] has start > end")
-            if end == INT64_MAX:
+            if end == OFFSET_MAX:
                 # No record can sit at 2**63-1 (its next offset would overflow), and Postgres
                 # stores the range half-open, so its bound would not fit in int8.
                 raise ValueError("an offset range cannot end at 2**63-1; no record has that offset")

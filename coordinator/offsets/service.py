@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from client.committed import CommittedOffsets
+from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
 from coordinator.core.offsets import (
     CommitOutcome,

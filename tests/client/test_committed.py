@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.committed import OFFSET_MAX, CommittedOffsets, Watermark
-from client.keyspace import HASH_MAX, KeyRange
+from client.protocol.committed import OFFSET_MAX, CommittedOffsets, Watermark
+from client.protocol.keyspace import HASH_MAX, KeyRange
 
 HALF = 2**62  # first hash of the upper half of the hash space
 

@@ -9,7 +9,7 @@ from aiokafka.structs import TopicPartition
 
 from client.fetcher import Run
 from client.handout import HandedOut
-from client.keyspace import KeyRange
+from client.protocol.keyspace import KeyRange
 
 TP = TopicPartition("t", 0)
 LOWER, UPPER = KeyRange.full().split(2)

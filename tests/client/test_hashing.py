@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client import KeyRange, key_hash
-from client.keyspace import HASH_MAX
+from client.protocol.keyspace import HASH_MAX
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from aiokafka.structs import TopicPartition
 from fastapi import FastAPI
 
 from client import errors
-from client.committed import CommittedOffsets, Watermark
 from client.http import CoordinatorClient, HeartbeatRequest, PartitionCommit
-from client.keyspace import KeyRange
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import KeyRange
 from coordinator.app import create_app
 from tests.fixtures.coordinator import free_port, settings_for_tests
 

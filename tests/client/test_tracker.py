@@ -4,9 +4,9 @@ from aiokafka.structs import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.committed import CommittedOffsets, Watermark
 from client.http import PartitionCommitReply
-from client.keyspace import HASH_MAX, KeyRange
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import HASH_MAX, KeyRange
 from client.tracker import CommitBatch, CommitMode, OffsetTracker
 
 TP = TopicPartition("orders", 0)

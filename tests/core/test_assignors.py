@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.keyspace import HASH_MAX, KeyRange
+from client.protocol.keyspace import HASH_MAX, KeyRange
 from coordinator.core.assignment import (
     GroupAssignment,
     GroupSpec,

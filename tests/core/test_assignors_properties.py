@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.keyspace import HASH_SPACE, KeyRange
+from client.protocol.keyspace import HASH_SPACE, KeyRange
 from coordinator.core.assignment import (
     GroupAssignment,
     GroupSpec,

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from client.committed import OFFSET_MAX, CommittedOffsets, Piece, Watermark
-from client.keyspace import HASH_MAX, KeyRange
+from client.protocol.committed import OFFSET_MAX, CommittedOffsets, Piece, Watermark
+from client.protocol.keyspace import HASH_MAX, KeyRange
 from coordinator.core.offsets import (
     CommitOutcome,
     PartitionCommitResult,

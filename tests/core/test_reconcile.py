@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.keyspace import HASH_MAX, KeyRange
+from client.protocol.keyspace import HASH_MAX, KeyRange
 from coordinator.core.assignment import (
     GroupSpec,
     MemberSpec,

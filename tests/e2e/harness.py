@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaProducer
 
 from client import CoordinatorClient, KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
 from client.http import Slices
-from client.keyspace import intersect, normalize
+from client.protocol.keyspace import intersect, normalize
 
 SESSION_TIMEOUT_MS = 2_000
 

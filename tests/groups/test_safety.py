@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from client.keyspace import KeyRange, intersect, normalize, subtract
+from client.protocol.keyspace import KeyRange, intersect, normalize, subtract
 from coordinator.groups import repository
 
 SESSION_MS = 1_000

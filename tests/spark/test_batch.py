@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from client.committed import Watermark
 from client.http import CoordinatorClient, PartitionCommit
-from client.keyspace import KeyRange, key_hash
+from client.protocol.committed import Watermark
+from client.protocol.keyspace import KeyRange, key_hash
 from tests.fixtures.services import MakeTopic
 from tests.spark.conftest import (
     in_spark_thread,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import TopicPartition
 
-from client.committed import CommittedOffsets, Watermark
-from client.keyspace import HASH_MAX, KeyRange
+from client.protocol.committed import CommittedOffsets, Watermark
+from client.protocol.keyspace import HASH_MAX, KeyRange
 from client.spark.kafka import kafka_arguments
 from client.spark.options import OptionError, parse_source_options
 from client.spark.planning import (

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Protocol
 
-from client.keyspace import KeyRange
+from client.protocol.keyspace import KeyRange
 from coordinator.core.assignment import (
     GroupAssignment,
     GroupSpec,

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client.keyspace import HASH_SPACE, KeyRange, normalize, subtract
+from client.protocol.keyspace import HASH_SPACE, KeyRange, normalize, subtract
 from coordinator.core.assignment import GroupAssignment, GroupSpec, MemberSpec
 from coordinator.core.assignors.base import AssignmentBuilder
 

@@ -15,7 +15,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, cast
 
-from client.keyspace import HASH_MAX, KeyRange, check_key_range
+from client.protocol.keyspace import HASH_MAX, KeyRange, check_key_range
 
 # Kafka offsets are int64; the stable offset never exceeds this either, because a record at
 # offset 2**63-1 could not exist (its next offset would overflow), so capping loses nothing.

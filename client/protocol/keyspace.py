@@ -1,14 +1,13 @@
-"""Key hashing and key ranges: the one definition every part of Keyrange agrees on.
-
-Kept here, in the client package, because it must be importable by workers without any
-server dependency; the coordinator imports it from here rather than keeping a copy that
-could drift (DESIGN §2: the hash must be identical everywhere).
+"""Key hashing, key ranges and the hash bounds: the one definition every part of Keyrange
+agrees on (DESIGN §2: the hash must be identical everywhere). Nothing else defines the bounds
+or computes the hash; the consumer hashes a fetch's records in one call of ``hash_records``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import mmh3
 
@@ -18,16 +17,36 @@ HASH_SPACE = HASH_MAX + 1
 
 
 # murmur3 x64 128 as two unsigned 64-bit halves, called ``(key, seed)``; the key hash is
-# ``murmur3_halves(key, 0)[0] >> 1``. Positional arguments only: parsing ``mmh3.hash64``'s
+# ``_murmur3_halves(key, 0)[0] >> 1``. Positional arguments only: parsing ``mmh3.hash64``'s
 # keywords cost a third of the call, and the consumer hashes every record it reads with this.
-murmur3_halves = mmh3.mmh3_x64_128_utupledigest
+_murmur3_halves = mmh3.mmh3_x64_128_utupledigest
+
+
+class KeyedRecord(Protocol):
+    """What hashing needs of a record: aiokafka's ``ConsumerRecord`` has both."""
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def offset(self) -> int: ...
 
 
 def key_hash(key: bytes | None, offset: int) -> int:
     """63-bit key hash; a null key hashes its own offset so key-less records spread out."""
     if key is None:
         key = offset.to_bytes(8, "big", signed=True)
-    return int(murmur3_halves(key, 0)[0]) >> 1
+    return int(_murmur3_halves(key, 0)[0]) >> 1
+
+
+def hash_records(records: Iterable[KeyedRecord]) -> list[int]:
+    """``key_hash`` of each record, in one pass with the hash inlined for keyed records: a
+    consumer hashes every record it fetches, so a Python call per record would show."""
+    digest = _murmur3_halves
+    return [
+        digest(record.key, 0)[0] >> 1 if record.key is not None else key_hash(None, record.offset)
+        for record in records
+    ]
 
 
 def check_key_range(start: int, end: int, what: str = "key range") -> None:
