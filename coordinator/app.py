@@ -184,7 +184,7 @@ def create_app(
     from coordinator.admin.endpoints import router as admin_router
     from coordinator.admin.members import router as groups_admin_router
     from coordinator.groups.endpoints import router as groups_router
-    from coordinator.groups.service import background_loops
+    from coordinator.groups.loops import background_loops
     from coordinator.health.endpoints import router as health_router
     from coordinator.limits import router as limits_router
     from coordinator.offsets.endpoints import router as offsets_router

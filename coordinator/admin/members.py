@@ -11,7 +11,7 @@ from coordinator.admin.endpoints import admin_offsets
 from coordinator.admin.schemas import AdminGroupDescription
 from coordinator.auth import require_admin
 from coordinator.db.engine import transaction
-from coordinator.groups import service
+from coordinator.groups import operations
 from coordinator.groups.schemas import RebalanceReply, RemovedMemberReply
 from coordinator.offsets import repository as offsets_repository
 from coordinator.validation import GroupId
@@ -28,7 +28,7 @@ async def describe_group(
     request: Request, group_id: GroupPath, connection: Connection
 ) -> AdminGroupDescription:
     """Members with their owned, assigned and target slices, and per-partition lag."""
-    description = await service.describe(connection, group_id)
+    description = await operations.describe(connection, group_id)
     stored = await offsets_repository.read_partitions(connection, group_id)
     return AdminGroupDescription(
         **dict(description), partitions=await admin_offsets(request, stored)
@@ -40,7 +40,7 @@ async def rebalance_group(
     request: Request, group_id: GroupPath, connection: Connection
 ) -> RebalanceReply:
     """Recompute target assignments now; members converge on their next heartbeats."""
-    return await service.force_rebalance(connection, group_id, request.app.state.settings)
+    return await operations.force_rebalance(connection, group_id, request.app.state.settings)
 
 
 @router.delete("/{group_id}/members/{member_id}", response_model=RemovedMemberReply)
@@ -48,4 +48,6 @@ async def remove_member(
     request: Request, group_id: GroupPath, member_id: MemberPath, connection: Connection
 ) -> RemovedMemberReply:
     """Remove a member as if its session expired: its slices become free for the others."""
-    return await service.remove_member(connection, group_id, member_id, request.app.state.settings)
+    return await operations.remove_member(
+        connection, group_id, member_id, request.app.state.settings
+    )

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from coordinator.auth import require_group_access
-from coordinator.groups import service
+from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
 from coordinator.validation import GroupId
 
@@ -25,7 +25,7 @@ async def _authorized_with_known_topics(
     """Checks access and learns partition counts of newly subscribed topics from Kafka before
     the request's transaction opens, so no group lock is ever held across a Kafka call."""
     require_group_access(request, group_id)
-    await service.learn_subscribed_topics(
+    await membership.learn_subscribed_topics(
         request.app.state.engine, getattr(request.app.state, "cluster", None), body
     )
     return body
@@ -63,9 +63,9 @@ async def heartbeat(
 ) -> HeartbeatReply | Response:
     """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment."""
     settings = request.app.state.settings
-    stable = await service.stable_heartbeat(transaction.engine, group_id, body, settings)
+    stable = await membership.stable_heartbeat(transaction.engine, group_id, body, settings)
     if stable is not None:
         return Response(stable, media_type="application/json")
     client_host = request.client.host if request.client is not None else None
     connection = await transaction.connection()
-    return await service.heartbeat(connection, group_id, body, settings, client_host)
+    return await membership.heartbeat(connection, group_id, body, settings, client_host)

@@ -6,7 +6,7 @@ import httpx
 from fastapi import FastAPI
 
 from coordinator import metrics
-from coordinator.groups.service import _GaugeLabels, update_gauges
+from coordinator.groups.loops import _GaugeLabels, update_gauges
 
 
 async def test_stored_ic_ranges_gauge_counts_every_partition(

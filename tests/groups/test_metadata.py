@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
 from coordinator.app import create_app
-from coordinator.groups import repository, service
+from coordinator.groups import loops, repository
 from tests.fixtures.coordinator import MakeDatabase, settings_for_tests
 from tests.fixtures.services import MakeTopic
 
@@ -38,7 +38,7 @@ async def kafka_api(kafka_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 async def refresh(app: FastAPI) -> dict[str, int | None]:
     """One pass of the metadata refresh loop."""
-    return await service.refresh_metadata_once(app.state.engine, app.state.cluster)
+    return await loops.refresh_metadata_once(app.state.engine, app.state.cluster)
 
 
 async def join(api: httpx.AsyncClient, group: str, **subscription: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.app import create_app
 from coordinator.db.engine import make_engine
-from coordinator.groups import repository, service
+from coordinator.groups import loops, repository
 from coordinator.groups.repository import MemberRow
 from tests.fixtures.coordinator import MakeDatabase, settings_for_tests
 
@@ -76,23 +76,23 @@ async def test_a_group_locked_by_one_replica_is_skipped_by_the_other(
     await seed(first, groups, 2)
     async with first.begin() as busy:
         await repository.lock_group(busy, "skip-busy")
-        reaped = await asyncio.wait_for(service.reap_once(second, SETTINGS), timeout=10)
+        reaped = await asyncio.wait_for(loops.reap_once(second, SETTINGS), timeout=10)
         assert sorted(reaped) == [("skip-free", "skip-free-m0"), ("skip-free", "skip-free-m1")]
-    reaped = await service.reap_once(second, SETTINGS)
+    reaped = await loops.reap_once(second, SETTINGS)
     assert sorted(reaped) == [("skip-busy", "skip-busy-m0"), ("skip-busy", "skip-busy-m1")]
 
 
 async def test_two_replicas_reaping_at_once_reap_each_member_exactly_once(
     replicas: list[AsyncEngine],
 ) -> None:
-    groups = [f"race-{index:03d}" for index in range(2 * service.REAP_BATCH + 7)]
+    groups = [f"race-{index:03d}" for index in range(2 * loops.REAP_BATCH + 7)]
     await seed(replicas[0], groups, 2)
     before = await group_epochs(replicas[0], groups)
     reaped_by: list[list[tuple[str, str]]] = [[], []]
 
     async def replica(index: int) -> None:
         while True:
-            reaped = await service.reap_once(replicas[index], SETTINGS)
+            reaped = await loops.reap_once(replicas[index], SETTINGS)
             if not reaped:
                 return
             reaped_by[index].extend(reaped)

@@ -1,0 +1,165 @@
+"""The membership's background loops, run by every coordinator replica: reap expired members,
+refresh topic metadata from Kafka, export the membership gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator import metrics
+from coordinator.groups import repository
+from coordinator.groups.repository import GroupRow
+from coordinator.groups.settle import (
+    expiry_reasons,
+    lock_existing_group,
+    save_group,
+    settle_group,
+)
+from coordinator.kafka import ClusterMetadata, KafkaClusterError
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+BackgroundLoop = Callable[[FastAPI], Awaitable[None]]
+
+
+# Groups reaped per transaction: bounds how long one reaper pass holds its locks.
+REAP_BATCH = 50
+
+
+async def reap_once(engine: AsyncEngine, settings: Settings) -> list[tuple[str, str]]:
+    """Remove expired members of groups no other replica is working on, and reassign.
+    ``SKIP LOCKED`` lets replicas split the groups instead of queueing on them."""
+    reaped: list[tuple[str, str]] = []
+    async with engine.begin() as connection:
+        settled: list[tuple[GroupRow, GroupRow]] = []
+        for group_id in await repository.lock_groups_to_reap(connection, REAP_BATCH):
+            group, members, expired = await lock_existing_group(connection, group_id)
+            reaped.extend((group_id, member_id) for member_id in expired)
+            reasons = expiry_reasons(expired)
+            settled.append(
+                (group, await settle_group(connection, group, members, settings, reasons))
+            )
+        for before, after in settled:
+            await save_group(connection, before, after)
+    return reaped
+
+
+async def refresh_metadata_once(
+    engine: AsyncEngine, cluster: ClusterMetadata
+) -> dict[str, int | None]:
+    """Re-read partition counts of every live subscription and mark the groups whose topics
+    changed for rebalance. Returns the changes (None: the topic is gone)."""
+    async with engine.connect() as connection:
+        subscriptions = await repository.live_subscriptions(connection)
+        known = await repository.read_partition_counts(connection, None)
+    wanted = {t for s in subscriptions for t in s.topics}
+    patterns = {s.regex: re.compile(s.regex) for s in subscriptions if s.regex is not None}
+    if patterns:
+        cluster_topics = await cluster.list_topics()
+        wanted |= {t for t in cluster_topics if any(p.fullmatch(t) for p in patterns.values())}
+    counts = await cluster.partition_counts(sorted(wanted)) if wanted else {}
+    changes: dict[str, int | None] = {t: c for t, c in counts.items() if known.get(t) != c}
+    changes.update({t: None for t in wanted if t in known and t not in counts})
+    if not changes:
+        return {}
+    affected = {
+        s.group_id
+        for s in subscriptions
+        if any(t in changes for t in s.topics)
+        or (s.regex is not None and any(patterns[s.regex].fullmatch(t) for t in changes))
+    }
+    async with engine.begin() as connection:
+        await repository.write_partition_counts(
+            connection, {t: c for t, c in changes.items() if c is not None}
+        )
+        await repository.delete_partition_counts(
+            connection, [t for t, c in changes.items() if c is None]
+        )
+        await repository.request_rebalances(connection, affected, "partition count changed")
+    log.info(
+        "topic metadata changed",
+        extra={"topics": sorted(changes), "groups": sorted(affected)},
+    )
+    return changes
+
+
+class _GaugeLabels:
+    """Remembers which label sets this process exported, to drop those that disappeared."""
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.lag: set[tuple[str, str, str]] = set()
+
+
+async def update_gauges(
+    engine: AsyncEngine, cluster: ClusterMetadata | None, exported: _GaugeLabels
+) -> None:
+    async with engine.connect() as connection:
+        counts = await repository.live_member_counts(connection)
+        ic_ranges = await repository.stored_ic_range_count(connection)
+        stable = await repository.stable_offsets(connection) if cluster is not None else {}
+    # Set once every figure is read, with no await until the lag below: the gauges are
+    # process-wide, and where several apps share a process and a loop (the test suite), one
+    # app's stale figure must not land between another's read and set.
+    metrics.IC_RANGES_STORED.set(ic_ranges)
+    for group_id in exported.members - counts.keys():
+        metrics.GROUP_MEMBERS.remove(group_id)
+    for group_id, count in counts.items():
+        metrics.GROUP_MEMBERS.labels(group_id).set(count)
+    exported.members = set(counts)
+    if cluster is None or not stable:
+        return
+    try:
+        marks = await cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
+    except KafkaClusterError as exc:
+        log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
+        return
+    current: set[tuple[str, str, str]] = set()
+    for (group_id, topic, partition), offset in stable.items():
+        high = marks.get((topic, partition))
+        if high is None:
+            continue
+        labels = (group_id, topic, str(partition))
+        metrics.PARTITION_LAG.labels(*labels).set(max(0, high - offset))
+        current.add(labels)
+    for labels in exported.lag - current:
+        metrics.PARTITION_LAG.remove(*labels)
+    exported.lag = current
+
+
+def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
+    """The membership loops ``create_app`` runs; each runs until cancelled."""
+
+    async def reaper(app: FastAPI) -> None:
+        while True:
+            await reap_once(app.state.engine, settings)
+            await asyncio.sleep(settings.reaper_interval_ms / 1000)
+
+    async def topic_metadata(app: FastAPI) -> None:
+        while True:
+            cluster = getattr(app.state, "cluster", None)
+            if cluster is not None:
+                try:
+                    await refresh_metadata_once(app.state.engine, cluster)
+                except KafkaClusterError as exc:
+                    log.warning("metadata refresh failed", extra={"error": type(exc).__name__})
+            await asyncio.sleep(settings.metadata_refresh_ms / 1000)
+
+    async def membership_metrics(app: FastAPI) -> None:
+        exported = _GaugeLabels()
+        while True:
+            await update_gauges(app.state.engine, getattr(app.state, "cluster", None), exported)
+            await asyncio.sleep(settings.metadata_refresh_ms / 1000)
+
+    return {
+        "membership-reaper": reaper,
+        "topic-metadata-refresh": topic_metadata,
+        "membership-metrics": membership_metrics,
+    }

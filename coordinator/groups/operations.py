@@ -1,0 +1,103 @@
+"""Membership operations an operator asks for (docs/api.md): describe a group, force a
+rebalance, remove a member. Each takes the group's row lock like a heartbeat does."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from coordinator.errors import GroupIdNotFound, UnknownMemberId
+from coordinator.groups import repository
+from coordinator.groups.repository import GroupRow, MemberRow
+from coordinator.groups.schemas import (
+    GroupDescription,
+    MemberDescription,
+    RebalanceReply,
+    RemovedMemberReply,
+    SliceJson,
+)
+from coordinator.groups.settle import (
+    expiry_reasons,
+    lock_existing_group,
+    save_group,
+    settle_group,
+)
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _group_state(members: Iterable[MemberRow], group: GroupRow) -> str:
+    live = list(members)
+    if not live:
+        return "empty"
+    if group.rebalance_requested or any(
+        m.owned != m.assigned or m.assigned != m.target for m in live
+    ):
+        return "reconciling"
+    return "stable"
+
+
+async def describe(connection: AsyncConnection, group_id: str) -> GroupDescription:
+    group = await repository.find_group(connection, group_id, lock=False)
+    if group is None:
+        raise GroupIdNotFound(f"group '{group_id}' does not exist")
+    members = await repository.read_members(connection, group_id, live_only=True)
+    return GroupDescription(
+        group_id=group_id,
+        state=_group_state(members, group),
+        assignor=group.assignor,
+        group_epoch=group.group_epoch,
+        rebalance_requested=group.rebalance_requested,
+        rebalance_reason=group.rebalance_reason,
+        members=[
+            MemberDescription(
+                member_id=m.member_id,
+                instance_id=m.instance_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                joined_at=m.joined_at,
+                last_heartbeat=m.last_heartbeat,
+                expires_at=m.expires_at,
+                member_epoch=m.member_epoch,
+                subscribed_topics=m.subscribed_topics,
+                subscribed_topic_regex=m.subscribed_topic_regex,
+                assignor=m.assignor,
+                allow_individual_commit=m.allow_individual_commit,
+                session_timeout_ms=m.session_timeout_ms,
+                owned=[SliceJson.model_validate(s) for s in m.owned],
+                assigned=[SliceJson.model_validate(s) for s in m.assigned],
+                target=[SliceJson.model_validate(s) for s in m.target],
+            )
+            for m in members
+        ],
+    )
+
+
+async def force_rebalance(
+    connection: AsyncConnection, group_id: str, settings: Settings
+) -> RebalanceReply:
+    group, members, expired = await lock_existing_group(connection, group_id)
+    reasons = ["admin request", *expiry_reasons(expired)]
+    settled = await settle_group(connection, group, members, settings, reasons)
+    await save_group(connection, group, settled)
+    log.info("rebalance forced", extra={"group_id": group_id, "group_epoch": settled.group_epoch})
+    return RebalanceReply(group_id=group_id, group_epoch=settled.group_epoch)
+
+
+async def remove_member(
+    connection: AsyncConnection, group_id: str, member_id: str, settings: Settings
+) -> RemovedMemberReply:
+    group, members, expired = await lock_existing_group(connection, group_id)
+    if members.pop(member_id, None) is None:
+        raise UnknownMemberId(f"member '{member_id}' is not a live member of '{group_id}'")
+    await repository.delete_member(connection, group_id, member_id)
+    reasons = ["member removed by admin", *expiry_reasons(expired)]
+    settled = await settle_group(connection, group, members, settings, reasons)
+    await save_group(connection, group, settled)
+    log.info("member removed by admin", extra={"group_id": group_id, "member_id": member_id})
+    return RemovedMemberReply(
+        group_id=group_id, member_id=member_id, group_epoch=settled.group_epoch
+    )
