@@ -78,6 +78,11 @@ class RebalanceListener:
         await self.on_slices_revoked(slices)
 
 
+# Over 300 lines, and earned: this is the public front, shaped like aiokafka's consumer, so its
+# size is its API surface (constructor, life cycle, subscribe/assign, three ways to consume,
+# commit, position and seek, the loss guards). Every method delegates to a part (fetcher,
+# handout, committer, dispatch, membership) after checking the consumer's state; the longest
+# method is the constructor, which validates the options and builds the parts.
 class KeyrangeConsumer:
     """Consume key-range slices of Kafka partitions, as a group member or standalone.
 

@@ -38,7 +38,7 @@ from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError
 from coordinator.core.fence import MemberStanding, member_refusal
 from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
 from coordinator.errors import InvalidRequest, ServiceUnavailable
-from coordinator.groups import repository
+from coordinator.groups import metadata_repository, repository
 from coordinator.groups.repository import GroupRow, MemberRow, WireSlices
 from coordinator.groups.schemas import (
     HeartbeatReply,
@@ -112,7 +112,7 @@ async def learn_subscribed_topics(
             pattern = re.compile(regex)
             wanted |= {t for t in await cluster.list_topics() if pattern.fullmatch(t)}
         async with engine.connect() as connection:
-            known = await repository.read_partition_counts(connection, wanted)
+            known = await metadata_repository.read_partition_counts(connection, wanted)
         missing = wanted - known.keys()
         if not missing:
             return
@@ -122,7 +122,7 @@ async def learn_subscribed_topics(
         log.warning("partition counts unavailable", extra={"error": type(exc).__name__})
         return
     async with engine.begin() as connection:
-        await repository.write_partition_counts(connection, counts)
+        await metadata_repository.write_partition_counts(connection, counts)
 
 
 # Stands for "every other member" in the holdings handed to ``reconcile_member``; member ids

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator import metrics
-from coordinator.groups import repository
+from coordinator.groups import metadata_repository, repository
 from coordinator.groups.repository import GroupRow
 from coordinator.groups.settle import (
     expiry_reasons,
@@ -58,7 +58,7 @@ async def refresh_metadata_once(
     changed for rebalance. Returns the changes (None: the topic is gone)."""
     async with engine.connect() as connection:
         subscriptions = await repository.live_subscriptions(connection)
-        known = await repository.read_partition_counts(connection, None)
+        known = await metadata_repository.read_partition_counts(connection, None)
     wanted = {t for s in subscriptions for t in s.topics}
     patterns = {s.regex: re.compile(s.regex) for s in subscriptions if s.regex is not None}
     if patterns:
@@ -76,10 +76,10 @@ async def refresh_metadata_once(
         or (s.regex is not None and any(patterns[s.regex].fullmatch(t) for t in changes))
     }
     async with engine.begin() as connection:
-        await repository.write_partition_counts(
+        await metadata_repository.write_partition_counts(
             connection, {t: c for t, c in changes.items() if c is not None}
         )
-        await repository.delete_partition_counts(
+        await metadata_repository.delete_partition_counts(
             connection, [t for t, c in changes.items() if c is None]
         )
         await repository.request_rebalances(connection, affected, "partition count changed")
@@ -102,9 +102,9 @@ async def update_gauges(
     engine: AsyncEngine, cluster: ClusterMetadata | None, exported: _GaugeLabels
 ) -> None:
     async with engine.connect() as connection:
-        counts = await repository.live_member_counts(connection)
-        ic_ranges = await repository.stored_ic_range_count(connection)
-        stable = await repository.stable_offsets(connection) if cluster is not None else {}
+        counts = await metadata_repository.live_member_counts(connection)
+        ic_ranges = await metadata_repository.stored_ic_range_count(connection)
+        stable = await metadata_repository.stable_offsets(connection) if cluster is not None else {}
     # Set once every figure is read, with no await until the lag below: the gauges are
     # process-wide, and where several apps share a process and a loop (the test suite), one
     # app's stale figure must not land between another's read and set.

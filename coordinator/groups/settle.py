@@ -32,7 +32,7 @@ from coordinator.core.assignment import (
 from coordinator.core.assignors import get_assignor
 from coordinator.db.switches import read_switches
 from coordinator.errors import GroupIdNotFound
-from coordinator.groups import repository
+from coordinator.groups import metadata_repository, repository
 from coordinator.groups.repository import GroupRow, MemberRow, WireSlices
 from coordinator.settings import Settings
 
@@ -77,14 +77,14 @@ async def _recompute_targets(
     member whose row the caller writes itself (a join not inserted yet)."""
     assignor_name = group_assignor(members.values(), settings)
     if any(m.subscribed_topic_regex for m in members.values()):
-        counts = await repository.read_partition_counts(connection, None)
+        counts = await metadata_repository.read_partition_counts(connection, None)
     else:
-        counts = await repository.read_partition_counts(
+        counts = await metadata_repository.read_partition_counts(
             connection, {t for m in members.values() for t in m.subscribed_topics}
         )
     subscriptions = {mid: resolved_topics(m, counts) for mid, m in members.items()}
     subscribed = {t for topics in subscriptions.values() for t in topics if t in counts}
-    range_fetch = await repository.read_range_fetch(connection, subscribed)
+    range_fetch = await metadata_repository.read_range_fetch(connection, subscribed)
     switches = await read_switches(connection, settings)
     old_targets = {mid: from_wire(m.target) for mid, m in members.items()}
     spec = GroupSpec.of(

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from coordinator.groups import repository
+from coordinator.groups import metadata_repository
 
 FULL = [0, 2**63 - 1]
 HALF_END = 2**62 - 1
@@ -18,7 +18,7 @@ HALF_END = 2**62 - 1
 async def given_topics(app: FastAPI, **partition_counts: int) -> None:
     """Partition counts as the metadata refresh would store them (these tests run no Kafka)."""
     async with app.state.engine.begin() as connection:
-        await repository.write_partition_counts(connection, partition_counts)
+        await metadata_repository.write_partition_counts(connection, partition_counts)
 
 
 async def set_range_fetch(api: httpx.AsyncClient, topic: str, accept: bool) -> None:

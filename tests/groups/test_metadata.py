@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
 from coordinator.app import create_app
-from coordinator.groups import loops, repository
+from coordinator.groups import loops, metadata_repository
 from tests.fixtures.coordinator import MakeDatabase, settings_for_tests
 from tests.fixtures.services import MakeTopic
 
@@ -109,7 +109,7 @@ async def test_refresh_corrects_stale_counts_and_rebalances_the_group(
 
     # As if Kafka had reported one partition until now: the group is assigned just that.
     async with kafka_app.state.engine.begin() as connection:
-        await repository.write_partition_counts(connection, {topic: 1})
+        await metadata_repository.write_partition_counts(connection, {topic: 1})
     assert (await kafka_api.post("/v1/admin/groups/meta-refresh/rebalance")).status_code == 200
     assert await heartbeat() == {0}
     assert await heartbeat() == {0}

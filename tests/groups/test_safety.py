@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from client.protocol.keyspace import KeyRange, intersect, normalize, subtract
-from coordinator.groups import repository
+from coordinator.groups import metadata_repository, repository
 
 SESSION_MS = 1_000
 STEPS = 80
@@ -163,7 +163,7 @@ async def assert_stored_disjoint(api: httpx.AsyncClient, group: str, step: int) 
 async def grow_partitions(app: FastAPI, group: str, topic: str, count: int) -> None:
     """What the metadata refresh writes when Kafka reports more partitions."""
     async with app.state.engine.begin() as connection:
-        await repository.write_partition_counts(connection, {topic: count})
+        await metadata_repository.write_partition_counts(connection, {topic: count})
         await repository.request_rebalances(connection, [group], "partition count changed")
 
 
@@ -176,7 +176,7 @@ async def test_no_two_live_members_ever_hold_the_same_keys(
     counts = {f"{group}-keyed": 2, f"{group}-whole": 2}
     topics = sorted(counts)
     async with coordinator_app.state.engine.begin() as connection:
-        await repository.write_partition_counts(connection, counts)
+        await metadata_repository.write_partition_counts(connection, counts)
     reply = await api.put(
         f"/v1/admin/topics/{group}-keyed/config", json={"accept_range_fetch": True}
     )
