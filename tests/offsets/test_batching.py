@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+from prometheus_client.registry import Collector
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
@@ -41,12 +42,7 @@ def commit_request(
 
 def reruns() -> float:
     """Requests re-run as batches of one so far (the metric the batcher keeps)."""
-    return next(
-        sample.value
-        for metric in metrics.COMMITS_RERUN_ALONE.collect()
-        for sample in metric.samples
-        if sample.name.endswith("_total")
-    )
+    return _sample(metrics.COMMITS_RERUN_ALONE, "_total")
 
 
 async def with_live_member(
@@ -368,9 +364,13 @@ def _closed_port() -> int:
 
 
 def _batches() -> float:
+    return _sample(metrics.COMMIT_BATCH_SIZE, "_count")
+
+
+def _sample(collector: Collector, suffix: str) -> float:
     return next(
         sample.value
-        for metric in metrics.COMMIT_BATCH_SIZE.collect()
+        for metric in collector.collect()
         for sample in metric.samples
-        if sample.name.endswith("_count")
+        if sample.name.endswith(suffix)
     )
