@@ -30,7 +30,7 @@ from client.errors import (
     error_for_name,
 )
 from client.protocol.committed import CommittedOffsets, Watermark
-from client.protocol.keyspace import KeyRange
+from client.protocol.keyspace import KeyRange, normalize
 from client.protocol.wire import ranges_from_wire, ranges_to_wire
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class HeartbeatReply:
 
 
 def slices_to_json(slices: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[dict[str, Any]]:
-    return ranges_to_wire(slices)
+    return ranges_to_wire({tp: normalize(ranges) for tp, ranges in slices.items()})
 
 
 def slices_from_json(documents: Sequence[Mapping[str, Any]]) -> Slices:

@@ -2,9 +2,9 @@
 its key ranges as closed pairs, ``{"topic": t, "partition": p, "ranges": [[start, end], ...]}``.
 
 Both sides encode and decode here, over key ranges by partition; the coordinator's ``Slice``
-tuples and the client's slice maps convert to and from that. Encoding normalizes and sorts,
-so two encodings of the same hashes are equal as JSON (the coordinator stores them and
-compares by plain equality).
+tuples and the client's slice maps convert to and from that. Encoding takes normalized ranges
+and sorts the partitions, and decoding normalizes, so two encodings of the same hashes are
+equal as JSON (the coordinator stores them and compares by plain equality).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ RangesByPartition = dict[TopicPartition, list[KeyRange]]
 def ranges_to_wire(
     ranges_by_partition: Mapping[TopicPartition, Iterable[KeyRange]],
 ) -> list[dict[str, Any]]:
+    """Encode ranges the caller has normalized (``keyspace.normalize``): the coordinator's
+    always are, and normalizing again on every heartbeat's write would be work done twice."""
     encoded = []
     for (topic, partition), ranges in sorted(ranges_by_partition.items()):
-        pairs = [keys.to_json() for keys in normalize(ranges)]
+        pairs = [keys.to_json() for keys in ranges]
         if pairs:
             encoded.append({"topic": topic, "partition": partition, "ranges": pairs})
     return encoded

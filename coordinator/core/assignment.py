@@ -182,8 +182,13 @@ def slices_to_wire(slices: Iterable[Slice]) -> list[dict[str, Any]]:
 
 
 def slices_from_wire(entries: Iterable[Mapping[str, Any]]) -> tuple[Slice, ...]:
-    """Parse and normalize wire slices; ``ValueError`` on a malformed entry."""
-    return slices_from_ranges(ranges_from_wire(entries))
+    """Parse and normalize wire slices; ``ValueError`` on a malformed entry. The decoder
+    returns partitions sorted and ranges normalized, so they become slices as they are."""
+    return tuple(
+        Slice(topic, partition, keys)
+        for (topic, partition), ranges in ranges_from_wire(entries).items()
+        for keys in ranges
+    )
 
 
 # Quality measures (DESIGN §6): loads are in partition units, 1.0 = one whole partition.
