@@ -12,10 +12,9 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator import metrics
+from coordinator.core.membership import GroupRecord, expiry_reasons
 from coordinator.groups import metadata_repository, repository
-from coordinator.groups.repository import GroupRow
 from coordinator.groups.settle import (
-    expiry_reasons,
     lock_existing_group,
     save_group,
     settle_group,
@@ -38,7 +37,7 @@ async def reap_once(engine: AsyncEngine, settings: Settings) -> list[tuple[str, 
     ``SKIP LOCKED`` lets replicas split the groups instead of queueing on them."""
     reaped: list[tuple[str, str]] = []
     async with engine.begin() as connection:
-        settled: list[tuple[GroupRow, GroupRow]] = []
+        settled: list[tuple[GroupRecord, GroupRecord]] = []
         for group_id in await repository.lock_groups_to_reap(connection, REAP_BATCH):
             group, members, expired = await lock_existing_group(connection, group_id)
             reaped.extend((group_id, member_id) for member_id in expired)

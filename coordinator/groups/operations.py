@@ -4,13 +4,13 @@ rebalance, remove a member. Each takes the group's row lock like a heartbeat doe
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from coordinator.core.assignment import Slice, slices_to_wire
+from coordinator.core.membership import expiry_reasons, group_state
 from coordinator.errors import GroupIdNotFound, UnknownMemberId
 from coordinator.groups import repository
-from coordinator.groups.repository import GroupRow, MemberRow
 from coordinator.groups.schemas import (
     GroupDescription,
     MemberDescription,
@@ -19,7 +19,6 @@ from coordinator.groups.schemas import (
     SliceJson,
 )
 from coordinator.groups.settle import (
-    expiry_reasons,
     lock_existing_group,
     save_group,
     settle_group,
@@ -29,15 +28,8 @@ from coordinator.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def _group_state(members: Iterable[MemberRow], group: GroupRow) -> str:
-    live = list(members)
-    if not live:
-        return "empty"
-    if group.rebalance_requested or any(
-        m.owned != m.assigned or m.assigned != m.target for m in live
-    ):
-        return "reconciling"
-    return "stable"
+def _slices_json(slices: tuple[Slice, ...]) -> list[SliceJson]:
+    return [SliceJson.model_validate(s) for s in slices_to_wire(slices)]
 
 
 async def describe(connection: AsyncConnection, group_id: str) -> GroupDescription:
@@ -47,7 +39,7 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
     members = await repository.read_members(connection, group_id, live_only=True)
     return GroupDescription(
         group_id=group_id,
-        state=_group_state(members, group),
+        state=group_state(group, members),
         assignor=group.assignor,
         group_epoch=group.group_epoch,
         rebalance_requested=group.rebalance_requested,
@@ -62,14 +54,14 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
                 last_heartbeat=m.last_heartbeat,
                 expires_at=m.expires_at,
                 member_epoch=m.member_epoch,
-                subscribed_topics=m.subscribed_topics,
+                subscribed_topics=list(m.subscribed_topics),
                 subscribed_topic_regex=m.subscribed_topic_regex,
                 assignor=m.assignor,
                 allow_individual_commit=m.allow_individual_commit,
                 session_timeout_ms=m.session_timeout_ms,
-                owned=[SliceJson.model_validate(s) for s in m.owned],
-                assigned=[SliceJson.model_validate(s) for s in m.assigned],
-                target=[SliceJson.model_validate(s) for s in m.target],
+                owned=_slices_json(m.owned),
+                assigned=_slices_json(m.assigned),
+                target=_slices_json(m.target),
             )
             for m in members
         ],

@@ -6,14 +6,18 @@ one database take turns per group and never hold membership state of their own. 
 exception is ``extend_stable_session``: a heartbeat of a member with nothing to reconcile
 only moves its own expiry, guarded so that it matches nothing the moment anything about the
 member or its group changed (the caller then takes the locked path).
+
+Slices are decoded here, once, as rows are read, and encoded as they are written: the
+records this module hands out carry normalized ``Slice`` tuples, and what it stores is the
+canonical wire form, so stored JSONB compares by plain equality (the stable session's guard
+relies on it).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, literal_column, select, text, update
@@ -22,12 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import Boolean, Integer, Text
 
+from coordinator.core.assignment import Slice, slices_from_wire, slices_to_wire
+from coordinator.core.membership import GroupRecord, MemberRecord
 from coordinator.db.models import (
     Group,
     Member,
 )
-
-WireSlices = list[dict[str, Any]]
 
 _ONE_MILLISECOND: ColumnElement[Any] = literal_column("interval '1 millisecond'")
 
@@ -64,19 +68,6 @@ _REBALANCE_GROUPS = text(
     """
 ).bindparams(bindparam("group_ids", type_=ARRAY(Text)))
 
-
-_HELD_BY_OTHERS = text(
-    """
-    SELECT coalesce(jsonb_agg(held), '[]'::jsonb)
-    FROM members m, LATERAL jsonb_array_elements(m.owned || m.assigned) AS held
-    WHERE m.group_id = :group_id AND m.member_id <> :member_id
-      AND (held->>'topic', (held->>'partition')::int) IN (
-          SELECT t, p FROM unnest(:topics, :partitions) AS wanted(t, p))
-    """
-).bindparams(
-    bindparam("topics", type_=ARRAY(Text)),
-    bindparam("partitions", type_=ARRAY(Integer)),
-)
 
 _REAP_AND_READ_MEMBER = text(
     """
@@ -150,39 +141,6 @@ _SAVE_TARGETS = text(
 
 
 @dataclass(frozen=True)
-class GroupRow:
-    group_id: str
-    assignor: str | None
-    group_epoch: int
-    rebalance_requested: bool
-    rebalance_reason: str | None
-
-
-@dataclass
-class MemberRow:
-    """A member as stored; slices in the wire form (``coordinator.core.assignment``)."""
-
-    group_id: str
-    member_id: str
-    instance_id: str | None
-    client_id: str | None
-    client_host: str | None
-    member_epoch: int
-    previous_member_epoch: int
-    subscribed_topics: list[str]
-    subscribed_topic_regex: str | None
-    assignor: str | None
-    allow_individual_commit: bool
-    session_timeout_ms: int
-    owned: WireSlices
-    assigned: WireSlices
-    target: WireSlices
-    joined_at: datetime | None = None
-    last_heartbeat: datetime | None = None
-    expires_at: datetime | None = None
-
-
-@dataclass(frozen=True)
 class StableHeartbeat:
     # As stored, JSON text: the reply passes it through without decoding it.
     assigned_json: str
@@ -218,8 +176,8 @@ _MEMBER_COLUMNS = (
 )
 
 
-def _group_from_row(row: Any) -> GroupRow:
-    return GroupRow(
+def _group_from_row(row: Any) -> GroupRecord:
+    return GroupRecord(
         group_id=row.group_id,
         assignor=row.assignor,
         group_epoch=int(row.group_epoch),
@@ -228,7 +186,7 @@ def _group_from_row(row: Any) -> GroupRow:
     )
 
 
-def _member_from_row(row: Any) -> MemberRow:
+def _member_from_row(row: Any) -> MemberRecord:
     # Positional: attribute access on rows costs more than the rest of this function.
     (
         group_id,
@@ -250,7 +208,7 @@ def _member_from_row(row: Any) -> MemberRow:
         last_heartbeat,
         expires_at,
     ) = row
-    return MemberRow(
+    return MemberRecord(
         group_id,
         member_id,
         instance_id,
@@ -258,21 +216,21 @@ def _member_from_row(row: Any) -> MemberRow:
         client_host,
         member_epoch,
         previous_member_epoch,
-        list(subscribed_topics),
+        tuple(subscribed_topics),
         subscribed_topic_regex,
         assignor,
         allow_individual_commit,
         session_timeout_ms,
-        owned,
-        assigned,
-        target,
+        slices_from_wire(owned),
+        slices_from_wire(assigned),
+        slices_from_wire(target),
         joined_at,
         last_heartbeat,
         expires_at,
     )
 
 
-async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRow:
+async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRecord:
     """Create the group if new and lock its row until the transaction ends."""
     row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one_or_none()
     if row is None:
@@ -281,7 +239,9 @@ async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRow:
     return _group_from_row(row)
 
 
-async def find_group(connection: AsyncConnection, group_id: str, *, lock: bool) -> GroupRow | None:
+async def find_group(
+    connection: AsyncConnection, group_id: str, *, lock: bool
+) -> GroupRecord | None:
     query = select(
         Group.group_id,
         Group.assignor,
@@ -298,7 +258,7 @@ async def find_group(connection: AsyncConnection, group_id: str, *, lock: bool) 
     return None if row is None else _group_from_row(row)
 
 
-async def save_group(connection: AsyncConnection, group: GroupRow) -> None:
+async def save_group(connection: AsyncConnection, group: GroupRecord) -> None:
     await connection.execute(
         update(Group)
         .where(Group.group_id == group.group_id)
@@ -323,7 +283,7 @@ async def delete_expired_members(connection: AsyncConnection, group_id: str) -> 
 
 async def read_members(
     connection: AsyncConnection, group_id: str, *, live_only: bool = False
-) -> list[MemberRow]:
+) -> list[MemberRecord]:
     query = select(*_MEMBER_COLUMNS).where(Member.group_id == group_id)
     if live_only:
         query = query.where(Member.expires_at > func.now())
@@ -333,7 +293,7 @@ async def read_members(
 
 async def read_member(
     connection: AsyncConnection, group_id: str, member_id: str
-) -> MemberRow | None:
+) -> MemberRecord | None:
     result = await connection.execute(
         select(*_MEMBER_COLUMNS).where(Member.group_id == group_id, Member.member_id == member_id)
     )
@@ -348,8 +308,8 @@ class HeartbeatView:
     what the other live members hold on the partitions of its current target."""
 
     expired: list[str]
-    member: MemberRow | None
-    held_by_others: WireSlices
+    member: MemberRecord | None
+    held_by_others: tuple[Slice, ...]
 
 
 async def reap_and_read_member(
@@ -365,50 +325,28 @@ async def reap_and_read_member(
     ).one()
     expired, held, *member_columns = row
     member = None if member_columns[0] is None else _member_from_row(member_columns)
-    return HeartbeatView(sorted(expired), member, list(held))
+    return HeartbeatView(sorted(expired), member, slices_from_wire(held))
 
 
-async def held_by_others(
-    connection: AsyncConnection,
-    group_id: str,
-    member_id: str,
-    partitions: Sequence[tuple[str, int]],
-) -> WireSlices:
-    """Everything other members hold (owned and assigned) on ``partitions``, as wire slices
-    (possibly overlapping); one statement, whatever the group's size."""
-    if not partitions:
-        return []
-    result = await connection.execute(
-        _HELD_BY_OTHERS,
-        {
-            "group_id": group_id,
-            "member_id": member_id,
-            "topics": [topic for topic, _ in partitions],
-            "partitions": [partition for _, partition in partitions],
-        },
-    )
-    return list(result.scalar_one())
-
-
-def _member_values(member: MemberRow) -> dict[str, Any]:
+def _member_values(member: MemberRecord) -> dict[str, Any]:
     return {
         "instance_id": member.instance_id,
         "client_id": member.client_id,
         "client_host": member.client_host,
         "member_epoch": member.member_epoch,
         "previous_member_epoch": member.previous_member_epoch,
-        "subscribed_topics": member.subscribed_topics,
+        "subscribed_topics": list(member.subscribed_topics),
         "subscribed_topic_regex": member.subscribed_topic_regex,
         "assignor": member.assignor,
         "allow_individual_commit": member.allow_individual_commit,
         "session_timeout_ms": member.session_timeout_ms,
-        "owned": member.owned,
-        "assigned": member.assigned,
-        "target": member.target,
+        "owned": slices_to_wire(member.owned),
+        "assigned": slices_to_wire(member.assigned),
+        "target": slices_to_wire(member.target),
     }
 
 
-async def insert_member(connection: AsyncConnection, member: MemberRow) -> None:
+async def insert_member(connection: AsyncConnection, member: MemberRecord) -> None:
     await connection.execute(
         insert(Member).values(
             group_id=member.group_id,
@@ -420,7 +358,9 @@ async def insert_member(connection: AsyncConnection, member: MemberRow) -> None:
     )
 
 
-async def save_member(connection: AsyncConnection, member: MemberRow, *, heartbeat: bool) -> None:
+async def save_member(
+    connection: AsyncConnection, member: MemberRecord, *, heartbeat: bool
+) -> None:
     """Write a member back; ``heartbeat`` also renews its session (only its own request may)."""
     values = _member_values(member)
     if heartbeat:
@@ -434,7 +374,7 @@ async def save_member(connection: AsyncConnection, member: MemberRow, *, heartbe
 
 
 async def save_targets(
-    connection: AsyncConnection, group_id: str, targets: Mapping[str, WireSlices]
+    connection: AsyncConnection, group_id: str, targets: Mapping[str, tuple[Slice, ...]]
 ) -> None:
     """All new targets of a group in one statement, whatever the group's size."""
     if not targets:
@@ -445,7 +385,7 @@ async def save_targets(
         {
             "group_id": group_id,
             "member_ids": [member_id for member_id, _ in ordered],
-            "targets": [json.dumps(target) for _, target in ordered],
+            "targets": [json.dumps(slices_to_wire(target)) for _, target in ordered],
         },
     )
 

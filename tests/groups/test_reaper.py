@@ -12,9 +12,9 @@ import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.app import create_app
+from coordinator.core.membership import MemberRecord
 from coordinator.db.engine import make_engine
 from coordinator.groups import loops, repository
-from coordinator.groups.repository import MemberRow
 from tests.fixtures.coordinator import MakeDatabase, settings_for_tests
 
 SETTINGS = settings_for_tests()
@@ -30,8 +30,8 @@ async def replicas(make_migrated_database: MakeDatabase) -> AsyncIterator[list[A
         await engine.dispose()
 
 
-def expiring_member(group_id: str, member_id: str) -> MemberRow:
-    return MemberRow(
+def expiring_member(group_id: str, member_id: str) -> MemberRecord:
+    return MemberRecord(
         group_id=group_id,
         member_id=member_id,
         instance_id=None,
@@ -39,15 +39,12 @@ def expiring_member(group_id: str, member_id: str) -> MemberRow:
         client_host=None,
         member_epoch=1,
         previous_member_epoch=1,
-        subscribed_topics=["t"],
+        subscribed_topics=("t",),
         subscribed_topic_regex=None,
         assignor=None,
         allow_individual_commit=True,
         # Expired a millisecond after the seeding transaction started.
         session_timeout_ms=1,
-        owned=[],
-        assigned=[],
-        target=[],
     )
 
 

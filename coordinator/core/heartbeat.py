@@ -1,0 +1,435 @@
+"""What a heartbeat does (DESIGN §5, in the manner of KIP-848), decided without I/O.
+
+The shell (``coordinator.groups.heartbeat``) reads the facts under the group's row lock,
+calls :func:`heartbeat_step` and stores the :class:`HeartbeatOutcome`. Nothing here reads or
+writes the database, so the randomized safety simulations (through the route and in memory)
+run the very same decisions.
+
+Most heartbeats need only the member and what the others hold on its partitions. When the
+step must recompute targets (or serve a join) and was not given the whole group, it asks by
+returning :class:`MembersNeeded` or :class:`TopicsNeeded`; the shell reads what is asked and
+calls again with the same facts plus the answer. The step has decided nothing when it asks,
+so calling again is safe and costs little.
+
+Safety rests on one rule: a member's ``assigned`` changes only on that member's own
+heartbeat, when its request epoch proves it saw the previous assignment. Everything the
+member might still hold — what it reports owning, plus what it was told it may own and has not
+acknowledged losing — stays in its stored ``owned | assigned`` ("held"), and nobody is
+assigned a hash that another live member holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from client.protocol.epochs import FIRST_MEMBER_EPOCH, JOIN_EPOCH, LEAVE_EPOCH
+from coordinator.core.assignment import Slice, normalize_slices, subtract_slices, union_slices
+from coordinator.core.fence import MemberStanding, member_refusal
+from coordinator.core.membership import (
+    NO_SUBSCRIPTION,
+    GroupRecord,
+    MemberRecord,
+    Rebalance,
+    SessionLimits,
+    TopicFacts,
+    TopicsNeeded,
+    TopicSubscription,
+    expiry_reasons,
+    settle,
+)
+from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRequest:
+    """A heartbeat as the step reads it: slices decoded, ``None`` meaning "unchanged"."""
+
+    member_id: str | None
+    member_epoch: int
+    instance_id: str | None = None
+    client_id: str | None = None
+    client_host: str | None = None
+    subscription: TopicSubscription | None = None
+    assignor: str | None = None
+    allow_individual_commit: bool | None = None
+    session_timeout_ms: int | None = None
+    owned: tuple[Slice, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MembersNeeded:
+    """Call again with every live member of the group (after reaping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something the shell logs, with the member it concerns."""
+
+    message: str
+    fields: Mapping[str, str | None]
+    warning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatFacts:
+    """What the shell read for one heartbeat, under the group's lock.
+
+    ``member``: the requester as stored and live (for a leave, the leaver), None when unknown.
+    ``held_by_others``: what the other live members hold on the partitions of ``member``'s
+    current target. ``members`` and ``topics`` only when the step asked for them.
+    ``new_member_id``: the id a joining member gets, drawn by the shell.
+    """
+
+    group: GroupRecord
+    request: MemberRequest
+    session_limits: SessionLimits
+    default_assignor: str
+    expired: tuple[str, ...] = ()
+    member: MemberRecord | None = None
+    held_by_others: tuple[Slice, ...] = ()
+    members: Mapping[str, MemberRecord] | None = None
+    topics: TopicFacts | None = None
+    new_member_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatOutcome:
+    """What to store and answer. ``member`` is the requester's row to write (inserted when
+    ``inserted``; None after a leave); ``removed`` the rows to delete; ``targets`` the other
+    members' new targets; ``group`` replaces the stored group row when it differs."""
+
+    group: GroupRecord
+    member: MemberRecord | None
+    inserted: bool
+    removed: tuple[str, ...]
+    targets: Mapping[str, tuple[Slice, ...]]
+    rebalance: Rebalance | None
+    notes: tuple[Note, ...]
+    reply_member_id: str
+    reply_epoch: int
+    reply_session_timeout_ms: int
+    reply_assignment: tuple[Slice, ...] = field(default=())
+
+
+StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
+
+
+def heartbeat_step(facts: HeartbeatFacts) -> StepResult:
+    """Join (epoch 0), leave (epoch -1) or heartbeat of a member; raises the fence's refusal
+    (``UnknownMemberId``, ``FencedMemberEpoch``) for a heartbeat that does not count."""
+    if facts.request.member_epoch > JOIN_EPOCH:
+        return _heartbeat(facts)
+    if facts.request.member_epoch == LEAVE_EPOCH:
+        return _leave(facts)
+    return _join(facts)
+
+
+def _member_fields(
+    member: MemberRecord,
+    request: MemberRequest,
+    subscription: TopicSubscription | None,
+    session_timeout_ms: int | None,
+) -> tuple[MemberRecord, list[str]]:
+    """The request's changes to the member's own fields, and the rebalance reasons they
+    give."""
+    reasons = []
+    changes: dict[str, object] = {}
+    if subscription is not None and subscription != TopicSubscription(
+        tuple(sorted(member.subscribed_topics)), member.subscribed_topic_regex
+    ):
+        changes["subscribed_topics"] = subscription.topics
+        changes["subscribed_topic_regex"] = subscription.regex
+        reasons.append("subscription changed")
+    allow = request.allow_individual_commit
+    if allow is not None and allow != member.allow_individual_commit:
+        changes["allow_individual_commit"] = allow
+        reasons.append("member switches changed")
+    if request.assignor is not None and request.assignor != member.assignor:
+        changes["assignor"] = request.assignor
+        reasons.append("assignor changed")
+    if session_timeout_ms is not None:
+        changes["session_timeout_ms"] = session_timeout_ms
+    if request.client_id is not None:
+        changes["client_id"] = request.client_id
+    return replace(member, **changes) if changes else member, reasons  # type: ignore[arg-type]
+
+
+def _checked_member(facts: HeartbeatFacts) -> MemberRecord:
+    """The heartbeating member, judged by the same fence as its commits; the shell read it
+    live (expired members were reaped first)."""
+    request = facts.request
+    assert request.member_id is not None  # the schema requires it for epochs other than 0
+    member = facts.member
+    standing = (
+        None
+        if member is None
+        else MemberStanding(member.member_epoch, member.previous_member_epoch, alive=True)
+    )
+    refused = member_refusal(
+        facts.group.group_id, request.member_id, request.member_epoch, standing
+    )
+    if refused is not None:
+        raise refused
+    assert member is not None
+    return member
+
+
+def _heartbeat(facts: HeartbeatFacts) -> StepResult:
+    """A heartbeat of an existing member: in the common case no other member is read."""
+    request = facts.request
+    member = _checked_member(facts)
+    acknowledged = request.member_epoch == member.member_epoch
+    session_timeout = (
+        None
+        if request.session_timeout_ms is None
+        else facts.session_limits.clamp(request.session_timeout_ms)
+    )
+    member, changes = _member_fields(member, request, request.subscription, session_timeout)
+    reasons = [*expiry_reasons(facts.expired), *changes]
+    held_by_others = facts.held_by_others
+    targets: dict[str, tuple[Slice, ...]] = {}
+    rebalance = None
+    group = facts.group
+    if reasons or group.rebalance_requested:
+        if facts.members is None:
+            return MembersNeeded()
+        members = {**facts.members, member.member_id: member}
+        settled = settle(group, members, reasons, facts.topics, facts.default_assignor)
+        if isinstance(settled, TopicsNeeded):
+            return settled
+        group, rebalance = settled.group, settled.rebalance
+        targets = settled.changed_targets(members)
+        targets.pop(member.member_id, None)
+        member = settled.members[member.member_id]
+        # The target moved: what the others hold on its partitions, from the same read.
+        held_by_others = _held_by_others(settled.members, member)
+    notes: tuple[Note, ...] = ()
+    if acknowledged:
+        member, notes = _reconciled(member, request.owned, held_by_others)
+    return HeartbeatOutcome(
+        group=group,
+        member=member,
+        inserted=False,
+        removed=(),
+        targets=targets,
+        rebalance=rebalance,
+        notes=notes,
+        reply_member_id=member.member_id,
+        reply_epoch=member.member_epoch,
+        reply_session_timeout_ms=member.session_timeout_ms,
+        reply_assignment=member.assigned,
+    )
+
+
+def _join(facts: HeartbeatFacts) -> StepResult:
+    """A new member, a member rejoining in place after being fenced, or a static member
+    taking its old place."""
+    if facts.members is None:
+        return MembersNeeded()
+    request = facts.request
+    group_id = facts.group.group_id
+    members = dict(facts.members)
+    subscription = request.subscription or NO_SUBSCRIPTION
+    session_timeout = facts.session_limits.clamp(request.session_timeout_ms)
+    reasons = expiry_reasons(facts.expired)
+    notes: list[Note] = []
+    removed: tuple[str, ...] = ()
+    inserted = True
+    if request.member_id is not None and request.member_id in members:
+        member = replace(_taken_over(members[request.member_id]), client_host=request.client_host)
+        member, changes = _member_fields(member, request, subscription, session_timeout)
+        reasons += changes
+        inserted = False
+        notes.append(Note("member rejoined", {"group_id": group_id, "member_id": member.member_id}))
+    else:
+        predecessor = next(
+            (
+                m
+                for m in members.values()
+                if request.instance_id is not None and m.instance_id == request.instance_id
+            ),
+            None,
+        )
+        member = MemberRecord(
+            group_id=group_id,
+            member_id=facts.new_member_id,
+            instance_id=request.instance_id,
+            client_id=request.client_id,
+            client_host=request.client_host,
+            member_epoch=FIRST_MEMBER_EPOCH,
+            previous_member_epoch=FIRST_MEMBER_EPOCH,
+            subscribed_topics=subscription.topics,
+            subscribed_topic_regex=subscription.regex,
+            assignor=request.assignor,
+            allow_individual_commit=(
+                True if request.allow_individual_commit is None else request.allow_individual_commit
+            ),
+            session_timeout_ms=session_timeout,
+        )
+        if predecessor is not None:
+            # Static membership: the restarted instance inherits its predecessor's place and
+            # target without a rebalance; the predecessor's commits are fenced from now on.
+            del members[predecessor.member_id]
+            removed = (predecessor.member_id,)
+            member = _taken_over(
+                replace(
+                    member,
+                    owned=predecessor.owned,
+                    assigned=predecessor.assigned,
+                    target=predecessor.target,
+                    member_epoch=predecessor.member_epoch,
+                )
+            )
+            if (
+                TopicSubscription(predecessor.subscribed_topics, predecessor.subscribed_topic_regex)
+                != subscription
+                or predecessor.allow_individual_commit != member.allow_individual_commit
+            ):
+                reasons.append("subscription changed")
+            notes.append(
+                Note(
+                    "static member replaced",
+                    {
+                        "group_id": group_id,
+                        "instance_id": request.instance_id,
+                        "member_id": member.member_id,
+                        "replaced_member_id": predecessor.member_id,
+                    },
+                )
+            )
+        else:
+            reasons.append("member joined")
+            notes.append(
+                Note("member joined", {"group_id": group_id, "member_id": member.member_id})
+            )
+    members[member.member_id] = member
+    settled = settle(facts.group, members, reasons, facts.topics, facts.default_assignor)
+    if isinstance(settled, TopicsNeeded):
+        return settled
+    targets = settled.changed_targets(members)
+    targets.pop(member.member_id, None)
+    member = settled.members[member.member_id]
+    # A join's report of owned slices predates its new epoch: a rejoining member keeps what
+    # it held until its first heartbeat at that epoch (``_taken_over``).
+    member, reconcile_notes = _reconciled(member, None, _held_by_others(settled.members, member))
+    return HeartbeatOutcome(
+        group=settled.group,
+        member=member,
+        inserted=inserted,
+        removed=removed,
+        targets=targets,
+        rebalance=settled.rebalance,
+        notes=(*notes, *reconcile_notes),
+        reply_member_id=member.member_id,
+        reply_epoch=member.member_epoch,
+        reply_session_timeout_ms=member.session_timeout_ms,
+        reply_assignment=member.assigned,
+    )
+
+
+def _leave(facts: HeartbeatFacts) -> StepResult:
+    """Leaving is idempotent: a retried leave whose first reply was lost succeeds too."""
+    request = facts.request
+    assert request.member_id is not None  # the schema requires it for a leave
+    leaving = facts.member
+    reasons = expiry_reasons(facts.expired)
+    notes: tuple[Note, ...] = ()
+    removed: tuple[str, ...] = ()
+    if leaving is not None:
+        removed = (leaving.member_id,)
+        reasons.append("member left")
+        notes = (
+            Note("member left", {"group_id": facts.group.group_id, "member_id": leaving.member_id}),
+        )
+    group, targets, rebalance = facts.group, {}, None
+    if reasons or group.rebalance_requested:
+        if facts.members is None:
+            return MembersNeeded()
+        members = {mid: m for mid, m in facts.members.items() if mid not in removed}
+        settled = settle(group, members, reasons, facts.topics, facts.default_assignor)
+        if isinstance(settled, TopicsNeeded):
+            return settled
+        group, rebalance = settled.group, settled.rebalance
+        targets = settled.changed_targets(members)
+    return HeartbeatOutcome(
+        group=group,
+        member=None,
+        inserted=False,
+        removed=removed,
+        targets=targets,
+        rebalance=rebalance,
+        notes=notes,
+        reply_member_id=request.member_id,
+        reply_epoch=LEAVE_EPOCH,
+        reply_session_timeout_ms=(
+            leaving.session_timeout_ms if leaving else facts.session_limits.default_ms
+        ),
+    )
+
+
+def _taken_over(member: MemberRecord) -> MemberRecord:
+    """A (re)joining process may still hold anything its predecessor was given, until its
+    first report at the new epoch says otherwise; the epoch bump fences the old one."""
+    epoch = member.member_epoch + 1
+    return replace(
+        member,
+        owned=member.held,
+        assigned=(),
+        member_epoch=epoch,
+        previous_member_epoch=epoch,
+    )
+
+
+def _held_by_others(members: Mapping[str, MemberRecord], member: MemberRecord) -> tuple[Slice, ...]:
+    """What the other members hold on the partitions of ``member``'s target."""
+    wanted = {piece.topic_partition for piece in member.target}
+    return normalize_slices(
+        piece
+        for other_id, other in members.items()
+        if other_id != member.member_id
+        for piece in (*other.owned, *other.assigned)
+        if piece.topic_partition in wanted
+    )
+
+
+# Stands for "every other member" in the holdings handed to ``reconcile_member``; member ids
+# the coordinator issues always start with "m-".
+_OTHERS = "*others*"
+
+
+def _reconciled(
+    member: MemberRecord, reported: tuple[Slice, ...] | None, held_by_others: tuple[Slice, ...]
+) -> tuple[MemberRecord, tuple[Note, ...]]:
+    """Decide what ``member`` may own now; the caller has checked that the member saw its
+    current assignment (its request carries its current epoch)."""
+    mine = MemberHolding(member.owned, member.assigned, member.member_epoch)
+    owned = member.owned
+    notes: tuple[Note, ...] = ()
+    if reported is not None:
+        owned = accept_reported_owned(reported, mine)
+        if owned != normalize_slices(reported):
+            notes = (
+                Note(
+                    "member reported slices it was never assigned; ignored",
+                    {"group_id": member.group_id, "member_id": member.member_id},
+                    warning=True,
+                ),
+            )
+    holdings = {
+        _OTHERS: MemberHolding(owned=held_by_others),
+        member.member_id: MemberHolding(owned, mine.assigned, mine.member_epoch),
+    }
+    decision = reconcile_member(member.member_id, holdings, member.target)
+    # What was assignable until now and is not any more may have been started after the
+    # request was sent: it stays held until a later report leaves it out.
+    revoked = subtract_slices(mine.assigned, decision.assigned)
+    member = replace(member, owned=union_slices(owned, revoked))
+    if decision.member_epoch != member.member_epoch:
+        member = replace(
+            member,
+            previous_member_epoch=member.member_epoch,
+            member_epoch=decision.member_epoch,
+            assigned=decision.assigned,
+        )
+    return member, notes
