@@ -161,27 +161,49 @@ def _version(_: argparse.Namespace) -> int:
 
 
 class AdminApi:
-    """A thin caller of the admin routes that prints replies as JSON and problems as one line."""
+    """A thin caller of the admin routes that prints replies as JSON and problems as one line
+    naming the coordinator it asked, so a wrong ``--url`` or ``KEYRANGE_URL`` shows at once."""
 
     def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0)
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
 
     def call(self, method: str, path: str, **kwargs: Any) -> int:
         try:
             response = self.client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            print(f"keyrange: cannot reach the coordinator: {exc}", file=sys.stderr)
+            print(f"keyrange: cannot reach the coordinator at {self.url}: {exc}", file=sys.stderr)
             return 1
         if response.is_success:
             print(json.dumps(response.json(), indent=2))
             return 0
         try:
             body = response.json()
-            print(f"keyrange: {body.get('error')}: {body.get('detail')}", file=sys.stderr)
         except ValueError:
-            print(f"keyrange: HTTP {response.status_code}", file=sys.stderr)
+            body = None
+        if isinstance(body, dict) and "error" in body:
+            message = f"{body['error']}: {_problem_detail(body)}"
+        else:
+            message = f"HTTP {response.status_code}"
+        print(f"keyrange: {self.url} answered {message}", file=sys.stderr)
         return 1
+
+
+# Where in the request a validation error sits: the CLI user typed an argument, not a path.
+_REQUEST_PARTS = {"path", "query", "body", "header"}
+
+
+def _problem_detail(body: dict[str, Any]) -> str:
+    """The problem's detail, with a validation error's field named as the argument it came
+    from (``group_id``, not ``path.group_id``)."""
+    errors = body.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        parts = str(errors[0].get("loc", "")).split(".")
+        field = ".".join(parts[1:] if parts[0] in _REQUEST_PARTS else parts)
+        message = str(errors[0].get("msg", ""))
+        return f"{field}: {message}" if field else message
+    return str(body.get("detail"))
 
 
 def _partitions(value: str) -> list[int]:
@@ -246,6 +268,23 @@ def _admin(args: argparse.Namespace) -> int:
     return commands[args.admin_command]()
 
 
+def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """``--url`` and ``--token``; only the ``admin`` level sets defaults, so a value given
+    after the subcommand is not overwritten by one the subcommand never saw."""
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("KEYRANGE_URL", "http://127.0.0.1:8080")
+        if defaults
+        else argparse.SUPPRESS,
+        help="coordinator URL (KEYRANGE_URL)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("KEYRANGE_TOKEN") if defaults else argparse.SUPPRESS,
+        help="admin bearer token (KEYRANGE_TOKEN; prefer the variable: arguments show in ps)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keyrange",
@@ -277,44 +316,40 @@ def build_parser() -> argparse.ArgumentParser:
     version.set_defaults(handler=_version)
 
     admin = commands.add_parser("admin", help="administer groups and offsets over the admin API")
-    admin.add_argument(
-        "--url",
-        default=os.environ.get("KEYRANGE_URL", "http://127.0.0.1:8080"),
-        help="coordinator URL (KEYRANGE_URL)",
-    )
-    admin.add_argument(
-        "--token",
-        default=os.environ.get("KEYRANGE_TOKEN"),
-        help="admin bearer token (KEYRANGE_TOKEN; prefer the variable: arguments show in ps)",
-    )
+    _add_connection_options(admin, defaults=True)
+    # Accepted after the subcommand too (``keyrange admin groups --url ...``), as users type it.
+    connection = argparse.ArgumentParser(add_help=False)
+    _add_connection_options(connection, defaults=False)
     admin_commands = admin.add_subparsers(dest="admin_command", required=True)
-    admin_commands.add_parser("groups", help="list groups")
+
+    def admin_command(name: str, text: str) -> argparse.ArgumentParser:
+        return admin_commands.add_parser(name, help=text, parents=[connection])
+
+    admin_command("groups", "list groups")
     for name, text in (
         ("describe", "describe a group: members, assignment, offsets, lag"),
         ("offsets", "show a group's offsets with lag"),
         ("delete-group", "delete an empty group and its offsets"),
         ("rebalance", "recompute a group's target assignment now"),
     ):
-        admin_commands.add_parser(name, help=text).add_argument("group")
-    reset = admin_commands.add_parser(
-        "reset", help="reset offsets (to an offset, or drop IC ranges) of an empty group"
+        admin_command(name, text).add_argument("group")
+    reset = admin_command(
+        "reset", "reset offsets (to an offset, or drop IC ranges) of an empty group"
     )
     reset.add_argument("group")
     reset.add_argument("--topic", required=True)
     reset.add_argument("--partitions", type=_partitions, help="e.g. 0,1,2 (default: all)")
     reset.add_argument("--to-offset", type=int, help="new stable offset; omit to drop IC ranges")
-    delete_offsets = admin_commands.add_parser("delete-offsets", help="delete a group's offsets")
+    delete_offsets = admin_command("delete-offsets", "delete a group's offsets")
     delete_offsets.add_argument("group")
     delete_offsets.add_argument("--topic", help="only this topic")
-    remove = admin_commands.add_parser("remove-member", help="remove a member from a group")
+    remove = admin_command("remove-member", "remove a member from a group")
     remove.add_argument("group")
     remove.add_argument("member")
-    topic_config = admin_commands.add_parser(
-        "topic-config", help="show or set a topic's accept.range.fetch"
-    )
+    topic_config = admin_command("topic-config", "show or set a topic's accept.range.fetch")
     topic_config.add_argument("topic")
     topic_config.add_argument("--accept-range-fetch", type=_boolean)
-    config = admin_commands.add_parser("config", help="show or set coordinator-wide switches")
+    config = admin_command("config", "show or set coordinator-wide switches")
     config.add_argument("--accept-individual-commit", type=_boolean)
     config.add_argument("--default-accept-range-fetch", type=_boolean)
     admin.set_defaults(handler=_admin)

@@ -40,7 +40,7 @@ from client.http import CoordinatorClient
 USERS = 200
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: embedded)")
     parser.add_argument("--coordinator", help="coordinator URL (default: embedded)")
@@ -55,7 +55,29 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--master", help="Spark master (default: spark-submit's, or local[*] under python)"
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--driver-host",
+        help="address the Spark driver binds to and advertises (default: 127.0.0.1 for a "
+        "local run under python, Spark's own choice under spark-submit or another master)",
+    )
+    return parser.parse_args(argv)
+
+
+def spark_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The session's settings. A local run binds the driver to loopback, so a laptop on a
+    shared network (or a host whose name resolves to an unreachable address) runs the
+    example without opening ports to the network; executors elsewhere must reach the driver,
+    so a cluster master or spark-submit (which hands Python its gateway) keeps Spark's
+    choice unless ``--driver-host`` says otherwise."""
+    settings = {"spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "4"}
+    local_run = "PYSPARK_GATEWAY_PORT" not in os.environ and (
+        args.master is None or args.master.startswith("local")
+    )
+    host = args.driver_host or ("127.0.0.1" if local_run else None)
+    if host is not None:
+        settings["spark.driver.host"] = host
+        settings["spark.driver.bindAddress"] = host
+    return settings
 
 
 def main() -> None:
@@ -130,12 +152,10 @@ def run_pipeline(
     builder = (
         SparkSession.builder if args.master is None else SparkSession.builder.master(args.master)
     )
-    spark = (
-        builder.appName("keyrange-spark-example")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    builder = builder.appName("keyrange-spark-example")
+    for key, value in spark_settings(args).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
     committer = enable_commits(spark, coordinator_url)

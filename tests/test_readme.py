@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
+from client import KeyrangeConsumer
 from coordinator.settings import Settings
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
@@ -22,3 +24,9 @@ def test_readme_names_the_two_commands_ci_runs() -> None:
     ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
     assert "make test" in README and "make run" in README
     assert "make test" in ci
+
+
+def test_readme_states_the_consumers_offset_reset_default() -> None:
+    """It differs from aiokafka's, so a Kafka user would otherwise assume the wrong one."""
+    default = inspect.signature(KeyrangeConsumer).parameters["auto_offset_reset"].default
+    assert f"`auto_offset_reset` defaults to `{default}`" in README

@@ -52,6 +52,9 @@ def test_the_wheel_requires_the_client_packages_alone_and_the_server_as_an_extra
     server = {requirement_name(r) for r in requires if 'extra == "server"' in r}
     assert base == CLIENT_REQUIREMENTS
     assert {"fastapi", "uvicorn", "sqlalchemy", "asyncpg", "alembic"} <= server
+    # The SPDX license field (PEP 639): the older table form makes setuptools print a
+    # deprecation block on every install.
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
 
 
 def test_the_server_extra_lists_every_package_the_cli_checks_for() -> None:
