@@ -187,7 +187,7 @@ def _heartbeat(facts: HeartbeatFacts) -> StepResult:
     )
     member, changes = _member_fields(member, request, request.subscription, session_timeout)
     reasons = [*expiry_reasons(facts.expired), *changes]
-    held_by_others = facts.held_by_others
+    others_hold = facts.held_by_others
     targets: dict[str, tuple[Slice, ...]] = {}
     rebalance = None
     group = facts.group
@@ -203,10 +203,10 @@ def _heartbeat(facts: HeartbeatFacts) -> StepResult:
         targets.pop(member.member_id, None)
         member = settled.members[member.member_id]
         # The target moved: what the others hold on its partitions, from the same read.
-        held_by_others = _held_by_others(settled.members, member)
+        others_hold = held_by_others(settled.members, member)
     notes: tuple[Note, ...] = ()
     if acknowledged:
-        member, notes = _reconciled(member, request.owned, held_by_others)
+        member, notes = _reconciled(member, request.owned, others_hold)
     return HeartbeatOutcome(
         group=group,
         member=member,
@@ -312,7 +312,7 @@ def _join(facts: HeartbeatFacts) -> StepResult:
     member = settled.members[member.member_id]
     # A join's report of owned slices predates its new epoch: a rejoining member keeps what
     # it held until its first heartbeat at that epoch (``_taken_over``).
-    member, reconcile_notes = _reconciled(member, None, _held_by_others(settled.members, member))
+    member, reconcile_notes = _reconciled(member, None, held_by_others(settled.members, member))
     return HeartbeatOutcome(
         group=settled.group,
         member=member,
@@ -381,8 +381,9 @@ def _taken_over(member: MemberRecord) -> MemberRecord:
     )
 
 
-def _held_by_others(members: Mapping[str, MemberRecord], member: MemberRecord) -> tuple[Slice, ...]:
-    """What the other members hold on the partitions of ``member``'s target."""
+def held_by_others(members: Mapping[str, MemberRecord], member: MemberRecord) -> tuple[Slice, ...]:
+    """What the other members hold on the partitions of ``member``'s target: what a shell
+    that has every member in hand passes as ``HeartbeatFacts.held_by_others``."""
     wanted = {piece.topic_partition for piece in member.target}
     return normalize_slices(
         piece

@@ -23,13 +23,14 @@ import pytest
 from fastapi import FastAPI
 
 from client.protocol.keyspace import KeyRange, intersect, normalize, subtract
-from coordinator.core.assignment import Slice, normalize_slices, slices_from_wire, slices_to_wire
+from coordinator.core.assignment import slices_from_wire, slices_to_wire
 from coordinator.core.heartbeat import (
     HeartbeatFacts,
     HeartbeatOutcome,
     MemberRequest,
     MembersNeeded,
     heartbeat_step,
+    held_by_others,
 )
 from coordinator.core.membership import (
     GroupRecord,
@@ -322,18 +323,6 @@ class InMemoryCoordinator:
             del self.members[member_id], self.expires_at[member_id]
         return tuple(expired)
 
-    def _held_by_others(self, member: MemberRecord | None) -> tuple[Slice, ...]:
-        if member is None:
-            return ()
-        wanted = {piece.topic_partition for piece in member.target}
-        return normalize_slices(
-            piece
-            for other in self.members.values()
-            if other.member_id != member.member_id
-            for piece in other.held
-            if piece.topic_partition in wanted
-        )
-
     async def heartbeat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         self.clock += self.TICK_S
         owned = body.get("owned")
@@ -355,7 +344,7 @@ class InMemoryCoordinator:
             default_assignor="range",
             expired=expired,
             member=member,
-            held_by_others=self._held_by_others(member),
+            held_by_others=() if member is None else held_by_others(self.members, member),
             new_member_id=self.member_ids(),
         )
         try:
