@@ -176,6 +176,9 @@ async def test_processing_time_trigger_reads_new_records_as_they_arrive(
         await _until(lambda: len(delivered) >= len(produced))
         produced += await produce(kafka_bootstrap, topic, PARTITIONS, 60, 60)
         await _until(lambda: len(delivered) >= len(produced))
+        # A batch is reported once Spark has committed it, a moment after its rows were
+        # delivered; stopping before that leaves it to be re-run, and unreported.
+        await _until_reported(coordinator_url, group, topic, log_ends(produced))
     finally:
 
         def stop() -> None:
@@ -186,6 +189,15 @@ async def test_processing_time_trigger_reads_new_records_as_they_arrive(
         await in_spark_thread(spark, stop)
     assert sorted(delivered) == sorted(produced)
     assert await stable_offsets(coordinator_url, group, topic) == log_ends(produced)
+
+
+async def _until_reported(
+    coordinator_url: str, group: str, topic: str, expected: dict[int, int], timeout_s: float = 60.0
+) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await stable_offsets(coordinator_url, group, topic) != expected:
+        assert asyncio.get_running_loop().time() < deadline, "batches not reported in time"
+        await asyncio.sleep(0.2)
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
