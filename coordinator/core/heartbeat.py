@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from client.protocol.epochs import FIRST_MEMBER_EPOCH, JOIN_EPOCH, LEAVE_EPOCH
 from coordinator.core.assignment import Slice, normalize_slices, subtract_slices, union_slices
@@ -134,7 +135,7 @@ def _member_fields(
     """The request's changes to the member's own fields, and the rebalance reasons they
     give."""
     reasons = []
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     if subscription is not None and subscription != TopicSubscription(
         tuple(sorted(member.subscribed_topics)), member.subscribed_topic_regex
     ):
@@ -152,7 +153,7 @@ def _member_fields(
         changes["session_timeout_ms"] = session_timeout_ms
     if request.client_id is not None:
         changes["client_id"] = request.client_id
-    return replace(member, **changes) if changes else member, reasons  # type: ignore[arg-type]
+    return replace(member, **changes) if changes else member, reasons
 
 
 def _checked_member(facts: HeartbeatFacts) -> MemberRecord:
@@ -199,27 +200,14 @@ def _heartbeat(facts: HeartbeatFacts) -> StepResult:
         if isinstance(settled, TopicsNeeded):
             return settled
         group, rebalance = settled.group, settled.rebalance
-        targets = settled.changed_targets(members)
-        targets.pop(member.member_id, None)
+        targets = settled.changed_targets(members, besides=member.member_id)
         member = settled.members[member.member_id]
         # The target moved: what the others hold on its partitions, from the same read.
         others_hold = held_by_others(settled.members, member)
     notes: tuple[Note, ...] = ()
     if acknowledged:
         member, notes = _reconciled(member, request.owned, others_hold)
-    return HeartbeatOutcome(
-        group=group,
-        member=member,
-        inserted=False,
-        removed=(),
-        targets=targets,
-        rebalance=rebalance,
-        notes=notes,
-        reply_member_id=member.member_id,
-        reply_epoch=member.member_epoch,
-        reply_session_timeout_ms=member.session_timeout_ms,
-        reply_assignment=member.assigned,
-    )
+    return _answering(member, group, targets, rebalance, notes)
 
 
 def _join(facts: HeartbeatFacts) -> StepResult:
@@ -307,20 +295,42 @@ def _join(facts: HeartbeatFacts) -> StepResult:
     settled = settle(facts.group, members, reasons, facts.topics, facts.default_assignor)
     if isinstance(settled, TopicsNeeded):
         return settled
-    targets = settled.changed_targets(members)
-    targets.pop(member.member_id, None)
+    targets = settled.changed_targets(members, besides=member.member_id)
     member = settled.members[member.member_id]
     # A join's report of owned slices predates its new epoch: a rejoining member keeps what
     # it held until its first heartbeat at that epoch (``_taken_over``).
     member, reconcile_notes = _reconciled(member, None, held_by_others(settled.members, member))
+    return _answering(
+        member,
+        settled.group,
+        targets,
+        settled.rebalance,
+        (*notes, *reconcile_notes),
+        inserted=inserted,
+        removed=removed,
+    )
+
+
+def _answering(
+    member: MemberRecord,
+    group: GroupRecord,
+    targets: Mapping[str, tuple[Slice, ...]],
+    rebalance: Rebalance | None,
+    notes: tuple[Note, ...],
+    *,
+    inserted: bool = False,
+    removed: tuple[str, ...] = (),
+) -> HeartbeatOutcome:
+    """The outcome of a heartbeat or join: store ``member`` and answer with its epoch,
+    session and assignment."""
     return HeartbeatOutcome(
-        group=settled.group,
+        group=group,
         member=member,
         inserted=inserted,
         removed=removed,
         targets=targets,
-        rebalance=settled.rebalance,
-        notes=(*notes, *reconcile_notes),
+        rebalance=rebalance,
+        notes=notes,
         reply_member_id=member.member_id,
         reply_epoch=member.member_epoch,
         reply_session_timeout_ms=member.session_timeout_ms,

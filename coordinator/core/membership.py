@@ -131,11 +131,17 @@ class Settled:
     members: Mapping[str, MemberRecord]
     rebalance: Rebalance | None
 
-    def changed_targets(self, before: Mapping[str, MemberRecord]) -> dict[str, tuple[Slice, ...]]:
+    def changed_targets(
+        self, before: Mapping[str, MemberRecord], *, besides: str | None = None
+    ) -> dict[str, tuple[Slice, ...]]:
+        """New targets of the members in ``before``, except ``besides`` (a requester whose
+        whole row the caller writes)."""
         return {
             member_id: member.target
             for member_id, member in self.members.items()
-            if member_id in before and before[member_id].target != member.target
+            if member_id != besides
+            and member_id in before
+            and before[member_id].target != member.target
         }
 
 
