@@ -104,6 +104,7 @@ class HeartbeatRequest:
     allow_individual_commit: bool | None = None
     session_timeout_ms: int | None = None
     owned: Mapping[TopicPartition, Sequence[KeyRange]] | None = None
+    wait_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +120,7 @@ class HeartbeatRequest:
             "allow_individual_commit": self.allow_individual_commit,
             "session_timeout_ms": self.session_timeout_ms,
             "owned": None if self.owned is None else slices_to_json(self.owned),
+            "wait_ms": self.wait_ms,
         }
 
 
@@ -131,6 +133,9 @@ class HeartbeatReply:
     heartbeat_interval_ms: int
     session_timeout_ms: int
     assignment: Slices = field(default_factory=dict)
+    # The coordinator asks for the next heartbeat at once: the reply already waited out the
+    # interval, or something changed for this member while it waited.
+    heartbeat_now: bool = False
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> HeartbeatReply:
@@ -140,6 +145,7 @@ class HeartbeatReply:
             heartbeat_interval_ms=int(document["heartbeat_interval_ms"]),
             session_timeout_ms=int(document["session_timeout_ms"]),
             assignment=slices_from_json(document.get("assignment") or []),
+            heartbeat_now=bool(document.get("heartbeat_now", False)),
         )
 
 
@@ -176,6 +182,7 @@ class CoordinatorClient:
             transport=transport,
         )
         self._max_retries = max_retries
+        self.request_timeout_s = timeout_s
 
     async def __aenter__(self) -> CoordinatorClient:
         return self

@@ -4,8 +4,14 @@ Two long-lived tasks, one per concern. ``Membership`` heartbeats on a ``time.mon
 schedule and publishes each reply's ``assignment`` (what the member may own *now*).
 ``Reconciler`` moves what the consumer owns towards that target: it first releases
 ``owned - assignment`` (stop, drain, commit, notify) and wakes the heartbeat so the smaller
-``owned`` is reported at once, then acquires ``assignment - owned``. Keeping them apart lets
-the member keep heartbeating while a revocation drains in-flight work.
+``owned`` is reported at once, then acquires ``assignment - owned`` and reports that too.
+Keeping them apart lets the member keep heartbeating while a revocation drains in-flight work.
+
+Prompt hand-offs (docs/membership.md): a member with nothing to report offers to wait for its
+next reply (``wait_ms``) instead of sleeping its interval, and the coordinator answers when
+something changes for it. A wake (a release to report, a refresh) cuts such a wait short:
+the waiting call is dropped and a fresh heartbeat sent, which loses nothing, since the
+coordinator holds only replies that tell the member nothing new.
 
 Losing the membership (fenced, unknown member, or a passed session deadline) drops every
 slice without committing and rejoins with epoch 0, so a zombie never commits over the slices'
@@ -48,6 +54,13 @@ _BACKOFF_MAX_S = 2.0
 _MIN_CALL_S = 0.05
 
 
+class _Interrupted:
+    """A heartbeat that waited for a change was cut short by a wake; none was answered."""
+
+
+_INTERRUPTED = _Interrupted()
+
+
 class SliceOwner(Protocol):
     """What the consumer exposes to reconciliation."""
 
@@ -80,9 +93,9 @@ def slices_minus(left: Mapping[TopicPartition, Sequence[KeyRange]], right: Slice
 class Reconciler:
     """Applies target assignments one at a time, in the order revoke-then-acquire."""
 
-    def __init__(self, owner: SliceOwner, on_released: Callable[[], None]) -> None:
+    def __init__(self, owner: SliceOwner, on_owned_changed: Callable[[], None]) -> None:
         self._owner = owner
-        self._on_released = on_released
+        self._on_owned_changed = on_owned_changed
         self._target: Slices = {}
         self._changed = asyncio.Event()
         self._settled = asyncio.Event()
@@ -139,10 +152,11 @@ class Reconciler:
         revoked = slices_minus(self._owner.active_slices(), target)
         if revoked:
             await self._owner.release(revoked)
-            self._on_released()
+            self._on_owned_changed()
         added = slices_minus(target, self._owner.active_slices())
         if added:
             await self._owner.acquire(added)
+            self._on_owned_changed()
 
 
 class Membership:
@@ -175,6 +189,9 @@ class Membership:
         self._requested_session_ms = session_timeout_ms
         self._interval_s = self._session_s / 3
         self._last_success: float | None = None
+        # The last reply asked for the next heartbeat at once (it waited out the interval, or
+        # brought news), or the epoch moved: a new assignment will soon be reported.
+        self._beat_again_now = False
         # Set from the moment the membership is known lost (deadline passed, fenced, unknown)
         # until every slice has been dropped: nothing may be handed out in between.
         self._lost = False
@@ -212,7 +229,8 @@ class Membership:
             self.wake()
 
     def wake(self) -> None:
-        """Heartbeat now rather than at the next interval (owned slices shrank)."""
+        """Heartbeat now rather than at the next interval (what the member owns changed, or
+        a refresh was asked for), cutting short a heartbeat that waits for a change."""
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
@@ -267,12 +285,14 @@ class Membership:
                 continue
             sent_at = time.monotonic()
             error = await self._beat()
-            if error is None and self.session_lost():
+            if isinstance(error, _Interrupted) or (error is None and self.session_lost()):
                 continue
             if error is None:
                 backoff = _BACKOFF_INITIAL_S
                 self._resolve_waiters(True)
-                delay = self._interval_s - (time.monotonic() - sent_at)
+                delay = (
+                    0.0 if self._beat_again_now else self._interval_s - (time.monotonic() - sent_at)
+                )
             elif isinstance(error, FencedMemberEpoch | UnknownMemberId):
                 logger.warning(
                     "membership lost; rejoining",
@@ -292,8 +312,25 @@ class Membership:
                 return
             await self._sleep(delay)
 
-    async def _beat(self) -> KeyrangeClientError | None:
+    def _wait_s(self) -> float:
+        """How long the next heartbeat may wait for a change: not while joining or while a
+        refresh waits for an answer, never past the interval, and with room to spare before
+        the session deadline and the HTTP timeout."""
+        if self.member_epoch == JOIN_EPOCH or self._waiters:
+            return 0.0
+        return max(
+            0.0,
+            min(
+                self._interval_s,
+                self._session_s / 3,
+                self._session_left() / 2,
+                self._client.request_timeout_s / 2,
+            ),
+        )
+
+    async def _beat(self) -> KeyrangeClientError | _Interrupted | None:
         joining = self.member_epoch == JOIN_EPOCH
+        wait_s = self._wait_s()
         request = HeartbeatRequest(
             member_epoch=self.member_epoch,
             member_id=self.member_id,
@@ -304,15 +341,26 @@ class Membership:
             allow_individual_commit=self._allow_individual_commit,
             session_timeout_ms=self._requested_session_ms,
             owned=self._owner.owned_slices(),
+            wait_ms=int(wait_s * 1000) or None,
         )
         sent_at = time.monotonic()
-        try:
-            # Bounded by what is left of the session: past it the slices are lost anyway,
-            # and the member must notice no later than the coordinator does.
-            reply = await asyncio.wait_for(
+        # Bounded by what is left of the session: past it the slices are lost anyway, and the
+        # member must notice no later than the coordinator does.
+        call = asyncio.ensure_future(
+            asyncio.wait_for(
                 self._client.heartbeat(self._group_id, request),
                 max(min(self._session_s, self._session_left()), _MIN_CALL_S),
             )
+        )
+        if request.wait_ms and self._wake is not None:
+            await asyncio.wait((call, self._wake), return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, KeyrangeClientError):
+                    await call
+                return _INTERRUPTED
+        try:
+            reply = await call
         except TimeoutError:
             return CoordinatorUnavailable("heartbeat timed out")
         except KeyrangeClientError as error:
@@ -331,6 +379,9 @@ class Membership:
                     "member_epoch": reply.member_epoch,
                 },
             )
+        self._beat_again_now = reply.heartbeat_now or (
+            reply.member_id != self.member_id or reply.member_epoch != self.member_epoch
+        )
         self.member_id = reply.member_id
         self.member_epoch = reply.member_epoch
         self._interval_s = reply.heartbeat_interval_ms / 1000

@@ -25,6 +25,7 @@ from coordinator.body_limit import BodySizeLimit
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
 from coordinator.groups.repository import request_rebalances
+from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
@@ -225,6 +226,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.membership_watch = MembershipWatch()
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)

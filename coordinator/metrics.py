@@ -33,6 +33,15 @@ STABLE_OFFSET_ADVANCES = Counter(
 IC_RANGES_STORED = Gauge(
     "keyrange_ic_ranges_stored", "Individual-commit ranges stored over all groups and partitions"
 )
+HELD_HEARTBEATS = Counter(
+    "keyrange_heartbeats_held_total",
+    "Heartbeats answered after waiting: 'changed' when a change for the member ended the wait, "
+    "'waited' when the member's interval ran out",
+    ["outcome"],
+)
+HEARTBEATS_WAITING = Gauge(
+    "keyrange_heartbeats_waiting", "Heartbeats of members with nothing to do, waiting for a change"
+)
 REBALANCES = Counter("keyrange_rebalances_total", "Target assignments computed", ["reason"])
 HASH_SPACE_MOVED = Histogram(
     "keyrange_rebalance_moved_partitions",

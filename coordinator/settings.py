@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     session_timeout_max_ms: int = Field(default=300_000, ge=1_000)
     session_timeout_default_ms: int = Field(default=10_000, ge=100)
     heartbeat_interval_ms: int = Field(default=3_000, ge=50)
+    # Hold the heartbeats of members with nothing to do until something changes for them
+    # (docs/membership.md, "Prompt hand-offs"); off: every reply goes out at once.
+    prompt_handoff: bool = True
     reaper_interval_ms: int = Field(default=1_000, ge=50)
     metadata_refresh_ms: int = Field(default=10_000, ge=100)
     default_assignor: str = "round-robin"

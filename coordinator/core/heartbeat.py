@@ -27,6 +27,7 @@ from typing import Any
 from client.protocol.epochs import FIRST_MEMBER_EPOCH, JOIN_EPOCH, LEAVE_EPOCH
 from coordinator.core.assignment import Slice, normalize_slices, subtract_slices, union_slices
 from coordinator.core.fence import MemberStanding, member_refusal
+from coordinator.core.handoff import GroupChange, Hold, heartbeat_change, hold_for
 from coordinator.core.membership import (
     NO_SUBSCRIPTION,
     GroupRecord,
@@ -98,7 +99,9 @@ class HeartbeatFacts:
 class HeartbeatOutcome:
     """What to store and answer. ``member`` is the requester's row to write (inserted when
     ``inserted``; None after a leave); ``removed`` the rows to delete; ``targets`` the other
-    members' new targets; ``group`` replaces the stored group row when it differs."""
+    members' new targets; ``group`` replaces the stored group row when it differs.
+    ``change``: what other members' held heartbeats must hear of; ``hold``: whether this
+    reply may wait for a change (``coordinator.core.handoff``)."""
 
     group: GroupRecord
     member: MemberRecord | None
@@ -111,6 +114,8 @@ class HeartbeatOutcome:
     reply_epoch: int
     reply_session_timeout_ms: int
     reply_assignment: tuple[Slice, ...] = field(default=())
+    change: GroupChange | None = None
+    hold: Hold | None = None
 
 
 StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
@@ -120,10 +125,34 @@ def heartbeat_step(facts: HeartbeatFacts) -> StepResult:
     """Join (epoch 0), leave (epoch -1) or heartbeat of a member; raises the fence's refusal
     (``UnknownMemberId``, ``FencedMemberEpoch``) for a heartbeat that does not count."""
     if facts.request.member_epoch > JOIN_EPOCH:
-        return _heartbeat(facts)
-    if facts.request.member_epoch == LEAVE_EPOCH:
-        return _leave(facts)
-    return _join(facts)
+        result = _heartbeat(facts)
+    elif facts.request.member_epoch == LEAVE_EPOCH:
+        result = _leave(facts)
+    else:
+        result = _join(facts)
+    if isinstance(result, HeartbeatOutcome):
+        return _with_handoff(facts, result)
+    return result
+
+
+def _with_handoff(facts: HeartbeatFacts, outcome: HeartbeatOutcome) -> HeartbeatOutcome:
+    """Whom the outcome concerns besides the requester, and whether its reply may wait."""
+    request = facts.request
+    after = outcome.member
+    change = heartbeat_change(
+        facts.group.group_id,
+        outcome.reply_member_id,
+        facts.member.held if facts.member is not None else (),
+        after.held if after is not None else (),
+        retargeted=outcome.targets.keys(),
+        removed=(*facts.expired, *outcome.removed),
+    )
+    hold = None
+    if after is not None and request.member_epoch > JOIN_EPOCH:
+        hold = hold_for(
+            request.member_epoch, request.owned, outcome.reply_epoch, after.assigned, after.target
+        )
+    return replace(outcome, change=change, hold=hold)
 
 
 def _member_fields(

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from coordinator import metrics
 from coordinator.auth import require_group_access
+from coordinator.core.handoff import Hold
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
+from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
 from coordinator.validation import GroupId
 
 router = APIRouter(prefix="/v1/groups", tags=["membership"])
 
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
+
+# A stable member's reply: it has nothing to do, so it may always wait for a change.
+_STABLE = Hold(short_of_target=False)
 
 
 async def _authorized_with_known_topics(
@@ -31,41 +35,59 @@ async def _authorized_with_known_topics(
     return body
 
 
-class TransactionWhenNeeded:
-    """The request's transaction, begun on first use: most heartbeats are one autocommit
-    statement and need none."""
-
-    def __init__(self, engine: AsyncEngine, stack: AsyncExitStack) -> None:
-        self.engine = engine
-        self._stack = stack
-        self._connection: AsyncConnection | None = None
-
-    async def connection(self) -> AsyncConnection:
-        if self._connection is None:
-            self._connection = await self._stack.enter_async_context(self.engine.begin())
-        return self._connection
-
-
-async def transaction_when_needed(request: Request) -> AsyncIterator[TransactionWhenNeeded]:
-    """Commits when the handler returns and rolls back when it raises, like the
-    ``transaction`` dependency, if the handler began the transaction at all."""
-    async with AsyncExitStack() as stack:
-        yield TransactionWhenNeeded(request.app.state.engine, stack)
+def _may_wait(watch: MembershipWatch, body: HeartbeatRequest) -> bool:
+    return (
+        watch.listening
+        and bool(body.wait_ms)
+        and body.member_id is not None
+        and body.member_epoch > 0
+    )
 
 
 @router.post("/{group_id}/heartbeat", response_model=HeartbeatReply)
 async def heartbeat(
     request: Request,
     group_id: GroupPath,
-    # Declared before the transaction so FastAPI resolves it first (see its docstring).
     body: Annotated[HeartbeatRequest, Depends(_authorized_with_known_topics)],
-    transaction: Annotated[TransactionWhenNeeded, Depends(transaction_when_needed)],
 ) -> HeartbeatReply | Response:
-    """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment."""
+    """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment.
+
+    A heartbeat that offers ``wait_ms`` and has nothing to do is answered when something
+    changes for its member, or when the wait runs out, after its transaction has committed
+    (docs/membership.md, "Prompt hand-offs")."""
     settings = request.app.state.settings
-    stable = await membership.stable_heartbeat(transaction.engine, group_id, body, settings)
-    if stable is not None:
-        return Response(stable, media_type="application/json")
-    client_host = request.client.host if request.client is not None else None
-    connection = await transaction.connection()
-    return await membership.heartbeat(connection, group_id, body, settings, client_host)
+    engine = request.app.state.engine
+    watch: MembershipWatch = request.app.state.membership_watch
+    with contextlib.ExitStack() as stack:
+        held: HeldHeartbeat | None = None
+        if _may_wait(watch, body):
+            assert body.member_id is not None
+            held = stack.enter_context(watch.holding(group_id, body.member_id))
+        stable = await membership.stable_heartbeat(engine, group_id, body, settings)
+        if stable is not None:
+            interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
+            now = held is not None and await _waited(held, _STABLE, body, interval_ms)
+            return Response(
+                membership.stable_reply(body, stable, settings, heartbeat_now=now),
+                media_type="application/json",
+            )
+        client_host = request.client.host if request.client is not None else None
+        async with engine.begin() as connection:
+            reply, hold = await membership.heartbeat(
+                connection, group_id, body, settings, client_host
+            )
+        if held is not None and hold is not None:
+            reply.heartbeat_now = await _waited(held, hold, body, reply.heartbeat_interval_ms)
+        return reply
+
+
+async def _waited(
+    held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int
+) -> bool:
+    """Wait as the member offered, at most its interval; either way the member should send
+    its next heartbeat at once (the wait took the place of its sleep)."""
+    assert body.wait_ms is not None
+    with metrics.HEARTBEATS_WAITING.track_inprogress():
+        changed = await held.wait(hold, min(body.wait_ms, interval_ms) / 1000)
+    metrics.HELD_HEARTBEATS.labels("changed" if changed else "waited").inc()
+    return True

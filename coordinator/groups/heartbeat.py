@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from client.protocol.epochs import JOIN_EPOCH, LEAVE_EPOCH
 from coordinator.core.assignment import slices_from_wire, slices_to_wire
 from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError
+from coordinator.core.handoff import Hold
 from coordinator.core.heartbeat import (
     HeartbeatFacts,
     HeartbeatOutcome,
@@ -36,6 +37,7 @@ from coordinator.errors import InvalidRequest, ServiceUnavailable
 from coordinator.groups import metadata_repository, repository
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, SliceJson
 from coordinator.groups.settle import (
+    announce,
     log_expired,
     read_members,
     read_topic_facts,
@@ -112,11 +114,11 @@ def _autocommit(engine: AsyncEngine) -> AsyncEngine:
 
 async def stable_heartbeat(
     engine: AsyncEngine, group_id: str, request: HeartbeatRequest, settings: Settings
-) -> bytes | None:
-    """The reply to a heartbeat that only renews a stable member's session, as JSON, or None
-    when the request needs :func:`heartbeat`. The common case by far, so it is one statement
-    on its own (autocommit: no transaction to begin and commit) and builds its reply without
-    decoding the stored assignment."""
+) -> repository.StableHeartbeat | None:
+    """Renew a stable member's session, or None when the request needs :func:`heartbeat`.
+    The common case by far, so it is one statement on its own (autocommit: no transaction to
+    begin and commit); :func:`stable_reply` answers without decoding the stored assignment.
+    A stable member has nothing to do, so its reply may always wait for a change."""
     if request.member_epoch <= JOIN_EPOCH or request.member_id is None:
         return None
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
@@ -142,17 +144,27 @@ async def stable_heartbeat(
             request.allow_individual_commit,
             session_timeout,
         )
-    if stable is None:
-        return None
+    return stable
+
+
+def stable_reply(
+    request: HeartbeatRequest,
+    stable: repository.StableHeartbeat,
+    settings: Settings,
+    *,
+    heartbeat_now: bool,
+) -> bytes:
+    """The JSON reply to a heartbeat :func:`stable_heartbeat` served."""
     return (
         b'{"member_id":%s,"member_epoch":%d,"heartbeat_interval_ms":%d,'
-        b'"session_timeout_ms":%d,"assignment":%s}'
+        b'"session_timeout_ms":%d,"assignment":%s,"heartbeat_now":%s}'
         % (
             json.dumps(request.member_id).encode(),
             request.member_epoch,
             heartbeat_interval(stable.session_timeout_ms, settings),
             stable.session_timeout_ms,
             stable.assigned_json.encode(),
+            b"true" if heartbeat_now else b"false",
         )
     )
 
@@ -163,9 +175,10 @@ async def heartbeat(
     request: HeartbeatRequest,
     settings: Settings,
     client_host: str | None,
-) -> HeartbeatReply:
+) -> tuple[HeartbeatReply, Hold | None]:
     """A heartbeat the stable path did not answer: read the facts under the group's lock,
-    let the core decide, store the outcome."""
+    let the core decide, store the outcome. Returns the reply and whether it may wait for a
+    change once the transaction has committed."""
     _check_assignor(request.assignor)
     group = await _lock_group(connection, group_id)
     facts = HeartbeatFacts(
@@ -198,7 +211,7 @@ async def heartbeat(
     for note in outcome.notes:
         log.log(logging.WARNING if note.warning else logging.INFO, note.message, extra=note.fields)
     record_rebalance(group_id, outcome.rebalance)
-    return _reply(outcome, settings)
+    return _reply(outcome, settings), outcome.hold
 
 
 def _member_request(request: HeartbeatRequest, client_host: str | None) -> MemberRequest:
@@ -250,6 +263,7 @@ async def _store(
             await repository.insert_member(connection, outcome.member)
         else:
             await repository.save_member(connection, outcome.member, heartbeat=True)
+    await announce(connection, outcome.change)
     await save_group(connection, before, outcome.group)
 
 

@@ -43,7 +43,12 @@ async def reap_once(engine: AsyncEngine, settings: Settings) -> list[tuple[str, 
             reaped.extend((group_id, member_id) for member_id in expired)
             reasons = expiry_reasons(expired)
             settled.append(
-                (group, await settle_group(connection, group, members, settings, reasons))
+                (
+                    group,
+                    await settle_group(
+                        connection, group, members, settings, reasons, removed=bool(expired)
+                    ),
+                )
             )
         for before, after in settled:
             await save_group(connection, before, after)
@@ -157,8 +162,14 @@ def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
             await update_gauges(app.state.engine, getattr(app.state, "cluster", None), exported)
             await asyncio.sleep(settings.metadata_refresh_ms / 1000)
 
-    return {
+    async def membership_watch(app: FastAPI) -> None:
+        await app.state.membership_watch.listen(app.state.engine.url)
+
+    loops: dict[str, BackgroundLoop] = {
         "membership-reaper": reaper,
         "topic-metadata-refresh": topic_metadata,
         "membership-metrics": membership_metrics,
     }
+    if settings.prompt_handoff:
+        loops["membership-watch"] = membership_watch
+    return loops

@@ -73,7 +73,9 @@ async def force_rebalance(
 ) -> RebalanceReply:
     group, members, expired = await lock_existing_group(connection, group_id)
     reasons = ["admin request", *expiry_reasons(expired)]
-    settled = await settle_group(connection, group, members, settings, reasons)
+    settled = await settle_group(
+        connection, group, members, settings, reasons, removed=bool(expired)
+    )
     await save_group(connection, group, settled)
     log.info("rebalance forced", extra={"group_id": group_id, "group_epoch": settled.group_epoch})
     return RebalanceReply(group_id=group_id, group_epoch=settled.group_epoch)
@@ -87,7 +89,7 @@ async def remove_member(
         raise UnknownMemberId(f"member '{member_id}' is not a live member of '{group_id}'")
     await repository.delete_member(connection, group_id, member_id)
     reasons = ["member removed by admin", *expiry_reasons(expired)]
-    settled = await settle_group(connection, group, members, settings, reasons)
+    settled = await settle_group(connection, group, members, settings, reasons, removed=True)
     await save_group(connection, group, settled)
     log.info("member removed by admin", extra={"group_id": group_id, "member_id": member_id})
     return RemovedMemberReply(

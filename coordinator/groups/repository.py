@@ -128,6 +128,8 @@ _EXTEND_STABLE_SESSION = text(
 )
 
 
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
 _SAVE_TARGETS = text(
     """
     UPDATE members m SET target = CAST(new.target AS jsonb)
@@ -388,6 +390,11 @@ async def save_targets(
             "targets": [json.dumps(slices_to_wire(target)) for _, target in ordered],
         },
     )
+
+
+async def notify(connection: AsyncConnection, channel: str, payload: str) -> None:
+    """A notice delivered to the channel's listeners when the transaction commits."""
+    await connection.execute(_NOTIFY, {"channel": channel, "payload": payload})
 
 
 async def delete_member(connection: AsyncConnection, group_id: str, member_id: str) -> bool:

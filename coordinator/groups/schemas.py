@@ -52,6 +52,9 @@ class HeartbeatRequest(StrictModel):
     allow_individual_commit: bool | None = None
     session_timeout_ms: Annotated[int, Field(ge=1, le=INT32_MAX, strict=True)] | None = None
     owned: Annotated[list[SliceJson], Field(max_length=MAX_OWNED_SLICES)] | None = None
+    # How long the member is willing to wait for a change before the reply (prompt
+    # hand-offs, docs/api.md); the coordinator waits at most the member's heartbeat interval.
+    wait_ms: Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)] | None = None
 
     @field_validator("subscribed_topic_regex")
     @classmethod
@@ -89,6 +92,9 @@ class HeartbeatReply(BaseModel):
     heartbeat_interval_ms: int
     session_timeout_ms: int
     assignment: list[SliceJson]
+    # Send the next heartbeat at once: the reply waited out the interval, or something
+    # changed for the member while it waited.
+    heartbeat_now: bool = False
 
 
 class MemberDescription(BaseModel):

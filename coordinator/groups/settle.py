@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from client.protocol.keyspace import HASH_SPACE
 from coordinator import metrics
 from coordinator.core.assignment import member_loads, moved_hash_count
+from coordinator.core.handoff import GroupChange, settle_change
 from coordinator.core.membership import (
     GroupRecord,
     MemberRecord,
@@ -26,6 +27,7 @@ from coordinator.core.membership import (
 from coordinator.db.switches import read_switches
 from coordinator.errors import GroupIdNotFound
 from coordinator.groups import metadata_repository, repository
+from coordinator.groups.watch import CHANNEL, encode_change
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -80,19 +82,29 @@ async def settle_group(
     members: Mapping[str, MemberRecord],
     settings: Settings,
     reasons: list[str],
+    *,
+    removed: bool,
 ) -> GroupRecord:
-    """Recompute and store targets when membership, subscriptions or topics changed. The new
-    group row is the caller's to store, as its transaction's last write (see
-    ``save_group``)."""
+    """Recompute and store targets when membership, subscriptions or topics changed
+    (``removed``: the caller removed members, whose holdings are free now). The new group row
+    is the caller's to store, as its transaction's last write (see ``save_group``)."""
     topics: TopicFacts | None = None
     while True:
         settled = settle(group, members, reasons, topics, settings.default_assignor)
         if not isinstance(settled, TopicsNeeded):
             break
         topics = await read_topic_facts(connection, settled, settings)
-    await repository.save_targets(connection, group.group_id, settled.changed_targets(members))
+    targets = settled.changed_targets(members)
+    await repository.save_targets(connection, group.group_id, targets)
+    await announce(connection, settle_change(group.group_id, targets, removed))
     record_rebalance(group.group_id, settled.rebalance)
     return settled.group
+
+
+async def announce(connection: AsyncConnection, change: GroupChange | None) -> None:
+    """Tell every replica's held heartbeats, once this transaction commits (``groups.watch``)."""
+    if change is not None:
+        await repository.notify(connection, CHANNEL, encode_change(change))
 
 
 async def save_group(connection: AsyncConnection, before: GroupRecord, after: GroupRecord) -> None:

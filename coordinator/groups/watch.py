@@ -1,0 +1,148 @@
+"""Held heartbeats, and the group changes that answer them on every replica
+(``coordinator.core.handoff`` decides which reply may wait and whom a change concerns).
+
+Every transaction that changes a group announces the change with ``pg_notify``
+(``repository.announce_change``). Postgres delivers a notice when its transaction commits, to
+every session listening on the channel: each coordinator replica, this one included, keeps one
+connection listening, so a heartbeat held on one replica hears of a join served by another,
+and never of a change that rolled back. While that connection is down no heartbeat is held
+(the member is answered at once and sleeps its interval, as without prompt hand-offs): hand-offs
+slow down, nothing else changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+
+import asyncpg
+from sqlalchemy.engine import URL
+
+from coordinator.core.handoff import GroupChange, Hold
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "keyrange_membership"
+# Postgres refuses a notice payload of 8,000 bytes or more; a change naming more members than
+# fit is announced as concerning all of them (an extra heartbeat each, nothing worse).
+_MAX_PAYLOAD_BYTES = 7_900
+
+
+def encode_change(change: GroupChange) -> str:
+    document = {
+        "g": change.group_id,
+        "m": None if change.retargeted is None else sorted(change.retargeted),
+        "r": change.released,
+        "by": change.by,
+    }
+    payload = json.dumps(document, separators=(",", ":"))
+    if len(payload.encode()) > _MAX_PAYLOAD_BYTES:
+        payload = json.dumps({**document, "m": None}, separators=(",", ":"))
+    return payload
+
+
+def decode_change(payload: str) -> GroupChange | None:
+    """The change a notice announces; None for a notice this version does not understand (a
+    newer replica's, during a rolling upgrade), which wakes nobody."""
+    try:
+        document = json.loads(payload)
+        members = document["m"]
+        return GroupChange(
+            group_id=str(document["g"]),
+            retargeted=None if members is None else frozenset(str(m) for m in members),
+            released=bool(document["r"]),
+            by=None if document.get("by") is None else str(document["by"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class HeldHeartbeat:
+    """One heartbeat that may wait. Registered before the heartbeat is served, so a change
+    committed by another request while this one is being served is not missed."""
+
+    def __init__(self, member_id: str) -> None:
+        self.member_id = member_id
+        self._early: list[GroupChange] = []
+        self._hold: Hold | None = None
+        self._woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def offer(self, change: GroupChange) -> None:
+        if self._hold is None:
+            self._early.append(change)
+        elif not self._woken.done() and change.concerns(self.member_id, self._hold):
+            self._woken.set_result(None)
+
+    async def wait(self, hold: Hold, timeout_s: float) -> bool:
+        """Until a change concerns the member (True) or ``timeout_s`` passed (False)."""
+        self._hold = hold
+        if any(change.concerns(self.member_id, hold) for change in self._early):
+            return True
+        self._early.clear()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._woken), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+class MembershipWatch:
+    """The held heartbeats of this process, by group, and the connection that hears changes."""
+
+    def __init__(self) -> None:
+        self._held: defaultdict[str, set[HeldHeartbeat]] = defaultdict(set)
+        self._listening = False
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    @contextlib.contextmanager
+    def holding(self, group_id: str, member_id: str) -> Iterator[HeldHeartbeat]:
+        held = HeldHeartbeat(member_id)
+        self._held[group_id].add(held)
+        try:
+            yield held
+        finally:
+            waiting = self._held[group_id]
+            waiting.discard(held)
+            if not waiting:
+                del self._held[group_id]
+
+    def deliver(self, change: GroupChange) -> None:
+        for held in tuple(self._held.get(change.group_id, ())):
+            held.offer(change)
+
+    async def listen(self, database_url: URL) -> None:
+        """Hear changes until the connection is lost (then raise, so the caller's loop
+        reconnects) or the task is cancelled."""
+        connection = await asyncpg.connect(
+            database_url.set(drivername="postgresql").render_as_string(hide_password=False),
+            server_settings={"application_name": "keyrange-membership-watch"},
+        )
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_notice(_: object, __: int, ___: str, payload: object) -> None:
+            change = decode_change(str(payload))
+            if change is not None:
+                self.deliver(change)
+
+        def on_lost(_: object) -> None:
+            if not lost.done():
+                lost.set_result(None)
+
+        connection.add_termination_listener(on_lost)
+        try:
+            await connection.add_listener(CHANNEL, on_notice)
+            self._listening = True
+            log.info("listening for membership changes", extra={"channel": CHANNEL})
+            await lost
+            raise ConnectionError("the membership watch lost its database connection")
+        finally:
+            self._listening = False
+            if not connection.is_closed():
+                await connection.close(timeout=5)
