@@ -107,6 +107,9 @@ class HeartbeatRequest:
     wait_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        # ``wait_ms`` only when offered: coordinators older than prompt hand-offs refuse
+        # fields they do not know, and joins and leaves never offer it.
+        offer = {} if self.wait_ms is None else {"wait_ms": self.wait_ms}
         return {
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,
@@ -120,7 +123,7 @@ class HeartbeatRequest:
             "allow_individual_commit": self.allow_individual_commit,
             "session_timeout_ms": self.session_timeout_ms,
             "owned": None if self.owned is None else slices_to_json(self.owned),
-            "wait_ms": self.wait_ms,
+            **offer,
         }
 
 

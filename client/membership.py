@@ -189,8 +189,9 @@ class Membership:
         self._requested_session_ms = session_timeout_ms
         self._interval_s = self._session_s / 3
         self._last_success: float | None = None
-        # The last reply asked for the next heartbeat at once (it waited out the interval, or
-        # brought news), or the epoch moved: a new assignment will soon be reported.
+        # Send the next heartbeat without sleeping: the last reply asked for it (it waited out
+        # the interval, or brought news), the epoch moved (a new assignment will soon be
+        # reported), or it answered a refresh and so did not offer to wait.
         self._beat_again_now = False
         # Set from the moment the membership is known lost (deadline passed, fenced, unknown)
         # until every slice has been dropped: nothing may be handed out in between.
@@ -330,6 +331,9 @@ class Membership:
 
     async def _beat(self) -> KeyrangeClientError | _Interrupted | None:
         joining = self.member_epoch == JOIN_EPOCH
+        # A refresh wants its answer now, so this heartbeat does not offer to wait; the next
+        # one, sent at once, does.
+        answering_refresh = bool(self._waiters)
         wait_s = self._wait_s()
         request = HeartbeatRequest(
             member_epoch=self.member_epoch,
@@ -353,11 +357,16 @@ class Membership:
             )
         )
         if request.wait_ms and self._wake is not None:
-            await asyncio.wait((call, self._wake), return_when=asyncio.FIRST_COMPLETED)
-            if not call.done():
-                call.cancel()
-                with contextlib.suppress(asyncio.CancelledError, KeyrangeClientError):
-                    await call
+            interrupted = False
+            try:
+                await asyncio.wait((call, self._wake), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Cut short by a wake, or the heartbeat task is being stopped (a leave): the
+                # waiting call is dropped, never left running on a client about to close.
+                if not call.done():
+                    call.cancel()
+                    interrupted = True
+            if interrupted:
                 return _INTERRUPTED
         try:
             reply = await call
@@ -379,8 +388,11 @@ class Membership:
                     "member_epoch": reply.member_epoch,
                 },
             )
-        self._beat_again_now = reply.heartbeat_now or (
-            reply.member_id != self.member_id or reply.member_epoch != self.member_epoch
+        self._beat_again_now = (
+            reply.heartbeat_now
+            or answering_refresh
+            or reply.member_id != self.member_id
+            or reply.member_epoch != self.member_epoch
         )
         self.member_id = reply.member_id
         self.member_epoch = reply.member_epoch
