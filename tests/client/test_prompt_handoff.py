@@ -7,6 +7,7 @@ take effect only after up to two of them (the holder hears of it, then the joine
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,10 @@ async def test_a_joiner_and_then_an_heir_take_over_key_ranges_well_within_an_int
     whole = KeyRange.full().size
     async with KeyrangeConsumer(topic, **options) as first:  # type: ignore[arg-type]
         await until(lambda: covered(first) == whole, 30, "the first member to own it all")
+        # A wake cuts the waiting heartbeat short and a fresh one answers at once; the
+        # membership goes on working after it.
+        assert first._membership is not None
+        assert await asyncio.wait_for(first._membership.refresh(), PROMPTLY_S)
 
         joined_at = time.monotonic()
         async with KeyrangeConsumer(topic, **options) as second:  # type: ignore[arg-type]
