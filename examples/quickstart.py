@@ -4,6 +4,9 @@ Run it against a running coordinator (`make run` prints the broker address):
 
     .venv/bin/python -m examples.quickstart --bootstrap 127.0.0.1:PORT \
         --coordinator http://127.0.0.1:8080
+
+Both members wait until the coordinator has split the partition's key space between them
+before either starts working, so the output shows the sharing on any machine, fast or slow.
 """
 
 from __future__ import annotations
@@ -19,13 +22,32 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord
 
-from client import KeyrangeConsumer
+from client import KeyRange, KeyrangeConsumer
 
 RECORDS = 200
+MEMBERS = ("alice", "bob")
+WHOLE = KeyRange.full().size
+
+
+def share_of_key_space(consumer: KeyrangeConsumer) -> float:
+    owned = sum(keys.size for ranges in consumer.assignment().values() for keys in ranges)
+    return owned / WHOLE
+
+
+def describe(name: str, consumer: KeyrangeConsumer) -> str:
+    ranges = ", ".join(
+        f"{keys.start}..{keys.end}" for ranges in consumer.assignment().values() for keys in ranges
+    )
+    return f"{name} owns key hashes {ranges} ({share_of_key_space(consumer):.0%} of the key space)"
 
 
 async def consume(
-    name: str, topic: str, args: argparse.Namespace, seen: Counter[str], done: asyncio.Event
+    name: str,
+    topic: str,
+    args: argparse.Namespace,
+    seen: Counter[str],
+    everyone_has_a_share: asyncio.Barrier,
+    done: asyncio.Event,
 ) -> None:
     async with KeyrangeConsumer(
         topic,
@@ -34,6 +56,13 @@ async def consume(
         group_id=f"quickstart-{topic}",
         session_timeout_ms=3_000,
     ) as consumer:
+        # Wait for the assignment, not for time: until this member owns part of the key
+        # space and not all of it, which means the other member has joined and owns the rest.
+        while not 0 < share_of_key_space(consumer) < 1:
+            await consumer.wait_for_assignment()
+            await asyncio.sleep(0.05)
+        print(describe(name, consumer), flush=True)
+        await everyone_has_a_share.wait()
 
         async def handle(record: ConsumerRecord[bytes, bytes]) -> None:
             await asyncio.sleep(0.02)  # the work; records of one key never overlap
@@ -70,8 +99,11 @@ async def main(args: argparse.Namespace) -> None:
         reply.raise_for_status()
     seen: Counter[str] = Counter()
     done = asyncio.Event()
+    everyone_has_a_share = asyncio.Barrier(len(MEMBERS))
     await asyncio.wait_for(
-        asyncio.gather(*(consume(name, topic, args, seen, done) for name in ("alice", "bob"))),
+        asyncio.gather(
+            *(consume(name, topic, args, seen, everyone_has_a_share, done) for name in MEMBERS)
+        ),
         timeout=60,
     )
     print(f"processed {sum(seen.values())} records of one partition: {dict(seen)}")
