@@ -60,6 +60,7 @@ from client.http import (
     CoordinatorClient,
     HeartbeatReply,
     HeartbeatRequest,
+    IdleNotice,
     PartitionCommit,
     PartitionCommitReply,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "CoordinatorClient",
     "HeartbeatReply",
     "HeartbeatRequest",
+    "IdleNotice",
     "KeyRange",
     "KeyrangeClientError",
     "KeyrangeConsumer",

@@ -36,6 +36,7 @@ from client.protocol.wire import ranges_from_wire, ranges_to_wire
 logger = logging.getLogger(__name__)
 
 _GROUP_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 # Backoff starts small because most failures are a coordinator replica restarting behind a
 # load balancer; the cap keeps a retrying heartbeat well inside a 10 s session timeout.
 _BACKOFF_INITIAL_S = 0.1
@@ -128,6 +129,17 @@ class HeartbeatRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class IdleNotice:
+    """The coordinator's word that a member gets no partition because of a switch
+    (``accept.range.fetch``, ``accept.individual.commit`` or ``allow.individual.commit``),
+    with what to do about it."""
+
+    switch: str
+    topics: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatReply:
     """``assignment`` is what the member may own now (docs/api.md), not the final target."""
 
@@ -139,9 +151,12 @@ class HeartbeatReply:
     # The coordinator asks for the next heartbeat at once: the reply already waited out the
     # interval, or something changed for this member while it waited.
     heartbeat_now: bool = False
+    # Why the member was given nothing, when a coordinator switch is the cause.
+    idle: IdleNotice | None = None
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> HeartbeatReply:
+        idle = document.get("idle")
         return cls(
             member_id=str(document["member_id"]),
             member_epoch=int(document["member_epoch"]),
@@ -149,6 +164,15 @@ class HeartbeatReply:
             session_timeout_ms=int(document["session_timeout_ms"]),
             assignment=slices_from_json(document.get("assignment") or []),
             heartbeat_now=bool(document.get("heartbeat_now", False)),
+            idle=(
+                None
+                if not idle
+                else IdleNotice(
+                    switch=str(idle["switch"]),
+                    topics=tuple(str(topic) for topic in idle["topics"]),
+                    message=str(idle["message"]),
+                )
+            ),
         )
 
 
@@ -263,6 +287,15 @@ class CoordinatorClient:
             return Limits()
         return Limits(max_ranges_per_request=int(document["max_ranges_per_request"]))
 
+    async def set_accept_range_fetch(self, topic: str, accept: bool = True) -> None:
+        """Let the coordinator split ``topic``'s partitions by key among members (its
+        ``accept.range.fetch``, DESIGN §4); needs an admin-scope token."""
+        await self._request(
+            "PUT",
+            f"/v1/admin/topics/{_checked_topic(topic)}/config",
+            json={"accept_range_fetch": accept},
+        )
+
     async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:
         anonymous_join = (
             request.member_epoch == 0 and request.member_id is None and request.instance_id is None
@@ -324,6 +357,13 @@ def _checked_group(group_id: str) -> str:
     if not _GROUP_ID.fullmatch(group_id) or group_id in {".", ".."}:
         raise InvalidRequest(f"invalid group id {group_id!r}: 1..255 chars of [A-Za-z0-9._-]")
     return group_id
+
+
+def _checked_topic(topic: str) -> str:
+    # Kafka's own rule for topic names, which also keeps the request path intact.
+    if not _TOPIC.fullmatch(topic) or topic in {".", ".."}:
+        raise InvalidRequest(f"invalid topic {topic!r}: 1..249 chars of [A-Za-z0-9._-]")
+    return topic
 
 
 def _problem_error(response: httpx.Response) -> Exception:

@@ -40,7 +40,7 @@ from client.errors import (
     KeyrangeClientError,
     UnknownMemberId,
 )
-from client.http import CoordinatorClient, HeartbeatRequest, Slices
+from client.http import CoordinatorClient, HeartbeatReply, HeartbeatRequest, IdleNotice, Slices
 from client.protocol.epochs import JOIN_EPOCH, LEAVE_EPOCH
 from client.protocol.keyspace import KeyRange, normalize, subtract
 
@@ -193,6 +193,8 @@ class Membership:
         # the interval, or brought news), the epoch moved (a new assignment will soon be
         # reported), or it answered a refresh and so did not offer to wait.
         self._beat_again_now = False
+        # Why this member gets nothing, as last logged; forgotten once it gets something.
+        self._idle_logged: IdleNotice | None = None
         # Set from the moment the membership is known lost (deadline passed, fenced, unknown)
         # until every slice has been dropped: nothing may be handed out in between.
         self._lost = False
@@ -398,8 +400,36 @@ class Membership:
         self.member_epoch = reply.member_epoch
         self._interval_s = reply.heartbeat_interval_ms / 1000
         self._session_s = reply.session_timeout_ms / 1000
+        self._log_idle(reply)
         self.reconciler.set_target(reply.assignment)
         return None
+
+    def _log_idle(self, reply: HeartbeatReply) -> None:
+        """Once per reason: a member left idle by a switch is otherwise silent, and looks
+        like a member that is simply waiting for records."""
+        if reply.assignment:
+            self._idle_logged = None
+            return
+        if reply.idle is None or reply.idle == self._idle_logged:
+            return
+        self._idle_logged = reply.idle
+        hint = ""
+        if reply.idle.switch == "accept.range.fetch":
+            hint = (
+                "; or from Python, with an admin token: "
+                "await CoordinatorClient(url, token=...).set_accept_range_fetch(topic)"
+            )
+        logger.warning(
+            "this member gets no records: %s%s",
+            reply.idle.message,
+            hint,
+            extra={
+                "group_id": self._group_id,
+                "member_id": reply.member_id,
+                "switch": reply.idle.switch,
+                "topics": list(reply.idle.topics),
+            },
+        )
 
     def _session_left(self) -> float:
         """Seconds until the session expires; infinite while not a member.

@@ -31,6 +31,7 @@ from coordinator.core.handoff import GroupChange, Hold, heartbeat_change, hold_f
 from coordinator.core.membership import (
     NO_SUBSCRIPTION,
     GroupRecord,
+    Idle,
     MemberRecord,
     Rebalance,
     SessionLimits,
@@ -38,7 +39,9 @@ from coordinator.core.membership import (
     TopicsNeeded,
     TopicSubscription,
     expiry_reasons,
+    idle_reason,
     settle,
+    topics_to_read,
 )
 from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
 
@@ -114,6 +117,7 @@ class HeartbeatOutcome:
     reply_epoch: int
     reply_session_timeout_ms: int
     reply_assignment: tuple[Slice, ...] = field(default=())
+    reply_idle: Idle | None = None
     change: GroupChange | None = None
     hold: Hold | None = None
 
@@ -233,10 +237,14 @@ def _heartbeat(facts: HeartbeatFacts) -> StepResult:
         member = settled.members[member.member_id]
         # The target moved: what the others hold on its partitions, from the same read.
         others_hold = held_by_others(settled.members, member)
+    elif not member.target and facts.topics is None and _subscribes(member):
+        # Idle: say why, if a switch is the cause. Asked only when no settle ran, which
+        # needs the facts of every member's topics, not just these.
+        return TopicsNeeded(topics_to_read((member,)))
     notes: tuple[Note, ...] = ()
     if acknowledged:
         member, notes = _reconciled(member, request.owned, others_hold)
-    return _answering(member, group, targets, rebalance, notes)
+    return _answering(member, group, targets, rebalance, notes, idle=_idle(member, facts))
 
 
 def _join(facts: HeartbeatFacts) -> StepResult:
@@ -337,6 +345,7 @@ def _join(facts: HeartbeatFacts) -> StepResult:
         (*notes, *reconcile_notes),
         inserted=inserted,
         removed=removed,
+        idle=_idle(member, facts),
     )
 
 
@@ -349,9 +358,24 @@ def _answering(
     *,
     inserted: bool = False,
     removed: tuple[str, ...] = (),
+    idle: Idle | None = None,
 ) -> HeartbeatOutcome:
     """The outcome of a heartbeat or join: store ``member`` and answer with its epoch,
-    session and assignment."""
+    session and assignment, and why it has nothing when a switch is the cause."""
+    if idle is not None:
+        notes = (
+            *notes,
+            Note(
+                "member gets no partition: " + idle.message,
+                {
+                    "group_id": member.group_id,
+                    "member_id": member.member_id,
+                    "switch": idle.switch,
+                    "topics": ",".join(idle.topics),
+                },
+                warning=True,
+            ),
+        )
     return HeartbeatOutcome(
         group=group,
         member=member,
@@ -364,7 +388,16 @@ def _answering(
         reply_epoch=member.member_epoch,
         reply_session_timeout_ms=member.session_timeout_ms,
         reply_assignment=member.assigned,
+        reply_idle=idle,
     )
+
+
+def _subscribes(member: MemberRecord) -> bool:
+    return bool(member.subscribed_topics or member.subscribed_topic_regex)
+
+
+def _idle(member: MemberRecord, facts: HeartbeatFacts) -> Idle | None:
+    return None if facts.topics is None else idle_reason(member, facts.topics)
 
 
 def _leave(facts: HeartbeatFacts) -> StepResult:

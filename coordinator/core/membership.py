@@ -176,6 +176,58 @@ def resolved_topics(member: MemberRecord, known_topics: Iterable[str]) -> list[s
     return sorted(topics)
 
 
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Why a subscribed member was given nothing, when a switch is the cause: it names the
+    switch (DESIGN §4), the topics concerned and what to do, for the reply and the log."""
+
+    switch: str
+    topics: tuple[str, ...]
+    message: str
+
+
+def idle_reason(member: MemberRecord, topics: TopicFacts) -> Idle | None:
+    """The switch that keeps ``member`` idle: its topics have partitions, other members own
+    all of them, and none may be split by key. None when it has a target, or when its topics
+    have no partitions yet (the metadata refresh assigns them once they appear)."""
+    if member.target:
+        return None
+    counts = topics.partition_counts
+    subscribed = tuple(t for t in resolved_topics(member, counts) if counts.get(t, 0) > 0)
+    if not subscribed:
+        return None
+    owned_by_others = f"every partition of {', '.join(subscribed)} is owned by another member"
+    if not topics.accept_individual_commit:
+        return Idle(
+            "accept.individual.commit",
+            subscribed,
+            f"{owned_by_others} and the coordinator's accept.individual.commit is off, so no "
+            "partition may be split by key; turn it on with "
+            "`keyrange admin config --accept-individual-commit true`",
+        )
+    if not member.allow_individual_commit:
+        return Idle(
+            "allow.individual.commit",
+            subscribed,
+            f"{owned_by_others} and this member set allow_individual_commit=False, so it only "
+            "takes whole partitions; start it with allow_individual_commit=True to share one",
+        )
+    closed = tuple(
+        t
+        for t in subscribed
+        if not topics.accept_range_fetch.get(t, topics.default_accept_range_fetch)
+    )
+    if not closed:
+        return None
+    return Idle(
+        "accept.range.fetch",
+        closed,
+        f"{owned_by_others} and accept.range.fetch is off for {', '.join(closed)}, so its "
+        "partitions may not be split by key; turn it on with "
+        + "; ".join(f"`keyrange admin topic-config {t} --accept-range-fetch true`" for t in closed),
+    )
+
+
 def topics_to_read(members: Iterable[MemberRecord]) -> frozenset[str] | None:
     """The topics whose facts an assignment of ``members`` needs; None: all known ones."""
     wanted: set[str] = set()

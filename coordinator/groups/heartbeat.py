@@ -35,7 +35,7 @@ from coordinator.core.heartbeat import (
 from coordinator.core.membership import GroupRecord, TopicSubscription
 from coordinator.errors import InvalidRequest, ServiceUnavailable
 from coordinator.groups import metadata_repository, repository
-from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, SliceJson
+from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleReply, SliceJson
 from coordinator.groups.settle import (
     announce,
     log_expired,
@@ -70,6 +70,15 @@ def _reply(outcome: HeartbeatOutcome, settings: Settings) -> HeartbeatReply:
         heartbeat_interval_ms=heartbeat_interval(outcome.reply_session_timeout_ms, settings),
         session_timeout_ms=outcome.reply_session_timeout_ms,
         assignment=[SliceJson.model_validate(s) for s in slices_to_wire(outcome.reply_assignment)],
+        idle=(
+            None
+            if outcome.reply_idle is None
+            else IdleReply(
+                switch=outcome.reply_idle.switch,
+                topics=list(outcome.reply_idle.topics),
+                message=outcome.reply_idle.message,
+            )
+        ),
     )
 
 

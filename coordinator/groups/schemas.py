@@ -86,6 +86,14 @@ class HeartbeatRequest(StrictModel):
         return self
 
 
+class IdleReply(BaseModel):
+    """Why the member was given nothing, when a switch is the cause (docs/api.md)."""
+
+    switch: str
+    topics: list[str]
+    message: str
+
+
 class HeartbeatReply(BaseModel):
     member_id: str
     member_epoch: int
@@ -95,6 +103,7 @@ class HeartbeatReply(BaseModel):
     # Send the next heartbeat at once: the reply waited out the interval, or something
     # changed for the member while it waited.
     heartbeat_now: bool = False
+    idle: IdleReply | None = None
 
 
 class MemberDescription(BaseModel):

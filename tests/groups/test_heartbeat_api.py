@@ -242,6 +242,38 @@ async def test_topic_without_range_fetch_is_never_split(
     assert sum(e - s + 1 for x in shared for s, e in x["ranges"]) == 2**63
 
 
+async def test_a_member_left_idle_by_a_switch_is_told_which_and_how_to_turn_it_on(
+    api: httpx.AsyncClient, coordinator_app: FastAPI
+) -> None:
+    await given_topics(coordinator_app, unsplit=1)
+    await set_range_fetch(api, "unsplit", False)
+    members = [Member(api, "idle"), Member(api, "idle")]
+    replies: dict[int, list[dict[str, Any]]] = {}
+    for index, member in enumerate(members):
+        replies[index] = [await member.join(["unsplit"])]
+    for _ in range(3):  # round robin may move the partition: let the holder release it
+        for index, member in enumerate(members):
+            replies[index].append(await member.heartbeat())
+
+    # The reply that leaves a member with nothing says why; a stable member's later
+    # replies (the one-statement path) do not repeat it.
+    [idle_index] = [i for i, answers in replies.items() if not answers[-1]["assignment"]]
+    [told] = [r["idle"] for r in replies[idle_index] if r.get("idle")][-1:]
+    assert not any(r.get("idle") for r in replies[1 - idle_index])
+    assert told["switch"] == "accept.range.fetch"
+    assert told["topics"] == ["unsplit"]
+    assert "keyrange admin topic-config unsplit --accept-range-fetch true" in told["message"]
+
+    await set_range_fetch(api, "unsplit", True)
+    reply = await api.post("/v1/admin/groups/idle/rebalance")
+    assert reply.status_code == 200, reply.text
+    for _ in range(3):
+        for member in members:
+            last = await member.heartbeat()
+            assert not last.get("idle")
+    assert all(member.owned for member in members)
+
+
 async def test_member_that_opts_out_of_individual_commit_gets_whole_partitions(
     api: httpx.AsyncClient, coordinator_app: FastAPI
 ) -> None:
