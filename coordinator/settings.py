@@ -97,6 +97,22 @@ class Settings(BaseSettings):
     kafka_sasl_password: SecretStr | None = None
     kafka_sasl_oauth_token_file: str | None = None
 
+    # Per-tenant caps (docs/quotas.md): what one team's clients can make the coordinator store.
+    # A tenant is a client token's group prefix; without prefixes, the whole coordinator.
+    max_members_per_group: int = Field(default=1_000, ge=1)
+    # As many as one commit may carry, so one commit can always cover a whole group.
+    max_partitions_per_group: int = Field(default=10_000, ge=1)
+    max_groups_per_prefix: int = Field(default=1_000, ge=1)
+    # Kafka's offsets.retention.minutes (7 days): a group with no members and no commits for
+    # this long is deleted with its offsets, checked as often as Kafka does (10 minutes).
+    offsets_retention_minutes: int = Field(default=7 * 24 * 60, ge=1)
+    offsets_retention_check_interval_ms: int = Field(default=600_000, ge=100)
+
+    # Per-group series (group id, topic, lag) on /metrics: off unless opted in, or for
+    # scrapers presenting one of these tokens (docs/quotas.md).
+    metrics_group_labels: bool = False
+    metrics_tokens: list[SecretStr] = Field(default_factory=list)
+
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: SecretStr | None) -> SecretStr | None:

@@ -98,25 +98,37 @@ class _GaugeLabels:
 
 
 async def update_gauges(
-    engine: AsyncEngine, cluster: ClusterMetadata | None, exported: _GaugeLabels
+    engine: AsyncEngine,
+    cluster: ClusterMetadata | None,
+    exported: _GaugeLabels,
+    *,
+    lag: bool = True,
 ) -> None:
+    """Read the gauges' figures; ``lag``: also the per-partition lag, which costs a fetch per
+    broker and is only worth it where the per-group series can be served."""
+    lag_cluster = cluster if lag else None
     async with engine.connect() as connection:
         counts = await metadata_repository.live_member_counts(connection)
+        groups = await metadata_repository.group_count(connection)
         ic_ranges = await metadata_repository.stored_ic_range_count(connection)
-        stable = await metadata_repository.stable_offsets(connection) if cluster is not None else {}
+        stable = (
+            await metadata_repository.stable_offsets(connection) if lag_cluster is not None else {}
+        )
     # Set once every figure is read, with no await until the lag below: the gauges are
     # process-wide, and where several apps share a process and a loop (the test suite), one
     # app's stale figure must not land between another's read and set.
     metrics.IC_RANGES_STORED.set(ic_ranges)
+    metrics.GROUPS.set(groups)
+    metrics.LIVE_MEMBERS.set(sum(counts.values()))
     for group_id in exported.members - counts.keys():
         metrics.GROUP_MEMBERS.remove(group_id)
     for group_id, count in counts.items():
         metrics.GROUP_MEMBERS.labels(group_id).set(count)
     exported.members = set(counts)
-    if cluster is None or not stable:
+    if lag_cluster is None or not stable:
         return
     try:
-        marks = await cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
+        marks = await lag_cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
     except KafkaClusterError as exc:
         log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
         return
@@ -154,7 +166,12 @@ def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
     async def membership_metrics(app: FastAPI) -> None:
         exported = _GaugeLabels()
         while True:
-            await update_gauges(app.state.engine, getattr(app.state, "cluster", None), exported)
+            await update_gauges(
+                app.state.engine,
+                getattr(app.state, "cluster", None),
+                exported,
+                lag=settings.metrics_group_labels or bool(settings.metrics_tokens),
+            )
             await asyncio.sleep(settings.metadata_refresh_ms / 1000)
 
     return {

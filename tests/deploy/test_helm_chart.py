@@ -802,3 +802,36 @@ def test_schema_rejects_unknown_kafka_security_values(chart: helm.Chart) -> None
         chart.validate_schema(kafka_values(securityProtocol="KERBEROS"))
     with pytest.raises(helm.HelmValuesError, match="mechanism"):
         chart.validate_schema(kafka_values(sasl={"mechanism": "GSSAPI"}))
+
+
+# --- metrics without tenant data (docs/quotas.md) ---------------------------------------------
+
+
+def test_a_metrics_token_secret_reaches_the_coordinator_and_the_service_monitor(
+    chart: helm.Chart,
+) -> None:
+    values = with_values(
+        serviceMonitor={"enabled": True},
+        metrics={"tokenSecret": {"name": "keyrange-metrics", "key": "token"}},
+    )
+    objects = render(chart, values)
+    env = container(one(objects, "Deployment"))["env"]
+    names = [entry["name"] for entry in env]
+    plain = env[names.index("KEYRANGE_METRICS_TOKEN_PLAIN")]
+    assert plain["valueFrom"]["secretKeyRef"] == {"name": "keyrange-metrics", "key": "token"}
+    # Kubernetes expands $(VAR) only from variables defined before it.
+    assert names.index("KEYRANGE_METRICS_TOKEN_PLAIN") < names.index("KEYRANGE_METRICS_TOKENS")
+    assert env[names.index("KEYRANGE_METRICS_TOKENS")]["value"] == (
+        '["$(KEYRANGE_METRICS_TOKEN_PLAIN)"]'
+    )
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "keyrange-metrics", "key": "token"},
+    }
+    assert "KEYRANGE_METRICS_GROUP_LABELS" not in one(objects, "ConfigMap")["data"]
+
+
+def test_per_group_metrics_for_everyone_is_an_explicit_choice(chart: helm.Chart) -> None:
+    config = one(render(chart, with_values(metrics={"groupLabels": True})), "ConfigMap")["data"]
+    assert config["KEYRANGE_METRICS_GROUP_LABELS"] == "true"
