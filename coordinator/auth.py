@@ -9,6 +9,7 @@ from typing import Literal
 
 from fastapi import Request
 
+from coordinator.core.quotas import group_scope
 from coordinator.errors import Forbidden, Unauthorized
 from coordinator.settings import Settings
 
@@ -22,6 +23,10 @@ class Principal:
         if self.scope == "admin" or not self.group_prefixes:
             return True
         return any(group_id.startswith(prefix) for prefix in self.group_prefixes)
+
+    def group_scope(self, group_id: str) -> str:
+        """The tenant whose group cap a new ``group_id`` counts against."""
+        return group_scope(self.group_prefixes, group_id)
 
 
 _LOCAL_ADMIN = Principal("admin")

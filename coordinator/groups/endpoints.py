@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from coordinator.auth import require_group_access
+from coordinator.auth import authenticate, require_group_access
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
 from coordinator.validation import GroupId
@@ -67,5 +67,6 @@ async def heartbeat(
     if stable is not None:
         return Response(stable, media_type="application/json")
     client_host = request.client.host if request.client is not None else None
+    scope = authenticate(request).group_scope(group_id)
     connection = await transaction.connection()
-    return await membership.heartbeat(connection, group_id, body, settings, client_host)
+    return await membership.heartbeat(connection, group_id, body, settings, client_host, scope)

@@ -126,9 +126,9 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
         request = CommitRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(_located(exc, ("body",))) from None
-    check_group_access(principal_of(settings, authorization), group_id)
+    principal = check_group_access(principal_of(settings, authorization), group_id)
     service.check_limits(request, settings)
-    result = await state.commits.submit(group_id, request)
+    result = await state.commits.submit(group_id, request, principal.group_scope(group_id))
     if result.rebalance_needed:
         # Flagged only once the commit's transaction is over: committers hold the group row
         # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.
