@@ -1,5 +1,6 @@
 """The membership's background loops, run by every coordinator replica: reap expired members,
-refresh topic metadata from Kafka, export the membership gauges."""
+refresh topic metadata from Kafka, export the membership gauges, delete groups idle for the
+offset retention."""
 
 from __future__ import annotations
 
@@ -145,6 +146,38 @@ async def update_gauges(
     exported.lag = current
 
 
+# Groups deleted per transaction: bounds the locks one retention pass holds at a time.
+RETENTION_BATCH = 500
+
+
+async def expire_groups_once(engine: AsyncEngine, settings: Settings) -> list[str]:
+    """Delete the groups idle for ``offsets_retention_minutes`` with their offsets, and drop
+    their metric series: those this replica deleted, and those of groups another replica
+    deleted since. Safe on every replica at once (see ``delete_expired_groups``)."""
+    expired: list[str] = []
+    while True:
+        async with engine.begin() as connection:
+            candidates, deleted = await repository.delete_expired_groups(
+                connection, settings.offsets_retention_minutes, RETENTION_BATCH
+            )
+        expired += deleted
+        if candidates < RETENTION_BATCH:
+            break
+    if expired:
+        metrics.GROUPS_EXPIRED.inc(len(expired))
+        log.info(
+            "groups expired: no members and no commits for the offset retention",
+            extra={"count": len(expired), "groups": expired[:100]},
+        )
+    exported = metrics.groups_with_load()
+    if exported:
+        async with engine.connect() as connection:
+            existing = await repository.existing_groups(connection, exported)
+        metrics.forget_groups(exported - existing)
+    metrics.forget_groups(expired)
+    return expired
+
+
 def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
     """The membership loops ``create_app`` runs; each runs until cancelled."""
 
@@ -174,7 +207,13 @@ def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
             )
             await asyncio.sleep(settings.metadata_refresh_ms / 1000)
 
+    async def offset_retention(app: FastAPI) -> None:
+        while True:
+            await expire_groups_once(app.state.engine, settings)
+            await asyncio.sleep(settings.offsets_retention_check_interval_ms / 1000)
+
     return {
+        "offset-retention": offset_retention,
         "membership-reaper": reaper,
         "topic-metadata-refresh": topic_metadata,
         "membership-metrics": membership_metrics,
