@@ -44,6 +44,10 @@ bench-client: $(STAMP)
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
 
+.PHONY: bench-stall
+bench-stall: $(STAMP)
+	$(PY) -m bench.commit_stall
+
 bench: bench-commit bench-assign bench-client bench-spark
 
 clean:

@@ -188,3 +188,27 @@ async def test_concurrent_creations_never_pass_the_caps(
         statuses = sorted(reply.status_code for reply in replies)
         assert statuses == [200] * 2 + [409] * 14, [r.text for r in replies]
         assert len(await groups(app)) == 3
+
+
+async def test_a_commit_of_the_most_partitions_allowed_is_applied_whole(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    """10,000 partitions: the default per-request and per-group limits, and a commit whose
+    work is split into turns of the event loop (coordinator/offsets/pacing.py)."""
+    async with serving(make_migrated_database) as (api, _):
+        entries = [
+            {"topic": "big", "partition": p, "ranges": [[p + 100, p + 101]]}
+            for p in range(10_000)
+        ]
+        for stable in (0, 7):
+            if stable:
+                entries = [{"topic": "big", "partition": p, "offset": 7} for p in range(10_000)]
+            reply = await commit(api, "big", *entries)
+            assert reply.status_code == 200, reply.text[:300]
+            outcomes = reply.json()["partitions"]
+            assert [o["partition"] for o in outcomes] == list(range(10_000))
+            assert {o["last_stable_offset"] for o in outcomes} == {stable}
+        stored = (await api.get("/v1/groups/big/offsets")).json()["partitions"]
+        assert len(stored) == 10_000
+        assert {p["stable_offset"] for p in stored} == {7}
+        assert stored[9_999]["ranges"] == [[10_099, 10_100]]

@@ -303,7 +303,9 @@ class CommitBatcher:
         changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
         for index, pending in admitted:
             group_states = states[pending.group_id]
-            applied = apply_request(pending.group_id, pending.request, group_states, self._settings)
+            applied = await apply_request(
+                pending.group_id, pending.request, group_states, self._settings
+            )
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result

@@ -17,6 +17,7 @@ Every stored state is decoded by ``_state_of``, whichever way it was read.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ from client.protocol.committed import CommittedOffsets
 from coordinator.core.fence import MemberStanding
 from coordinator.db.models import PartitionOffsets
 from coordinator.db.switches import STORED_SWITCH
+from coordinator.offsets.pacing import PARTITIONS_PER_TURN
 
 TopicPartitionKey = tuple[str, int]
 GroupPartitionKey = tuple[str, str, int]
@@ -214,7 +216,7 @@ async def lock_existing(
     connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
     """Lock the rows of ``keys`` that exist FOR UPDATE, without writing them (no new row
-    versions), and read their state."""
+    versions), and read their state, decoded a turn at a time (``coordinator.offsets.pacing``)."""
     ordered = sorted(set(keys))
     rows = await connection.fetch(
         _LOCK_PARTITIONS,
@@ -222,7 +224,13 @@ async def lock_existing(
         [key[1] for key in ordered],
         [key[2] for key in ordered],
     )
-    return {(row["group_id"], row["topic"], row["partition"]): _state_of(row) for row in rows}
+    states: dict[GroupPartitionKey, CommittedOffsets] = {}
+    for start in range(0, len(rows), PARTITIONS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        for row in rows[start : start + PARTITIONS_PER_TURN]:
+            states[(row["group_id"], row["topic"], row["partition"])] = _state_of(row)
+    return states
 
 
 async def lock_partitions(
@@ -255,16 +263,24 @@ async def create_partitions(
 async def write_partitions(
     connection: asyncpg.Connection, states: Mapping[GroupPartitionKey, CommittedOffsets]
 ) -> None:
-    """Store ``states`` into rows the caller has locked."""
+    """Store ``states`` into rows the caller has locked; their columns are formatted a turn
+    at a time (``coordinator.offsets.pacing``)."""
     if not states:
         return
     ordered = sorted(states.items())
+    columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+    for start in range(0, len(ordered), PARTITIONS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        part = _state_columns([state for _, state in ordered[start : start + PARTITIONS_PER_TURN]])
+        for column, values in zip(columns, part, strict=True):
+            column.extend(values)
     await connection.execute(
         _WRITE_PARTITIONS,
         [key[0] for key, _ in ordered],
         [key[1] for key, _ in ordered],
         [key[2] for key, _ in ordered],
-        *_state_columns([state for _, state in ordered]),
+        *columns,
     )
 
 
