@@ -197,8 +197,7 @@ async def test_a_commit_of_the_most_partitions_allowed_is_applied_whole(
     work is split into turns of the event loop (coordinator/offsets/pacing.py)."""
     async with serving(make_migrated_database) as (api, _):
         entries = [
-            {"topic": "big", "partition": p, "ranges": [[p + 100, p + 101]]}
-            for p in range(10_000)
+            {"topic": "big", "partition": p, "ranges": [[p + 100, p + 101]]} for p in range(10_000)
         ]
         for stable in (0, 7):
             if stable:
