@@ -275,6 +275,10 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
             "sessionTimeoutMinMs": 2000,
             "sessionTimeoutMaxMs": 60000,
             "heartbeatIntervalMs": 500,
+            "maxMembersPerGroup": 50,
+            "maxPartitionsPerGroup": 2000,
+            "maxGroupsPerPrefix": 200,
+            "offsetsRetentionMinutes": 1440,
         }
     )
     config = one(render(chart, values), "ConfigMap")["data"]
@@ -291,6 +295,10 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
         "KEYRANGE_SESSION_TIMEOUT_MIN_MS": "2000",
         "KEYRANGE_SESSION_TIMEOUT_MAX_MS": "60000",
         "KEYRANGE_HEARTBEAT_INTERVAL_MS": "500",
+        "KEYRANGE_MAX_MEMBERS_PER_GROUP": "50",
+        "KEYRANGE_MAX_PARTITIONS_PER_GROUP": "2000",
+        "KEYRANGE_MAX_GROUPS_PER_PREFIX": "200",
+        "KEYRANGE_OFFSETS_RETENTION_MINUTES": "1440",
     }
 
 
