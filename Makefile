@@ -47,6 +47,10 @@ bench-spark: $(STAMP)
 bench-handoff: $(STAMP)
 	$(PY) -m bench.handoff
 
+.PHONY: bench-stall
+bench-stall: $(STAMP)
+	$(PY) -m bench.commit_stall
+
 bench: bench-commit bench-assign bench-client bench-spark bench-handoff
 
 clean:

@@ -70,6 +70,27 @@ class GroupNotEmpty(KeyrangeClientError):
     error = names.GROUP_NOT_EMPTY
 
 
+class GroupMaxSizeReached(KeyrangeClientError):
+    """The group has ``max_members_per_group`` live members; this member may not join until
+    one leaves (as Kafka's ``GROUP_MAX_SIZE_REACHED``, not retried)."""
+
+    error = names.GROUP_MAX_SIZE_REACHED
+
+
+class GroupMaxPartitionsReached(KeyrangeClientError):
+    """The group has offsets stored for ``max_partitions_per_group`` partitions; a commit
+    naming further partitions is refused whole."""
+
+    error = names.GROUP_MAX_PARTITIONS_REACHED
+
+
+class MaxGroupsReached(KeyrangeClientError):
+    """The token's group prefix (or the coordinator) holds ``max_groups_per_prefix`` groups;
+    no new group is created until one is deleted or expires."""
+
+    error = names.MAX_GROUPS_REACHED
+
+
 class IndividualCommitTooOld(KeyrangeClientError):
     """Per-partition commit outcome: everything sent was already below the stable offset."""
 
@@ -106,6 +127,9 @@ ERROR_CLASSES: dict[str, type[KeyrangeClientError]] = {
             UnknownMemberId,
             IndividualCommitNotAllowed,
             GroupNotEmpty,
+            GroupMaxSizeReached,
+            GroupMaxPartitionsReached,
+            MaxGroupsReached,
             IndividualCommitTooOld,
             MaxIndividualCommitReached,
         )

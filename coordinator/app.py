@@ -123,7 +123,7 @@ async def _connect_cluster(settings: Settings) -> ClusterMetadata | None:
     that starts while Kafka is down serves anyway and the reader reconnects on use."""
     if settings.kafka_bootstrap is None:
         return None
-    cluster = ClusterMetadata(settings.kafka_bootstrap)
+    cluster = ClusterMetadata(settings.kafka_bootstrap, security=settings.kafka_security)
     try:
         await cluster.start()
     except KafkaClusterError as exc:

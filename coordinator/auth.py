@@ -9,6 +9,7 @@ from typing import Literal
 
 from fastapi import Request
 
+from coordinator.core.quotas import group_scope
 from coordinator.errors import Forbidden, Unauthorized
 from coordinator.settings import Settings
 
@@ -22,6 +23,10 @@ class Principal:
         if self.scope == "admin" or not self.group_prefixes:
             return True
         return any(group_id.startswith(prefix) for prefix in self.group_prefixes)
+
+    def group_scope(self, group_id: str) -> str:
+        """The tenant whose group cap a new ``group_id`` counts against."""
+        return group_scope(self.group_prefixes, group_id)
 
 
 _LOCAL_ADMIN = Principal("admin")
@@ -70,3 +75,20 @@ def check_group_access(principal: Principal, group_id: str) -> Principal:
     if not principal.may_use_group(group_id):
         raise Forbidden(f"this token may not use group '{group_id}'")
     return principal
+
+
+def may_read_group_metrics(settings: Settings, authorizations: list[str]) -> bool:
+    """Whether ``/metrics`` may carry per-group series for this request: always when the
+    operator opted in; otherwise only for a scraper presenting a metrics token. A request
+    presenting anything else is refused rather than silently given less."""
+    if not authorizations:
+        return settings.metrics_group_labels
+    if len(authorizations) > 1:
+        raise Unauthorized("more than one Authorization header")
+    presented = _bearer(authorizations[0])
+    found = False
+    for secret in settings.metrics_tokens:
+        found |= hmac.compare_digest(presented, secret.get_secret_value().encode())
+    if not found:
+        raise Unauthorized("unknown metrics token")
+    return True

@@ -73,6 +73,34 @@ class GroupNotEmpty(KeyrangeError):
     title = "Group has live members"
 
 
+class QuotaExceeded(KeyrangeError):
+    """A per-tenant cap (docs/quotas.md). 409, not 429: the refusal follows from what is
+    stored, so the same request is refused again until members leave, offsets are deleted
+    or the operator raises the cap; backing off and retrying does not help."""
+
+    status = 409
+    # The cap's name in keyrange_quota_refusals_total.
+    cap: str = ""
+
+
+class GroupMaxSizeReached(QuotaExceeded):
+    error = names.GROUP_MAX_SIZE_REACHED
+    title = "Group has the most members allowed"
+    cap = "members"
+
+
+class GroupMaxPartitionsReached(QuotaExceeded):
+    error = names.GROUP_MAX_PARTITIONS_REACHED
+    title = "Group has offsets for the most partitions allowed"
+    cap = "partitions"
+
+
+class MaxGroupsReached(QuotaExceeded):
+    error = names.MAX_GROUPS_REACHED
+    title = "The most groups allowed exist"
+    cap = "groups"
+
+
 class ServiceUnavailable(KeyrangeError):
     status = 503
     error = names.SERVICE_UNAVAILABLE

@@ -32,6 +32,8 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.protocol.offset import OffsetRequest
 
+from coordinator.kafka_security import KafkaSecurity
+
 logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
@@ -93,8 +95,11 @@ class ClusterMetadata:
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         client_id: str = "keyrange-coordinator",
+        security: KafkaSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        # Built once: the TLS context reads its files here, not at every reconnection.
+        self._security_options = (security or KafkaSecurity()).aiokafka_options()
         self.request_timeout_ms = request_timeout_ms
         self._client_id = client_id
         self._client: AIOKafkaClient | None = None
@@ -347,6 +352,7 @@ class ClusterMetadata:
                     bootstrap_servers=self.bootstrap,
                     client_id=self._client_id,
                     request_timeout_ms=self.request_timeout_ms,
+                    **self._security_options,
                 )
             if not self._connected:
                 await self._client.bootstrap()

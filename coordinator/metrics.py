@@ -1,8 +1,18 @@
-"""Prometheus metrics, named in docs/operations.md; one registry per process."""
+"""Prometheus metrics, named in docs/operations.md.
+
+Two registries per process. The default one carries no tenant data (no group id, topic or
+lag per partition) and ``/metrics`` serves it to anyone; ``TENANT_REGISTRY`` holds the
+per-group series, served only when the operator opts in or the scraper presents a metrics
+token (docs/quotas.md).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Collection
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+TENANT_REGISTRY = CollectorRegistry(auto_describe=True)
 
 HTTP_REQUESTS = Counter(
     "keyrange_http_requests_total", "HTTP requests served", ["method", "route", "status"]
@@ -48,12 +58,43 @@ HASH_SPACE_MOVED = Histogram(
     "Hash space that changed owner in one rebalance, in partitions",
     buckets=(0, 0.01, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 64, 256),
 )
-GROUP_MEMBERS = Gauge("keyrange_group_members", "Live members", ["group_id"])
+GROUPS = Gauge("keyrange_groups", "Groups stored, with or without members")
+LIVE_MEMBERS = Gauge("keyrange_live_members", "Live members over all groups")
+GROUPS_EXPIRED = Counter(
+    "keyrange_groups_expired_total",
+    "Groups deleted after offsets_retention_minutes without members or commits",
+)
+QUOTA_REFUSALS = Counter(
+    "keyrange_quota_refusals_total", "Requests refused by a per-tenant cap", ["cap"]
+)
+
+GROUP_MEMBERS = Gauge(
+    "keyrange_group_members", "Live members", ["group_id"], registry=TENANT_REGISTRY
+)
 MEMBER_LOAD = Gauge(
-    "keyrange_group_member_load", "Hash space per member, in partitions", ["group_id", "bound"]
+    "keyrange_group_member_load",
+    "Hash space per member, in partitions",
+    ["group_id", "bound"],
+    registry=TENANT_REGISTRY,
 )
 PARTITION_LAG = Gauge(
     "keyrange_partition_lag",
     "High watermark minus stable offset",
     ["group_id", "topic", "partition"],
+    registry=TENANT_REGISTRY,
 )
+_GROUP_SERIES = (GROUP_MEMBERS, MEMBER_LOAD, PARTITION_LAG)
+
+
+def forget_groups(group_ids: Collection[str]) -> None:
+    """Drop every series of these groups, as when they are deleted."""
+    for group_id in group_ids:
+        for gauge in _GROUP_SERIES:
+            gauge.remove_by_labels({"group_id": group_id})
+
+
+def groups_with_load() -> set[str]:
+    """The groups this process exports a member load for."""
+    return {
+        sample.labels["group_id"] for family in MEMBER_LOAD.collect() for sample in family.samples
+    }

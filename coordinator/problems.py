@@ -14,7 +14,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.protocol import error_names as names
-from coordinator.errors import KeyrangeError
+from coordinator import metrics
+from coordinator.errors import KeyrangeError, QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ def problem(status: int, error: str, title: str, detail: str, **extra: Any) -> J
 def error_response(exc: Exception) -> JSONResponse:
     """The problem document for any exception a request raised; call it in its handler."""
     if isinstance(exc, KeyrangeError):
+        if isinstance(exc, QuotaExceeded):
+            metrics.QUOTA_REFUSALS.labels(exc.cap).inc()
         return problem(exc.status, exc.error, exc.title, exc.detail, **exc.extra)
     if isinstance(exc, RequestValidationError):
         # Echoing the input back could return megabytes; the location and message suffice.

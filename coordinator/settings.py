@@ -10,8 +10,10 @@ from functools import lru_cache
 from ipaddress import ip_address
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from coordinator.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
 
 
 class ClientToken(BaseModel):
@@ -25,7 +27,10 @@ class ClientToken(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KEYRANGE_", extra="ignore")
+    # Inputs are left out of error messages: they hold passwords and tokens.
+    model_config = SettingsConfigDict(
+        env_prefix="KEYRANGE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: SecretStr | None = Field(
         default=None,
@@ -82,6 +87,35 @@ class Settings(BaseSettings):
     metadata_refresh_ms: int = Field(default=10_000, ge=100)
     default_assignor: str = "round-robin"
 
+    # The coordinator's own Kafka connection (docs/kafka-security.md); checked together by
+    # ``_kafka_security_consistent``.
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_ssl_check_hostname: bool = True
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_sasl_oauth_token_file: str | None = None
+
+    # Per-tenant caps (docs/quotas.md): what one team's clients can make the coordinator store.
+    # A tenant is a client token's group prefix; without prefixes, the whole coordinator.
+    max_members_per_group: int = Field(default=1_000, ge=1)
+    # As many as one commit may carry, so one commit can always cover a whole group.
+    max_partitions_per_group: int = Field(default=10_000, ge=1)
+    max_groups_per_prefix: int = Field(default=1_000, ge=1)
+    # Kafka's offsets.retention.minutes (7 days): a group with no members and no commits for
+    # this long is deleted with its offsets, checked as often as Kafka does (10 minutes).
+    offsets_retention_minutes: int = Field(default=7 * 24 * 60, ge=1)
+    offsets_retention_check_interval_ms: int = Field(default=600_000, ge=100)
+
+    # Per-group series (group id, topic, lag) on /metrics: off unless opted in, or for
+    # scrapers presenting one of these tokens (docs/quotas.md).
+    metrics_group_labels: bool = False
+    metrics_tokens: list[SecretStr] = Field(default_factory=list)
+
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: SecretStr | None) -> SecretStr | None:
@@ -104,6 +138,33 @@ class Settings(BaseSettings):
         if upper not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError("log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         return upper
+
+    @model_validator(mode="after")
+    def _kafka_security_consistent(self) -> Settings:
+        problems = self.kafka_security.problems()
+        if self.kafka_bootstrap is None and self.kafka_security_protocol != "PLAINTEXT":
+            problems.append(
+                "kafka security settings need KEYRANGE_KAFKA_BOOTSTRAP: the embedded broker "
+                "speaks PLAINTEXT only"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def kafka_security(self) -> KafkaSecurity:
+        return KafkaSecurity(
+            protocol=self.kafka_security_protocol,
+            ssl_cafile=self.kafka_ssl_cafile,
+            ssl_certfile=self.kafka_ssl_certfile,
+            ssl_keyfile=self.kafka_ssl_keyfile,
+            ssl_key_password=self.kafka_ssl_key_password,
+            ssl_check_hostname=self.kafka_ssl_check_hostname,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=self.kafka_sasl_password,
+            sasl_oauth_token_file=self.kafka_sasl_oauth_token_file,
+        )
 
     @property
     def auth_enabled(self) -> bool:

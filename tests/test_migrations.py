@@ -7,7 +7,7 @@ import asyncio
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -37,6 +37,12 @@ async def test_downgrade_to_base_and_upgrade_again(make_migrated_database: MakeD
     url = await make_migrated_database()
     config = migrate.alembic_config(url)
     engine = create_async_engine(url)
+    await asyncio.to_thread(command.downgrade, config, "0002")
+    async with engine.connect() as connection:
+        columns = await connection.run_sync(
+            lambda sync: {c["name"] for c in inspect(sync).get_columns("groups")}
+        )
+        assert "members_left_at" not in columns
     await asyncio.to_thread(command.downgrade, config, "0001")
     async with engine.connect() as connection:
         assert "members" not in await connection.run_sync(_tables)
@@ -47,4 +53,28 @@ async def test_downgrade_to_base_and_upgrade_again(make_migrated_database: MakeD
     await asyncio.to_thread(command.upgrade, config, "head")
     async with engine.connect() as connection:
         assert await connection.run_sync(_diff) == []
+    await engine.dispose()
+
+
+async def test_deleting_members_stamps_when_the_group_last_had_one(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    """Retention's clock (migration 0003's trigger) starts when members go, however they go,
+    and only for their groups."""
+    engine = create_async_engine(await make_migrated_database())
+    member = (
+        "INSERT INTO members (group_id, member_id, member_epoch, previous_member_epoch, "
+        "subscribed_topics, allow_individual_commit, session_timeout_ms, expires_at) "
+        "VALUES (:g, :m, 1, 1, '{t}', true, 1000, now())"
+    )
+    left_at = "SELECT group_id, members_left_at FROM groups ORDER BY group_id"
+    async with engine.begin() as connection:
+        await connection.execute(text("INSERT INTO groups (group_id) VALUES ('a'), ('b')"))
+        for group_id, member_id in (("a", "m1"), ("a", "m2"), ("b", "m3")):
+            await connection.execute(text(member), {"g": group_id, "m": member_id})
+    async with engine.begin() as connection:
+        assert [row[1] for row in await connection.execute(text(left_at))] == [None, None]
+        await connection.execute(text("DELETE FROM members WHERE group_id = 'a'"))
+        stamped = {row[0]: row[1] for row in await connection.execute(text(left_at))}
+        assert stamped["a"] is not None and stamped["b"] is None
     await engine.dispose()

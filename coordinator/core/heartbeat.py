@@ -43,6 +43,7 @@ from coordinator.core.membership import (
     settle,
     topics_to_read,
 )
+from coordinator.core.quotas import member_cap_refusal
 from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
 
 
@@ -84,6 +85,7 @@ class HeartbeatFacts:
     ``held_by_others``: what the other live members hold on the partitions of ``member``'s
     current target. ``members`` and ``topics`` only when the step asked for them.
     ``new_member_id``: the id a joining member gets, drawn by the shell.
+    ``max_members``: the cap on live members a new member may not pass (None: no cap).
     """
 
     group: GroupRecord
@@ -96,6 +98,7 @@ class HeartbeatFacts:
     members: Mapping[str, MemberRecord] | None = None
     topics: TopicFacts | None = None
     new_member_id: str = ""
+    max_members: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,8 @@ StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
 
 def heartbeat_step(facts: HeartbeatFacts) -> StepResult:
     """Join (epoch 0), leave (epoch -1) or heartbeat of a member; raises the fence's refusal
-    (``UnknownMemberId``, ``FencedMemberEpoch``) for a heartbeat that does not count."""
+    (``UnknownMemberId``, ``FencedMemberEpoch``) for a heartbeat that does not count, and
+    ``GroupMaxSizeReached`` for a new member of a full group."""
     if facts.request.member_epoch > JOIN_EPOCH:
         result = _heartbeat(facts)
     elif facts.request.member_epoch == LEAVE_EPOCH:
@@ -324,6 +328,10 @@ def _join(facts: HeartbeatFacts) -> StepResult:
                 )
             )
         else:
+            if facts.max_members is not None:
+                refused = member_cap_refusal(group_id, len(members), facts.max_members)
+                if refused is not None:
+                    raise refused
             reasons.append("member joined")
             notes.append(
                 Note("member joined", {"group_id": group_id, "member_id": member.member_id})

@@ -50,6 +50,9 @@ class Group(Base):
         Boolean, nullable=False, server_default=text("false")
     )
     rebalance_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # When member rows were last deleted; set by the members_left trigger (migration 0003)
+    # and read by offset retention.
+    members_left_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class PartitionOffsets(Base):

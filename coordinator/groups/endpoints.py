@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from coordinator import metrics
-from coordinator.auth import require_group_access
+from coordinator.auth import authenticate, require_group_access
 from coordinator.core.handoff import Hold
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
@@ -72,9 +72,10 @@ async def heartbeat(
                 media_type="application/json",
             )
         client_host = request.client.host if request.client is not None else None
+        scope = authenticate(request).group_scope(group_id)
         async with engine.begin() as connection:
             reply, hold = await membership.heartbeat(
-                connection, group_id, body, settings, client_host
+                connection, group_id, body, settings, client_host, scope
             )
         if held is not None and hold is not None:
             reply.heartbeat_now = await _waited(held, hold, body, reply.heartbeat_interval_ms)

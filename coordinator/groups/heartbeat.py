@@ -18,6 +18,7 @@ import uuid
 from dataclasses import replace
 from functools import lru_cache
 
+import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -33,6 +34,9 @@ from coordinator.core.heartbeat import (
     heartbeat_step,
 )
 from coordinator.core.membership import GroupRecord, TopicSubscription
+from coordinator.core.quotas import WHOLE_COORDINATOR, group_refusals
+from coordinator.db import quotas as quota_store
+from coordinator.db.engine import driver_connection
 from coordinator.errors import InvalidRequest, ServiceUnavailable
 from coordinator.groups import metadata_repository, repository
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleReply, SliceJson
@@ -184,18 +188,21 @@ async def heartbeat(
     request: HeartbeatRequest,
     settings: Settings,
     client_host: str | None,
+    scope: str = WHOLE_COORDINATOR,
 ) -> tuple[HeartbeatReply, Hold | None]:
     """A heartbeat the stable path did not answer: read the facts under the group's lock,
-    let the core decide, store the outcome. Returns the reply and whether it may wait for a
-    change once the transaction has committed."""
+    let the core decide, store the outcome. ``scope``: the tenant a new group counts against
+    (``coordinator.core.quotas``). Returns the reply and whether it may wait for a change once
+    the transaction has committed."""
     _check_assignor(request.assignor)
-    group = await _lock_group(connection, group_id)
+    group = await _lock_group(connection, group_id, request.member_epoch, scope, settings)
     facts = HeartbeatFacts(
         group=group,
         request=_member_request(request, client_host),
         session_limits=session_limits(settings),
         default_assignor=settings.default_assignor,
         new_member_id=f"m-{uuid.uuid4().hex}",
+        max_members=settings.max_members_per_group,
     )
     if request.member_epoch > JOIN_EPOCH:
         assert request.member_id is not None  # the schema requires it for epochs other than 0
@@ -280,13 +287,35 @@ async def _store(
 _GAVE_UP_WAITING = {"57014", "55P03"}
 
 
-async def _lock_group(connection: AsyncConnection, group_id: str) -> GroupRecord:
+async def _lock_group(
+    connection: AsyncConnection, group_id: str, member_epoch: int, scope: str, settings: Settings
+) -> GroupRecord:
     """The group's row lock; a wait cut short by the database's timeouts is an overloaded
-    group, which the client should retry, not an internal error."""
+    group, which the client should retry, not an internal error.
+
+    Only a join creates a missing group, and only within its tenant's cap. Anything else
+    about a group that does not exist (a heartbeat, which the fence refuses, or a leave,
+    which has nothing to do) is decided on a group that is never stored.
+    """
     try:
+        group = await repository.find_group(connection, group_id, lock=True)
+        if group is not None:
+            return group
+        if member_epoch != JOIN_EPOCH:
+            return GroupRecord(group_id, None, 0, False, None)
+        driver = await driver_connection(connection)
+        stored = await quota_store.lock_scopes(driver, [scope])
+        cap = settings.max_groups_per_prefix
+        refused = group_refusals([(group_id, scope)], stored, cap)[group_id]
+        if refused is not None:
+            raise refused
+        await quota_store.create_groups(driver, [group_id])
+        # Locked whether this transaction or a concurrent one created it.
         return await repository.lock_group(connection, group_id)
-    except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) not in _GAVE_UP_WAITING:
+    except (DBAPIError, asyncpg.PostgresError) as exc:
+        # Creating a group runs on the driver connection, whose errors come unwrapped.
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        if getattr(cause, "sqlstate", None) not in _GAVE_UP_WAITING:
             raise
         log.warning("group lock not granted in time", extra={"group_id": group_id})
         raise ServiceUnavailable(

@@ -1,5 +1,6 @@
 """The membership's background loops, run by every coordinator replica: reap expired members,
-refresh topic metadata from Kafka, export the membership gauges."""
+refresh topic metadata from Kafka, export the membership gauges, delete groups idle for the
+offset retention."""
 
 from __future__ import annotations
 
@@ -103,25 +104,37 @@ class _GaugeLabels:
 
 
 async def update_gauges(
-    engine: AsyncEngine, cluster: ClusterMetadata | None, exported: _GaugeLabels
+    engine: AsyncEngine,
+    cluster: ClusterMetadata | None,
+    exported: _GaugeLabels,
+    *,
+    lag: bool = True,
 ) -> None:
+    """Read the gauges' figures; ``lag``: also the per-partition lag, which costs a fetch per
+    broker and is only worth it where the per-group series can be served."""
+    lag_cluster = cluster if lag else None
     async with engine.connect() as connection:
         counts = await metadata_repository.live_member_counts(connection)
+        groups = await metadata_repository.group_count(connection)
         ic_ranges = await metadata_repository.stored_ic_range_count(connection)
-        stable = await metadata_repository.stable_offsets(connection) if cluster is not None else {}
+        stable = (
+            await metadata_repository.stable_offsets(connection) if lag_cluster is not None else {}
+        )
     # Set once every figure is read, with no await until the lag below: the gauges are
     # process-wide, and where several apps share a process and a loop (the test suite), one
     # app's stale figure must not land between another's read and set.
     metrics.IC_RANGES_STORED.set(ic_ranges)
+    metrics.GROUPS.set(groups)
+    metrics.LIVE_MEMBERS.set(sum(counts.values()))
     for group_id in exported.members - counts.keys():
         metrics.GROUP_MEMBERS.remove(group_id)
     for group_id, count in counts.items():
         metrics.GROUP_MEMBERS.labels(group_id).set(count)
     exported.members = set(counts)
-    if cluster is None or not stable:
+    if lag_cluster is None or not stable:
         return
     try:
-        marks = await cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
+        marks = await lag_cluster.high_watermarks(sorted({(t, p) for _, t, p in stable}))
     except KafkaClusterError as exc:
         log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
         return
@@ -136,6 +149,38 @@ async def update_gauges(
     for labels in exported.lag - current:
         metrics.PARTITION_LAG.remove(*labels)
     exported.lag = current
+
+
+# Groups deleted per transaction: bounds the locks one retention pass holds at a time.
+RETENTION_BATCH = 500
+
+
+async def expire_groups_once(engine: AsyncEngine, settings: Settings) -> list[str]:
+    """Delete the groups idle for ``offsets_retention_minutes`` with their offsets, and drop
+    their metric series: those this replica deleted, and those of groups another replica
+    deleted since. Safe on every replica at once (see ``delete_expired_groups``)."""
+    expired: list[str] = []
+    while True:
+        async with engine.begin() as connection:
+            candidates, deleted = await repository.delete_expired_groups(
+                connection, settings.offsets_retention_minutes, RETENTION_BATCH
+            )
+        expired += deleted
+        if candidates < RETENTION_BATCH:
+            break
+    if expired:
+        metrics.GROUPS_EXPIRED.inc(len(expired))
+        log.info(
+            "groups expired: no members and no commits for the offset retention",
+            extra={"count": len(expired), "groups": expired[:100]},
+        )
+    exported = metrics.groups_with_load()
+    if exported:
+        async with engine.connect() as connection:
+            existing = await repository.existing_groups(connection, exported)
+        metrics.forget_groups(exported - existing)
+    metrics.forget_groups(expired)
+    return expired
 
 
 def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
@@ -159,13 +204,24 @@ def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
     async def membership_metrics(app: FastAPI) -> None:
         exported = _GaugeLabels()
         while True:
-            await update_gauges(app.state.engine, getattr(app.state, "cluster", None), exported)
+            await update_gauges(
+                app.state.engine,
+                getattr(app.state, "cluster", None),
+                exported,
+                lag=settings.metrics_group_labels or bool(settings.metrics_tokens),
+            )
             await asyncio.sleep(settings.metadata_refresh_ms / 1000)
+
+    async def offset_retention(app: FastAPI) -> None:
+        while True:
+            await expire_groups_once(app.state.engine, settings)
+            await asyncio.sleep(settings.offsets_retention_check_interval_ms / 1000)
 
     async def membership_watch(app: FastAPI) -> None:
         await app.state.membership_watch.listen(app.state.engine.url)
 
     loops: dict[str, BackgroundLoop] = {
+        "offset-retention": offset_retention,
         "membership-reaper": reaper,
         "topic-metadata-refresh": topic_metadata,
         "membership-metrics": membership_metrics,

@@ -67,6 +67,11 @@ async def live_member_counts(connection: AsyncConnection) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in result}
 
 
+async def group_count(connection: AsyncConnection) -> int:
+    result = await connection.execute(text("SELECT count(*) FROM groups"))
+    return int(result.scalar_one())
+
+
 async def stored_ic_range_count(connection: AsyncConnection) -> int:
     """IC ranges held over all groups and partitions: growth means a stuck or dead member."""
     result = await connection.execute(

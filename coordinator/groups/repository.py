@@ -69,6 +69,40 @@ _REBALANCE_GROUPS = text(
 ).bindparams(bindparam("group_ids", type_=ARRAY(Text)))
 
 
+# Offset retention (docs/quotas.md), as Kafka's offsets.retention.minutes: a group without
+# member rows whose last member left (or which was created, if it never had one) and whose
+# last stored commit are both older than the retention.
+_IDLE_FOR_RETENTION = """
+    coalesce(g.members_left_at, g.created_at) < now() - make_interval(mins => :minutes)
+    AND NOT EXISTS (SELECT 1 FROM members m WHERE m.group_id = g.group_id)
+    AND NOT EXISTS (SELECT 1 FROM partition_offsets p
+                    WHERE p.group_id = g.group_id
+                      AND p.updated_at >= now() - make_interval(mins => :minutes))
+"""
+
+# Locked first, skipping groups anyone is using (a join or a standalone commit holds the
+# row), then deleted by a second statement whose fresh snapshot re-checks the condition: a
+# commit or a member that made it in between is seen, and the group stays. Replicas running
+# this at once split the groups between them.
+_LOCK_EXPIRED_GROUPS = text(
+    f"""
+    SELECT g.group_id FROM groups g WHERE {_IDLE_FOR_RETENTION}
+    ORDER BY g.group_id LIMIT :limit
+    FOR UPDATE OF g SKIP LOCKED
+    """
+)
+
+_DELETE_EXPIRED_GROUPS = text(
+    f"""
+    DELETE FROM groups g WHERE g.group_id = ANY(:group_ids) AND {_IDLE_FOR_RETENTION}
+    RETURNING g.group_id
+    """
+).bindparams(bindparam("group_ids", type_=ARRAY(Text)))
+
+_EXISTING_GROUPS = text("SELECT group_id FROM groups WHERE group_id = ANY(:group_ids)").bindparams(
+    bindparam("group_ids", type_=ARRAY(Text))
+)
+
 _REAP_AND_READ_MEMBER = text(
     """
     WITH expired AS (
@@ -465,3 +499,25 @@ async def lock_groups_to_reap(connection: AsyncConnection, limit: int) -> list[s
     """Groups with expired members that no other transaction holds; they stay locked."""
     result = await connection.execute(_GROUPS_TO_REAP, {"limit": limit})
     return [row.group_id for row in result]
+
+
+async def delete_expired_groups(
+    connection: AsyncConnection, retention_minutes: int, limit: int
+) -> tuple[int, list[str]]:
+    """Delete up to ``limit`` groups idle for the retention, with their offsets; returns how
+    many were candidates (fewer than ``limit``: no more now) and the ids deleted."""
+    locked = await connection.execute(
+        _LOCK_EXPIRED_GROUPS, {"minutes": retention_minutes, "limit": limit}
+    )
+    candidates = [row.group_id for row in locked]
+    if not candidates:
+        return 0, []
+    deleted = await connection.execute(
+        _DELETE_EXPIRED_GROUPS, {"minutes": retention_minutes, "group_ids": candidates}
+    )
+    return len(candidates), sorted(row.group_id for row in deleted)
+
+
+async def existing_groups(connection: AsyncConnection, group_ids: Collection[str]) -> set[str]:
+    result = await connection.execute(_EXISTING_GROUPS, {"group_ids": sorted(group_ids)})
+    return {row.group_id for row in result}

@@ -1,4 +1,5 @@
-"""Probes and metrics. Unauthenticated by design: they reveal no group data."""
+"""Probes and metrics. Unauthenticated by design: they reveal no group data unless the
+operator opts in or the scraper presents a metrics token."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from coordinator import metrics
+from coordinator.auth import may_read_group_metrics
 from coordinator.errors import ServiceUnavailable
 
 router = APIRouter(tags=["operations"])
@@ -29,5 +32,9 @@ async def readyz(request: Request) -> dict[str, str]:
 
 
 @router.get("/metrics")
-async def prometheus_metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def prometheus_metrics(request: Request) -> Response:
+    exposition = generate_latest()
+    authorizations = request.headers.getlist("authorization")
+    if may_read_group_metrics(request.app.state.settings, authorizations):
+        exposition += generate_latest(metrics.TENANT_REGISTRY)
+    return Response(exposition, media_type=CONTENT_TYPE_LATEST)

@@ -9,14 +9,15 @@ counts (three in the common case) whatever their number, so the cost of a commit
 load rises, while a lone commit waits for nobody.
 
 Each request stays all-or-nothing and is judged exactly as on its own (DESIGN §3.7) by the
-fence in ``coordinator.core.fence``: the switch, then its membership, under the locks that
-keep them true; a refused request changes nothing and the others in its transaction are
-applied. Two requests of one transaction that touch the same partition are applied one after
-the other in arrival order. A reply is sent only once the transaction has committed. A
-request the batch cannot decide (its group was created by another transaction in the middle
-of the batch), and every request of a batch whose transaction failed, is re-run as a batch of
-one in a transaction of its own; commits are idempotent, so a batch whose commit outcome is
-unknown is safe to re-apply.
+fence in ``coordinator.core.fence``: the switch, then its membership, under the locks that keep
+them true, then the caps of ``coordinator.core.quotas`` on the groups and partition rows it
+would create; a refused request changes nothing (it creates no group and no row) and the others
+in its transaction are applied. Two requests of one transaction that touch the same partition
+are applied one after the other in arrival order. A reply is sent only once the transaction has
+committed. A request the batch cannot decide (its group was created by another transaction in
+the middle of the batch), and every request of a batch whose transaction failed, is re-run as a
+batch of one in a transaction of its own; commits are idempotent, so a batch whose commit
+outcome is unknown is safe to re-apply.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from sqlalchemy.pool import QueuePool
 from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
 from coordinator.core.fence import commit_refusal, switch_refusal
+from coordinator.core.quotas import WHOLE_COORDINATOR, group_refusals, partition_refusals
+from coordinator.db import quotas as quota_store
 from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
@@ -53,6 +56,8 @@ _ATTEMPTS_ALONE = 3
 class _Pending:
     group_id: str
     request: CommitRequest
+    # The tenant whose group cap the group counts against, should this commit create it.
+    scope: str
     reply: asyncio.Future[CommitResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -63,6 +68,14 @@ class _Undecided:
 
 
 _UNDECIDED = _Undecided()
+
+
+class _NewGroup:
+    """An admissible standalone commit to a group that does not exist yet: the batch creates
+    the group, within its tenant's cap, and then decides it."""
+
+
+_NEW_GROUP = _NewGroup()
 
 Outcome = CommitResult | KeyrangeError | _Undecided
 
@@ -102,8 +115,10 @@ class CommitBatcher:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
 
-    async def submit(self, group_id: str, request: CommitRequest) -> CommitResult:
-        pending = _Pending(group_id, request)
+    async def submit(
+        self, group_id: str, request: CommitRequest, scope: str = WHOLE_COORDINATOR
+    ) -> CommitResult:
+        pending = _Pending(group_id, request, scope)
         self._queue.put_nowait(pending)
         return await pending.reply
 
@@ -260,27 +275,111 @@ class CommitBatcher:
             connection, standalone_groups, committing_members
         )
         switch = accept_individual_commit(committers.stored_switch, self._settings)
-        refusals = [_refusal(pending, switch, committers) for pending in batch]
-        outcomes: list[Outcome] = [_UNDECIDED if r is None else r for r in refusals]
+        refusals: list[KeyrangeError | _Undecided | _NewGroup | None] = [
+            _refusal(pending, switch, committers) for pending in batch
+        ]
+        new_groups = [p for p, r in zip(batch, refusals, strict=True) if r is _NEW_GROUP]
+        if new_groups:
+            created = await self._create_groups(connection, new_groups)
+            refusals = [
+                created[p.group_id] if r is _NEW_GROUP else r
+                for p, r in zip(batch, refusals, strict=True)
+            ]
+        outcomes: list[Outcome] = [
+            r if isinstance(r, KeyrangeError | _Undecided) else _UNDECIDED for r in refusals
+        ]
         admitted = [(index, p) for index, p in enumerate(batch) if refusals[index] is None]
-        keys = [
+        keys = {
             (pending.group_id, entry.topic, entry.partition)
             for _, pending in admitted
             for entry in pending.request.partitions
-        ]
-        locked = await repository.lock_partitions(connection, keys) if keys else {}
+        }
+        locked = await repository.lock_existing(connection, keys) if keys else {}
+        if len(locked) < len(keys):
+            admitted = await self._add_partitions(connection, admitted, locked, outcomes)
         states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
         changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
         for index, pending in admitted:
             group_states = states[pending.group_id]
-            applied = apply_request(pending.group_id, pending.request, group_states, self._settings)
+            applied = await apply_request(
+                pending.group_id, pending.request, group_states, self._settings
+            )
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result
         await repository.write_partitions(connection, changed)
         return outcomes
+
+    async def _create_groups(
+        self, connection: asyncpg.Connection, pending: list[_Pending]
+    ) -> dict[str, KeyrangeError | _Undecided | None]:
+        """Create the groups of admissible standalone commits, within their tenants' caps:
+        None for a group this transaction created (its commits are admitted: it has no
+        members), the refusal for one past its cap, undecided for one another transaction is
+        creating."""
+        wanted = [(p.group_id, p.scope) for p in pending]
+        stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
+        decided = group_refusals(wanted, stored, self._settings.max_groups_per_prefix)
+        created = await quota_store.create_groups(
+            connection, [group_id for group_id, refused in decided.items() if refused is None]
+        )
+        return {
+            group_id: refused if refused is not None or group_id in created else _UNDECIDED
+            for group_id, refused in decided.items()
+        }
+
+    async def _add_partitions(
+        self,
+        connection: asyncpg.Connection,
+        admitted: list[tuple[int, _Pending]],
+        locked: dict[repository.GroupPartitionKey, CommittedOffsets],
+        outcomes: list[Outcome],
+    ) -> list[tuple[int, _Pending]]:
+        """Create the partition rows admitted requests name for the first time, within their
+        groups' caps, adding them to ``locked``; a request past its group's cap is refused
+        whole (in ``outcomes``) and left out of the admitted requests returned."""
+        growing = {
+            pending.group_id
+            for _, pending in admitted
+            for entry in pending.request.partitions
+            if (pending.group_id, entry.topic, entry.partition) not in locked
+        }
+        stored = await quota_store.lock_partition_growth(connection, growing)
+        # Rows another transaction added before the lock was granted are stored, not new.
+        missing = {
+            (pending.group_id, entry.topic, entry.partition)
+            for _, pending in admitted
+            if pending.group_id in growing
+            for entry in pending.request.partitions
+        } - locked.keys()
+        locked.update(await repository.lock_existing(connection, missing))
+        adding = [
+            (
+                pending.group_id,
+                {
+                    (entry.topic, entry.partition)
+                    for entry in pending.request.partitions
+                    if (pending.group_id, entry.topic, entry.partition) not in locked
+                },
+            )
+            for _, pending in admitted
+        ]
+        refusals = partition_refusals(adding, stored, self._settings.max_partitions_per_group)
+        still: list[tuple[int, _Pending]] = []
+        new_rows: set[repository.GroupPartitionKey] = set()
+        for (index, pending), (group_id, partitions), refused in zip(
+            admitted, adding, refusals, strict=True
+        ):
+            if refused is not None:
+                outcomes[index] = refused
+                continue
+            still.append((index, pending))
+            new_rows.update((group_id, topic, partition) for topic, partition in partitions)
+        if new_rows:
+            locked.update(await repository.create_partitions(connection, new_rows))
+        return still
 
 
 class _NoConnection(Exception):
@@ -309,12 +408,13 @@ async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connecti
 
 def _refusal(
     pending: _Pending, switch: bool, committers: repository.Committers
-) -> KeyrangeError | _Undecided | None:
-    """Why ``pending`` may not be applied in this batch; None when it is admitted."""
+) -> KeyrangeError | _NewGroup | None:
+    """Why ``pending`` may not be applied in this batch; None when it is admitted, and
+    ``_NEW_GROUP`` when it would be once its group exists."""
     request = pending.request
     individual = any(entry.ranges or entry.watermarks for entry in request.partitions)
     if request.member_id is None and pending.group_id not in committers.live_members:
-        return switch_refusal(individual, switch) or _UNDECIDED
+        return switch_refusal(individual, switch) or _NEW_GROUP
     return commit_refusal(
         pending.group_id,
         request.member_id,

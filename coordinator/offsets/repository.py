@@ -2,20 +2,22 @@
 
 A transaction of commits (coordinator.offsets.batching: one or many requests) costs three
 statements in the common case whatever it carries, because at 64 concurrent committers the
-coordinator's CPU and the database go into per-statement work (driver calls, round trips),
-not into the offset algebra: one locks the committing members' rows (or the standalone
-commits' groups, creating them) and reads the switch along; one locks and reads every
-partition row the requests name; one ``UPDATE ... FROM unnest`` writes the changed rows back.
-A batch with both kinds of committer adds a statement, a partition's first commit adds two
-(insert the missing rows, lock them), and a batch whose committers were all not found reads
-the switch alone. Rows are always locked in sorted order, groups, then members, then
-partitions, so concurrent commits cannot deadlock with each other or with heartbeats.
+coordinator's CPU and the database go into per-statement work (driver calls, round trips), not
+into the offset algebra: one locks the committing members' rows (or the standalone commits'
+groups) and reads the switch along; one locks and reads every partition row the requests name;
+one ``UPDATE ... FROM unnest`` writes the changed rows back. A batch with both kinds of
+committer adds a statement, a group's or a partition's first commit adds the statements of its
+cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them), and a batch
+whose committers were all not found reads the switch alone. Rows are always locked in sorted
+order, groups, then members, then partitions, so concurrent commits cannot deadlock with each
+other or with heartbeats.
 
 Every stored state is decoded by ``_state_of``, whichever way it was read.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ from client.protocol.committed import CommittedOffsets
 from coordinator.core.fence import MemberStanding
 from coordinator.db.models import PartitionOffsets
 from coordinator.db.switches import STORED_SWITCH
+from coordinator.offsets.pacing import PARTITIONS_PER_TURN
 
 TopicPartitionKey = tuple[str, int]
 GroupPartitionKey = tuple[str, str, int]
@@ -97,24 +100,17 @@ def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[Any], ...]:
 # sorted order, and they run groups, then members, then partitions: the order every other
 # transaction locks them in.
 
-# The switch is read along with the fence rows, to save a round trip per batch.
+# The switch is read along with the fence rows, to save a round trip per batch. Groups are
+# only locked here: a commit creates its group once it is admitted (coordinator.db.quotas).
 _LOCK_GROUPS = f"""
-    WITH created AS (
-        INSERT INTO groups (group_id)
-        SELECT g FROM unnest($1::text[]) AS requested(g) ORDER BY g
-        ON CONFLICT (group_id) DO NOTHING
-        RETURNING group_id
-    ),
-    locked AS (
+    WITH locked AS (
         SELECT group_id FROM groups WHERE group_id = ANY($1::text[])
         ORDER BY group_id FOR SHARE
     )
-    SELECT group_id, 0::bigint AS live_members, ({STORED_SWITCH}) AS stored_switch FROM created
-    UNION ALL
     SELECT locked.group_id,
            (SELECT count(*) FROM members m
-            WHERE m.group_id = locked.group_id AND m.expires_at > now()),
-           ({STORED_SWITCH})
+            WHERE m.group_id = locked.group_id AND m.expires_at > now()) AS live_members,
+           ({STORED_SWITCH}) AS stored_switch
     FROM locked
 """
 
@@ -170,9 +166,9 @@ _WRITE_PARTITIONS = """
 class Committers:
     """The fence facts of a batch's committers, read under the locks that keep them true.
 
-    ``live_members``: the live member count of each group a standalone commit names. A group
-    created by another transaction after the statement's snapshot is absent although it
-    exists: its requests cannot be decided in this transaction. ``standings``: each
+    ``live_members``: the live member count of each group a standalone commit names; a group
+    that does not exist (or was created by another transaction after the statement's
+    snapshot) is absent. ``standings``: each
     committing member's row, absent when there is none. ``stored_switch``: the stored
     ``accept.individual.commit``, None when not stored yet.
     """
@@ -187,9 +183,9 @@ async def lock_committers(
     standalone_groups: Collection[str],
     members: Collection[tuple[str, str]],
 ) -> Committers:
-    """Create the standalone commits' missing groups, lock those groups and the committing
-    members' rows FOR SHARE, and read the switch, in two statements at most (the switch
-    rides along with the locks, or comes alone when the batch found no subject)."""
+    """Lock the standalone commits' groups and the committing members' rows FOR SHARE, and
+    read the switch, in two statements at most (the switch rides along with the locks, or
+    comes alone when the batch found no subject)."""
     live_members: dict[str, int] = {}
     standings: dict[tuple[str, str], MemberStanding] = {}
     switch_rows: list[asyncpg.Record] = []
@@ -216,53 +212,75 @@ async def lock_committers(
     return Committers(live_members, standings, None if stored is None else bool(stored))
 
 
-async def _lock_existing(
-    connection: asyncpg.Connection, ordered: Sequence[GroupPartitionKey]
+async def lock_existing(
+    connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
+    """Lock the rows of ``keys`` that exist FOR UPDATE, without writing them (no new row
+    versions), and read their state, decoded a turn at a time (``coordinator.offsets.pacing``)."""
+    ordered = sorted(set(keys))
     rows = await connection.fetch(
         _LOCK_PARTITIONS,
         [key[0] for key in ordered],
         [key[1] for key in ordered],
         [key[2] for key in ordered],
     )
-    return {(row["group_id"], row["topic"], row["partition"]): _state_of(row) for row in rows}
+    states: dict[GroupPartitionKey, CommittedOffsets] = {}
+    for start in range(0, len(rows), PARTITIONS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        for row in rows[start : start + PARTITIONS_PER_TURN]:
+            states[(row["group_id"], row["topic"], row["partition"])] = _state_of(row)
+    return states
 
 
 async def lock_partitions(
     connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
-    """Lock the rows of ``keys`` FOR UPDATE, creating the missing ones, and read their state.
-
-    Existing rows are locked without writing them (no new row versions); rows that do not
-    exist yet, which only a partition's first commits meet, are inserted and then locked.
-    """
-    ordered = sorted(set(keys))
-    states = await _lock_existing(connection, ordered)
-    missing = [key for key in ordered if key not in states]
+    """Lock the rows of ``keys`` FOR UPDATE, creating the missing ones (no cap: the admin's
+    reset), and read their state."""
+    states = await lock_existing(connection, keys)
+    missing = [key for key in keys if key not in states]
     if missing:
-        await connection.execute(
-            _CREATE_PARTITIONS,
-            [key[0] for key in missing],
-            [key[1] for key in missing],
-            [key[2] for key in missing],
-        )
-        states.update(await _lock_existing(connection, missing))
+        states.update(await create_partitions(connection, missing))
     return states
+
+
+async def create_partitions(
+    connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
+) -> dict[GroupPartitionKey, CommittedOffsets]:
+    """Insert the rows of ``keys`` that are missing, which only a partition's first commits
+    meet, then lock and read them all."""
+    ordered = sorted(set(keys))
+    await connection.execute(
+        _CREATE_PARTITIONS,
+        [key[0] for key in ordered],
+        [key[1] for key in ordered],
+        [key[2] for key in ordered],
+    )
+    return await lock_existing(connection, ordered)
 
 
 async def write_partitions(
     connection: asyncpg.Connection, states: Mapping[GroupPartitionKey, CommittedOffsets]
 ) -> None:
-    """Store ``states`` into rows the caller has locked."""
+    """Store ``states`` into rows the caller has locked; their columns are formatted a turn
+    at a time (``coordinator.offsets.pacing``)."""
     if not states:
         return
     ordered = sorted(states.items())
+    columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+    for start in range(0, len(ordered), PARTITIONS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        part = _state_columns([state for _, state in ordered[start : start + PARTITIONS_PER_TURN]])
+        for column, values in zip(columns, part, strict=True):
+            column.extend(values)
     await connection.execute(
         _WRITE_PARTITIONS,
         [key[0] for key, _ in ordered],
         [key[1] for key, _ in ordered],
         [key[2] for key, _ in ordered],
-        *_state_columns([state for _, state in ordered]),
+        *columns,
     )
 
 

@@ -23,6 +23,8 @@ import yaml
 from kubernetes_validate.utils import latest_version
 from sqlalchemy.engine import make_url
 
+from coordinator.settings import Settings
+
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "keyrange"
 CI_VALUES_FILES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
 RELEASE = "kr"
@@ -273,6 +275,10 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
             "sessionTimeoutMinMs": 2000,
             "sessionTimeoutMaxMs": 60000,
             "heartbeatIntervalMs": 500,
+            "maxMembersPerGroup": 50,
+            "maxPartitionsPerGroup": 2000,
+            "maxGroupsPerPrefix": 200,
+            "offsetsRetentionMinutes": 1440,
         }
     )
     config = one(render(chart, values), "ConfigMap")["data"]
@@ -289,6 +295,10 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
         "KEYRANGE_SESSION_TIMEOUT_MIN_MS": "2000",
         "KEYRANGE_SESSION_TIMEOUT_MAX_MS": "60000",
         "KEYRANGE_HEARTBEAT_INTERVAL_MS": "500",
+        "KEYRANGE_MAX_MEMBERS_PER_GROUP": "50",
+        "KEYRANGE_MAX_PARTITIONS_PER_GROUP": "2000",
+        "KEYRANGE_MAX_GROUPS_PER_PREFIX": "200",
+        "KEYRANGE_OFFSETS_RETENTION_MINUTES": "1440",
     }
 
 
@@ -703,3 +713,133 @@ def test_schema_rejects_what_validate_values_would_miss(chart: helm.Chart) -> No
         chart.validate_schema(with_values(containerPort="8080"))
     with pytest.raises(helm.HelmValuesError, match="/image/digest"):
         chart.validate_schema(with_values(image={"digest": "latest"}))
+
+
+# --- Kafka TLS and SASL (docs/kafka-security.md) ----------------------------------------------
+
+
+def kafka_values(**kafka: Any) -> dict[str, Any]:
+    return with_values(kafka={"bootstrapServers": "kafka:9093", **kafka})
+
+
+SASL_SSL = {
+    "securityProtocol": "SASL_SSL",
+    "tls": {"existingSecret": "kafka-ca", "caKey": "ca.crt", "certKey": "", "keyKey": ""},
+    "sasl": {
+        "mechanism": "SCRAM-SHA-512",
+        "username": "keyrange",
+        "existingSecret": {"name": "kafka-user", "passwordKey": "password"},
+    },
+}
+
+
+def test_kafka_sasl_ssl_takes_the_password_from_a_secret_and_mounts_the_ca(
+    chart: helm.Chart,
+) -> None:
+    objects = render(chart, kafka_values(**SASL_SSL))
+    config = one(objects, "ConfigMap")["data"]
+    assert {k: v for k, v in config.items() if k.startswith("KEYRANGE_KAFKA_")} == {
+        "KEYRANGE_KAFKA_BOOTSTRAP": "kafka:9093",
+        "KEYRANGE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "KEYRANGE_KAFKA_SSL_CAFILE": "/etc/keyrange/kafka-tls/ca.crt",
+        "KEYRANGE_KAFKA_SSL_CHECK_HOSTNAME": "true",
+        "KEYRANGE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "KEYRANGE_KAFKA_SASL_USERNAME": "keyrange",
+    }
+    deployment = one(objects, "Deployment")
+    assert env_of(deployment)["KEYRANGE_KAFKA_SASL_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": "kafka-user", "key": "password"}
+    }
+    mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
+    assert mounts["kafka-tls"] == {
+        "name": "kafka-tls",
+        "mountPath": "/etc/keyrange/kafka-tls",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    assert volumes["kafka-tls"]["secret"]["secretName"] == "kafka-ca"
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_kafka_mutual_tls_mounts_the_client_certificate_and_key(chart: helm.Chart) -> None:
+    tls = {"existingSecret": "kafka-client", "caKey": "ca.crt", "certKey": "tls.crt"}
+    config = one(
+        render(chart, kafka_values(securityProtocol="SSL", tls={**tls, "keyKey": "tls.key"})),
+        "ConfigMap",
+    )["data"]
+    assert config["KEYRANGE_KAFKA_SSL_CERTFILE"] == "/etc/keyrange/kafka-tls/tls.crt"
+    assert config["KEYRANGE_KAFKA_SSL_KEYFILE"] == "/etc/keyrange/kafka-tls/tls.key"
+    assert "KEYRANGE_KAFKA_SASL_MECHANISM" not in config
+
+
+def test_kafka_chart_variables_are_coordinator_settings(chart: helm.Chart) -> None:
+    objects = render(chart, kafka_values(**SASL_SSL))
+    variables = set(one(objects, "ConfigMap")["data"]) | set(env_of(one(objects, "Deployment")))
+    known = {f"KEYRANGE_{name.upper()}" for name in Settings.model_fields}
+    assert {v for v in variables if v.startswith("KEYRANGE_KAFKA_")} <= known
+
+
+@pytest.mark.parametrize(
+    ("kafka", "expected"),
+    [
+        ({"securityProtocol": "SASL_SSL"}, "kafka.sasl: SASL_SSL needs kafka.sasl.mechanism"),
+        (
+            {"tls": {"existingSecret": "kafka-ca"}},
+            "kafka.tls.existingSecret: set, but kafka.securityProtocol does not use TLS",
+        ),
+        (
+            {"securityProtocol": "SSL", "tls": {"existingSecret": "ca", "certKey": "tls.crt"}},
+            "kafka.tls.certKey and kafka.tls.keyKey: set both",
+        ),
+        (
+            {"sasl": {"mechanism": "PLAIN", "username": "u"}},
+            "kafka.sasl: set, but kafka.securityProtocol does not use SASL",
+        ),
+    ],
+    ids=["sasl-without-mechanism", "tls-on-plaintext", "cert-without-key", "sasl-on-plaintext"],
+)
+def test_bad_kafka_security_values_name_the_key(
+    chart: helm.Chart, kafka: dict[str, Any], expected: str
+) -> None:
+    assert expected in render_error(chart, kafka_values(**kafka))
+
+
+def test_schema_rejects_unknown_kafka_security_values(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError, match="securityProtocol"):
+        chart.validate_schema(kafka_values(securityProtocol="KERBEROS"))
+    with pytest.raises(helm.HelmValuesError, match="mechanism"):
+        chart.validate_schema(kafka_values(sasl={"mechanism": "GSSAPI"}))
+
+
+# --- metrics without tenant data (docs/quotas.md) ---------------------------------------------
+
+
+def test_a_metrics_token_secret_reaches_the_coordinator_and_the_service_monitor(
+    chart: helm.Chart,
+) -> None:
+    values = with_values(
+        serviceMonitor={"enabled": True},
+        metrics={"tokenSecret": {"name": "keyrange-metrics", "key": "token"}},
+    )
+    objects = render(chart, values)
+    env = container(one(objects, "Deployment"))["env"]
+    names = [entry["name"] for entry in env]
+    plain = env[names.index("KEYRANGE_METRICS_TOKEN_PLAIN")]
+    assert plain["valueFrom"]["secretKeyRef"] == {"name": "keyrange-metrics", "key": "token"}
+    # Kubernetes expands $(VAR) only from variables defined before it.
+    assert names.index("KEYRANGE_METRICS_TOKEN_PLAIN") < names.index("KEYRANGE_METRICS_TOKENS")
+    assert env[names.index("KEYRANGE_METRICS_TOKENS")]["value"] == (
+        '["$(KEYRANGE_METRICS_TOKEN_PLAIN)"]'
+    )
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "keyrange-metrics", "key": "token"},
+    }
+    assert "KEYRANGE_METRICS_GROUP_LABELS" not in one(objects, "ConfigMap")["data"]
+
+
+def test_per_group_metrics_for_everyone_is_an_explicit_choice(chart: helm.Chart) -> None:
+    config = one(render(chart, with_values(metrics={"groupLabels": True})), "ConfigMap")["data"]
+    assert config["KEYRANGE_METRICS_GROUP_LABELS"] == "true"

@@ -218,9 +218,31 @@ database.url: must start with postgresql+asyncpg:// (the coordinator uses the as
 {{- end -}}
 
 {{- define "keyrange.validateValues.kafka" -}}
-{{- if not .Values.kafka.bootstrapServers -}}
-kafka.bootstrapServers: required (host:port[,host:port...]); the coordinator reads partition counts and high watermarks from the cluster.
+{{- $kafka := .Values.kafka -}}
+{{- $tlsProtocol := has $kafka.securityProtocol (list "SSL" "SASL_SSL") -}}
+{{- $saslProtocol := has $kafka.securityProtocol (list "SASL_PLAINTEXT" "SASL_SSL") -}}
+{{- $messages := list -}}
+{{- if not $kafka.bootstrapServers -}}
+{{- $messages = append $messages "kafka.bootstrapServers: required (host:port[,host:port...]); the coordinator reads partition counts and high watermarks from the cluster." -}}
 {{- end -}}
+{{- if and $kafka.tls.existingSecret (not $tlsProtocol) -}}
+{{- $messages = append $messages "kafka.tls.existingSecret: set, but kafka.securityProtocol does not use TLS (use SSL or SASL_SSL)." -}}
+{{- end -}}
+{{- if ne (empty $kafka.tls.certKey) (empty $kafka.tls.keyKey) -}}
+{{- $messages = append $messages "kafka.tls.certKey and kafka.tls.keyKey: set both (mutual TLS) or neither." -}}
+{{- end -}}
+{{- if and $saslProtocol (not (and $kafka.sasl.mechanism $kafka.sasl.username $kafka.sasl.existingSecret.name)) -}}
+{{- $messages = append $messages (printf "kafka.sasl: %s needs kafka.sasl.mechanism, kafka.sasl.username and kafka.sasl.existingSecret.name (the Secret holding the password)." $kafka.securityProtocol) -}}
+{{- end -}}
+{{- if and (not $saslProtocol) (or $kafka.sasl.mechanism $kafka.sasl.existingSecret.name) -}}
+{{- $messages = append $messages "kafka.sasl: set, but kafka.securityProtocol does not use SASL (use SASL_PLAINTEXT or SASL_SSL)." -}}
+{{- end -}}
+{{- join "\n" $messages -}}
+{{- end -}}
+
+{{/* Where the Kafka TLS Secret is mounted. */}}
+{{- define "keyrange.kafkaTlsDir" -}}
+/etc/keyrange/kafka-tls
 {{- end -}}
 
 {{- define "keyrange.validateValues.auth" -}}
