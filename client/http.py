@@ -241,6 +241,35 @@ class CoordinatorClient:
             for entry in document["partitions"]
         }
 
+    async def reset_out_of_range(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        member_id: str | None = None,
+        member_epoch: int | None = None,
+    ) -> dict[TopicPartition, CommittedOffsets]:
+        """Move stored positions found past the log end to ``offsets`` (the reader's reset
+        positions); the coordinator checks the log end itself and leaves any other state as it
+        is. Returns the stored state of each partition afterwards; never committed: absent."""
+        body = {
+            "member_id": member_id,
+            "member_epoch": member_epoch,
+            "partitions": [
+                {"topic": tp.topic, "partition": tp.partition, "offset": offset}
+                for tp, offset in sorted(offsets.items())
+            ],
+        }
+        document = await self._request(
+            "POST", f"/v1/groups/{_checked_group(group_id)}/offsets/out-of-range-reset", json=body
+        )
+        return {
+            TopicPartition(str(entry["topic"]), int(entry["partition"])): (
+                CommittedOffsets.from_json(entry)
+            )
+            for entry in document["partitions"]
+        }
+
     async def limits(self) -> Limits:
         """What one commit may carry on this coordinator (``GET /v1/limits``); DESIGN's
         defaults from a coordinator too old to say."""

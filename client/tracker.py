@@ -18,7 +18,7 @@ read positions because a slice added later may have to re-read offsets the other
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Literal
@@ -29,6 +29,7 @@ from client.http import PartitionCommit, PartitionCommitReply
 from client.protocol import error_names as names
 from client.protocol.committed import CommittedOffsets, Watermark
 from client.protocol.keyspace import KeyRange, intersect, normalize
+from client.protocol.log_bounds import committed_reach
 
 CommitMode = Literal["watermarks", "ranges", "offset"]
 
@@ -73,7 +74,7 @@ class SliceProgress:
         self._committed = committed
         # Past this offset the committed state says nothing more, so the per-record check
         # can stop asking it.
-        self._committed_until = _committed_reach(committed)
+        self._committed_until = 0 if committed is None else committed_reach(committed)
 
     @property
     def watermark(self) -> int:
@@ -198,17 +199,6 @@ class SliceProgress:
         return part
 
 
-def _committed_reach(committed: CommittedOffsets | None) -> int:
-    if committed is None:
-        return 0
-    reach = committed.stable_offset
-    if committed.ranges:
-        reach = max(reach, committed.ranges[-1][1] + 1)
-    for piece in committed.watermarks:
-        reach = max(reach, piece.offset)
-    return reach
-
-
 @dataclass(frozen=True)
 class CommitBatch:
     """A commit payload plus what it claims, so a success can be applied to the state that
@@ -242,6 +232,27 @@ class OffsetTracker:
             raise ValueError(f"{tp} already tracks a slice overlapping {keys}")
         slices.append(SliceProgress(keys, position, committed))
         slices.sort(key=lambda progress: progress.keys.start)
+
+    def restart(
+        self,
+        tp: TopicPartition,
+        position_of: Callable[[KeyRange], int],
+        committed: CommittedOffsets | None,
+    ) -> list[KeyRange]:
+        """Start the active slices of ``tp`` over from ``position_of(keys)`` with ``committed``
+        as the group's state (the read position was outside the log); what they registered
+        before is dropped, since it belongs to a log that is gone. Returns their key ranges."""
+        restarted: list[KeyRange] = []
+        slices: list[SliceProgress] = []
+        for progress in self._slices.get(tp, ()):
+            if progress.active:
+                restarted.append(progress.keys)
+                progress = SliceProgress(progress.keys, position_of(progress.keys), committed)
+            slices.append(progress)
+        if slices:
+            self._slices[tp] = slices
+        self._recount()
+        return restarted
 
     def partitions(self) -> list[TopicPartition]:
         return list(self._slices)

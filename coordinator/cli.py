@@ -169,14 +169,25 @@ class AdminApi:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> int:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        notice: Callable[[Any], list[str]] | None = None,
+        **kwargs: Any,
+    ) -> int:
+        """``notice`` picks lines from a success reply worth a warning on stderr."""
         try:
             response = self.client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             print(f"keyrange: cannot reach the coordinator at {self.url}: {exc}", file=sys.stderr)
             return 1
         if response.is_success:
-            print(json.dumps(response.json(), indent=2))
+            body = response.json()
+            print(json.dumps(body, indent=2))
+            for line in notice(body) if notice is not None else ():
+                print(f"keyrange: warning: {line}", file=sys.stderr)
             return 0
         try:
             body = response.json()
@@ -206,6 +217,19 @@ def _problem_detail(body: dict[str, Any]) -> str:
     return str(body.get("detail"))
 
 
+def _outside_log(body: Any) -> list[str]:
+    """The partitions whose stored offsets are past the log end, each as one line."""
+    partitions = body.get("partitions", []) if isinstance(body, dict) else []
+    return [
+        f"{entry['topic']}[{entry['partition']}]: stored offset {entry['stable_offset']} is "
+        f"past the log end {entry['high_watermark']}; consumers apply auto_offset_reset, or "
+        f"reset it with: keyrange admin reset {body.get('group_id')} --topic {entry['topic']} "
+        f"--partitions {entry['partition']} --to-offset 0"
+        for entry in partitions
+        if entry.get("offset_out_of_range")
+    ]
+
+
 def _partitions(value: str) -> list[int]:
     try:
         return [int(part) for part in value.split(",") if part.strip()]
@@ -226,12 +250,19 @@ def _admin(args: argparse.Namespace) -> int:
     api = AdminApi(args.url, args.token)
     commands: dict[str, Callable[[], int]] = {
         "groups": lambda: api.call("GET", "/v1/admin/groups"),
-        "describe": lambda: api.call("GET", f"/v1/admin/groups/{args.group}"),
-        "offsets": lambda: api.call("GET", f"/v1/admin/groups/{args.group}/offsets"),
+        "describe": lambda: api.call("GET", f"/v1/admin/groups/{args.group}", notice=_outside_log),
+        "offsets": lambda: api.call(
+            "GET", f"/v1/admin/groups/{args.group}/offsets", notice=_outside_log
+        ),
         "reset": lambda: api.call(
             "POST",
             f"/v1/admin/groups/{args.group}/offsets/reset",
-            json={"topic": args.topic, "partitions": args.partitions, "to_offset": args.to_offset},
+            json={
+                "topic": args.topic,
+                "partitions": args.partitions,
+                "to_offset": args.to_offset,
+                "force": args.force,
+            },
         ),
         "delete-offsets": lambda: api.call(
             "DELETE",
@@ -340,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--topic", required=True)
     reset.add_argument("--partitions", type=_partitions, help="e.g. 0,1,2 (default: all)")
     reset.add_argument("--to-offset", type=int, help="new stable offset; omit to drop IC ranges")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="reset even past the log end or on a partition the topic does not have",
+    )
     delete_offsets = admin_command("delete-offsets", "delete a group's offsets")
     delete_offsets.add_argument("group")
     delete_offsets.add_argument("--topic", help="only this topic")

@@ -228,6 +228,13 @@ async def _lock_existing(
     return {(row["group_id"], row["topic"], row["partition"]): _state_of(row) for row in rows}
 
 
+async def lock_stored_partitions(
+    connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
+) -> dict[GroupPartitionKey, CommittedOffsets]:
+    """Lock the rows of ``keys`` that exist FOR UPDATE and read their state; no row is made."""
+    return await _lock_existing(connection, sorted(set(keys)))
+
+
 async def lock_partitions(
     connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
