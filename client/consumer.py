@@ -99,6 +99,12 @@ class KeyrangeConsumer:
     ``"offset"`` (classic offsets; the default with ``allow_individual_commit=False``).
     ``coordinator`` shares one ``CoordinatorClient`` between consumers; it is then not closed
     by ``stop()``.
+
+    ``start()`` waits up to ``coordinator_start_timeout_ms`` for the coordinator to answer and
+    then raises ``CoordinatorUnavailable`` naming the URL, so a wrong ``coordinator_url`` fails
+    fast. ``auto_offset_reset`` (``earliest``, ``latest`` or ``none``) applies to partitions
+    the group never committed and to a position outside the partition's log
+    (``client.log_reset``).
     """
 
     def __init__(
@@ -120,6 +126,7 @@ class KeyrangeConsumer:
         revoke_timeout_s: float = 30.0,
         commit_mode: CommitMode | None = None,
         coordinator: CoordinatorClient | None = None,
+        coordinator_start_timeout_ms: int = 60_000,
         **aiokafka_kwargs: Any,
     ) -> None:
         if auto_offset_reset not in OFFSET_RESETS:
@@ -141,6 +148,7 @@ class KeyrangeConsumer:
         self._client_id = client_id
         self._listener = rebalance_listener or RebalanceListener()
         self._revoke_timeout_s = revoke_timeout_s
+        self._coordinator_start_timeout_s = coordinator_start_timeout_ms / 1000
         key_deserializer: Callable[[bytes], Any] | None = aiokafka_kwargs.pop(
             "key_deserializer", None
         )
@@ -210,6 +218,7 @@ class KeyrangeConsumer:
             return
         self._started = True
         try:
+            await self._client.wait_until_reachable(self._coordinator_start_timeout_s)
             await self._fetcher.start()
         except BaseException:
             self._closed = True
