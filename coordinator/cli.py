@@ -16,15 +16,21 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from coordinator import logs
 
+if TYPE_CHECKING:
+    from coordinator.settings import Settings
+
 log = logging.getLogger("keyrange")
 
 VERSION = "0.1.0"
+
+# The embedded broker listens on loopback only (coordinator/embedded/broker.py).
+_BROKER_HOST = "127.0.0.1"
 
 # Import names of the packages the `server` extra installs (pyproject.toml).
 SERVER_PACKAGES = (
@@ -102,6 +108,12 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"keyrange: {exc}", file=sys.stderr)
         return 2
+    busy = _busy_ports(settings)
+    for problem in busy:
+        print(f"keyrange: {problem}", file=sys.stderr)
+    if busy:
+        print("keyrange: nothing was started", file=sys.stderr)
+        return 1
     with ExitStack() as services:
         if settings.database_url is None:
             postgres = services.enter_context(
@@ -113,7 +125,9 @@ def _serve_with_services(args: argparse.Namespace) -> int:
             database_url = settings.database_url.get_secret_value()
         if settings.kafka_bootstrap is None:
             broker = services.enter_context(
-                EmbeddedBroker(os.path.join(settings.data_dir, "broker"))
+                EmbeddedBroker(
+                    os.path.join(settings.data_dir, "broker"), port=settings.embedded_broker_port
+                )
             )
             settings = settings.model_copy(update={"kafka_bootstrap": broker.start()})
             log.info("using the embedded broker", extra={"bootstrap": settings.kafka_bootstrap})
@@ -136,6 +150,31 @@ def _serve_with_services(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=30,
         )
     return 0
+
+
+def _busy_ports(settings: Settings) -> list[str]:
+    """Every port ``serve`` would listen on that is taken, each with what to do about it."""
+    from coordinator.ports import port_problem
+
+    problems = []
+    coordinator = port_problem(settings.host, settings.port)
+    if coordinator is not None:
+        problems.append(
+            f"{coordinator}, where the coordinator would listen: stop what holds it, or choose "
+            "another port with --port or KEYRANGE_PORT"
+        )
+    if settings.kafka_bootstrap is None:
+        port = settings.embedded_broker_port
+        broker = port_problem(_BROKER_HOST, port)
+        if broker is None and port == settings.port and settings.host in (_BROKER_HOST, "0.0.0.0"):
+            broker = f"port {port} is the coordinator's port too"
+        if broker is not None:
+            problems.append(
+                f"{broker}, where the embedded broker would listen: if a Kafka broker runs "
+                f"there, use it with KEYRANGE_KAFKA_BOOTSTRAP={_BROKER_HOST}:{port}; otherwise "
+                "choose another port with KEYRANGE_EMBEDDED_BROKER_PORT"
+            )
+    return problems
 
 
 def _migrate(args: argparse.Namespace) -> int:
