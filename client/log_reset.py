@@ -17,7 +17,12 @@ from collections.abc import Callable
 
 from aiokafka.structs import TopicPartition
 
-from client.errors import KeyrangeClientError, OffsetOutOfRange
+from client.errors import (
+    FencedMemberEpoch,
+    KeyrangeClientError,
+    OffsetOutOfRange,
+    UnknownMemberId,
+)
 from client.fetcher import Fetcher, OutsideLog
 from client.http import CoordinatorClient, Slices
 from client.protocol.committed import CommittedOffsets
@@ -76,9 +81,10 @@ class OutsideLogReset:
                 self._group_id, targets, member_id=member_id, member_epoch=member_epoch
             )
         except KeyrangeClientError as error:
-            if not error.retriable:
+            if not (error.retriable or isinstance(error, FencedMemberEpoch | UnknownMemberId)):
                 raise
-            # The next poll finds the partition outside its log again and retries.
+            # The next poll finds the partition outside its log again and retries; a fenced
+            # member retries once its membership rejoined (or its slices moved on).
             logger.warning(
                 "resetting offsets outside the log failed; retrying",
                 extra={"group_id": self._group_id, "error": str(error)},

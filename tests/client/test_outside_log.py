@@ -54,6 +54,27 @@ async def test_a_position_past_the_log_end_is_reset_to_earliest_and_committed_ag
     assert (warnings[0].position, warnings[0].high_watermark) == (2_000, len(KEYS))
 
 
+async def test_a_group_member_resets_under_its_own_member_id(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic, group_id = await make_topic(1), group()
+    tp = TopicPartition(topic, 0)
+    await produce(kafka_bootstrap, topic, KEYS)
+    await _store_past_the_end(coordinator_url, group_id, topic)
+    member = KeyrangeConsumer(
+        topic,
+        bootstrap_servers=kafka_bootstrap,
+        coordinator_url=coordinator_url,
+        group_id=group_id,
+        auto_commit_interval_ms=None,
+    )
+    async with member:
+        records = await take(member, len(KEYS))
+        await member.commit()
+    assert sorted(record.offset for record in records) == list(range(len(KEYS)))
+    assert await _stable_offset(coordinator_url, group_id, tp) == len(KEYS)
+
+
 async def test_latest_skips_the_old_records_and_reads_what_comes_next(
     kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
 ) -> None:
