@@ -44,12 +44,11 @@ class FetchInterrupted(Exception):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutsideLog:
-    """A partition whose read position lies outside its log, with the bounds that show it
-    (``log_start`` is known only when the broker refused the position)."""
+    """A partition whose read position lies outside its log, and the high watermark of a
+    fetch answered since the position was sought."""
 
     tp: TopicPartition
     position: int
-    log_start: int | None
     high_watermark: int
 
 
@@ -277,7 +276,7 @@ class Fetcher:
                 continue
             log_start = self._probing.get(tp)
             if out_of_range(position, log_start, high):
-                outside.append(OutsideLog(tp, position, log_start, high))
+                outside.append(OutsideLog(tp, position, high))
             elif log_start is not None:
                 # The log grew to the position meanwhile: read on from it.
                 self._seek(tp, position)

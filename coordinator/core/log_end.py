@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from client.protocol.committed import CommittedOffsets
-from client.protocol.log_bounds import past_log_end
+from client.protocol.log_bounds import out_of_range, past_log_end
 from coordinator.core.offsets import reset_offsets
 from coordinator.errors import KeyrangeError, OffsetOutOfRange, UnknownTopicOrPartition
 
@@ -40,7 +40,8 @@ def reset_refusal(
     past = {
         partition: high_watermarks[partition]
         for partition in partitions
-        if partition in high_watermarks and to_offset > high_watermarks[partition]
+        if partition in high_watermarks
+        and out_of_range(to_offset, None, high_watermarks[partition])
     }
     if past:
         ends = ", ".join(f"{topic}[{p}] ends at {end}" for p, end in sorted(past.items()))
@@ -62,7 +63,7 @@ def reset_past_log_end(
     the log end was committed against records this log does not have, so it is no position
     in it, and keeping it would make every reader skip the log until it grows that far.
     """
-    if to_offset > high_watermark:
+    if out_of_range(to_offset, None, high_watermark):
         raise OffsetOutOfRange(
             f"reset offset {to_offset} of {where} is past its log end {high_watermark}",
             high_watermark=high_watermark,
