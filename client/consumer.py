@@ -218,7 +218,8 @@ class KeyrangeConsumer:
             return
         self._started = True
         try:
-            await self._client.wait_until_reachable(self._coordinator_start_timeout_s)
+            limits = await self._client.wait_until_reachable(self._coordinator_start_timeout_s)
+            self._committer.learn(limits)
             await self._fetcher.start()
         except BaseException:
             self._closed = True
