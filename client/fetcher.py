@@ -265,17 +265,25 @@ class Fetcher:
             self._probing[tp] = int(starts[tp])
 
     def _outside_log(self) -> list[OutsideLog]:
+        """Partitions read from a position outside the log, or whose slices take records past
+        the log end as processed (the group's state was committed against a log that is
+        gone, even where the read position itself is inside this one)."""
         kafka = self.kafka()
         outside: list[OutsideLog] = []
         for tp in kafka.assignment():
             position = self._tracker.read_position(tp)
-            if position is None or kafka.last_poll_timestamp(tp) == self._seek_stamps.get(tp):
+            reach = self._tracker.reach(tp)
+            if position is None or reach is None:
+                continue
+            if kafka.last_poll_timestamp(tp) == self._seek_stamps.get(tp):
                 continue
             high: int | None = kafka.highwater(tp)
             if high is None:
                 continue
             log_start = self._probing.get(tp)
-            if out_of_range(position, log_start, high):
+            if out_of_range(reach, None, high):
+                outside.append(OutsideLog(tp, reach, high))
+            elif out_of_range(position, log_start, high):
                 outside.append(OutsideLog(tp, position, high))
             elif log_start is not None:
                 # The log grew to the position meanwhile: read on from it.

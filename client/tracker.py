@@ -77,6 +77,12 @@ class SliceProgress:
         self._committed_until = 0 if committed is None else committed_reach(committed)
 
     @property
+    def reach(self) -> int:
+        """The first offset past everything this slice has seen or takes as processed from the
+        group's state: beyond the log end, the slice works from a log that is gone."""
+        return max(self.position, self._committed_until)
+
+    @property
     def watermark(self) -> int:
         return self.pending_offsets[0] if self.pending_offsets else self.position
 
@@ -273,6 +279,11 @@ class OffsetTracker:
         """Where reading the partition must (re)start so every active slice sees its records."""
         positions = [progress.position for progress in self._slices.get(tp, ()) if progress.active]
         return min(positions) if positions else None
+
+    def reach(self, tp: TopicPartition) -> int | None:
+        """The furthest ``SliceProgress.reach`` of the partition's active slices."""
+        reaches = [progress.reach for progress in self._slices.get(tp, ()) if progress.active]
+        return max(reaches) if reaches else None
 
     def accept(self, tp: TopicPartition, offset: int, key_hash: int) -> bool:
         """Register a fetched record; True when it is ours and still needs processing."""

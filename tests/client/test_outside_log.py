@@ -12,6 +12,7 @@ from aiokafka.structs import TopicPartition
 from client import CoordinatorClient, KeyRange, KeyrangeConsumer, key_hash
 from client.errors import NoOffsetForPartition, OffsetOutOfRange
 from client.http import PartitionCommit
+from client.protocol.committed import Watermark
 from tests.client.test_consumer import LOWER, UPPER, consumer_for, group, produce, take
 from tests.fixtures.services import MakeTopic
 from tests.waiting import until
@@ -52,6 +53,26 @@ async def test_a_position_past_the_log_end_is_reset_to_earliest_and_committed_ag
     assert len(warnings) == 1
     assert (warnings[0].group_id, warnings[0].topic, warnings[0].partition) == (group_id, topic, 0)
     assert (warnings[0].position, warnings[0].high_watermark) == (2_000, len(KEYS))
+
+
+async def test_keys_taken_as_processed_past_the_end_are_caught_from_an_in_range_position(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    """The stable offset is 0, but the upper half's watermark claims records up to 2,000: a
+    slice reading from 0 would skip every upper-half record of the log."""
+    topic, group_id = await make_topic(1), group()
+    tp = TopicPartition(topic, 0)
+    await produce(kafka_bootstrap, topic, KEYS)
+    async with CoordinatorClient(coordinator_url) as api:
+        await api.commit(
+            group_id, [PartitionCommit(topic, 0, watermarks=(Watermark(UPPER, 2_000),))]
+        )
+    async with consumer_for(kafka_bootstrap, coordinator_url, group_id) as consumer:
+        consumer.assign({tp: []})
+        records = await take(consumer, len(KEYS))
+        await consumer.commit()
+    assert sorted(record.offset for record in records) == list(range(len(KEYS)))
+    assert await _stable_offset(coordinator_url, group_id, tp) == len(KEYS)
 
 
 async def test_a_group_member_resets_under_its_own_member_id(
