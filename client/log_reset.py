@@ -96,7 +96,8 @@ class OutsideLogReset:
                 raise OffsetOutOfRange(
                     f"the coordinator kept {found.tp.topic}[{found.tp.partition}] of group "
                     f"'{self._group_id}' at offset {state.stable_offset}, past the log end "
-                    f"{found.high_watermark} this consumer reads: does it read another cluster?"
+                    f"{found.high_watermark} this consumer reads: does the coordinator read "
+                    "another Kafka cluster, or none?"
                 )
         async with self._fetcher.lock:
             restarted: Slices = {}
