@@ -15,6 +15,8 @@ from client.protocol.log_bounds import out_of_range, past_log_end
 from coordinator.core.offsets import reset_offsets
 from coordinator.errors import KeyrangeError, OffsetOutOfRange, UnknownTopicOrPartition
 
+_FORCE = "pass force (keyrange admin reset --force) to reset anyway"
+
 
 def reset_refusal(
     topic: str,
@@ -28,13 +30,12 @@ def reset_refusal(
     cluster does not have."""
     if partition_count is None:
         return UnknownTopicOrPartition(
-            f"topic '{topic}' does not exist in the Kafka cluster; pass force to reset anyway"
+            f"topic '{topic}' does not exist in the Kafka cluster; {_FORCE}"
         )
     unknown = [partition for partition in partitions if partition >= partition_count]
     if unknown:
         return UnknownTopicOrPartition(
-            f"topic '{topic}' has {partition_count} partition(s), not {unknown}; pass force to "
-            "reset anyway",
+            f"topic '{topic}' has {partition_count} partition(s), not {unknown}; {_FORCE}",
             partitions=unknown,
         )
     past = {
@@ -47,7 +48,7 @@ def reset_refusal(
         ends = ", ".join(f"{topic}[{p}] ends at {end}" for p, end in sorted(past.items()))
         return OffsetOutOfRange(
             f"offset {to_offset} is past the log end ({ends}); readers would skip every record "
-            "until the log grows past it. Pass force to reset anyway",
+            f"until the log grows past it; {_FORCE}",
             high_watermarks={str(p): end for p, end in sorted(past.items())},
         )
     return None
