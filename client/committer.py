@@ -21,7 +21,7 @@ from client.errors import (
     KeyrangeClientError,
     UnknownMemberId,
 )
-from client.http import CoordinatorClient
+from client.http import CoordinatorClient, Limits
 from client.membership import Membership
 from client.tracker import OffsetTracker
 
@@ -49,6 +49,11 @@ class Committer:
         self._lock = asyncio.Lock()
         self._soon: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
+
+    def learn(self, limits: Limits) -> None:
+        """The coordinator's limits, when already asked (``start()`` asks them to know the
+        coordinator answers), so the first commit need not ask again."""
+        self._max_ranges = limits.max_ranges_per_request
 
     def start(self, interval_s: float | None) -> None:
         self._task = asyncio.create_task(

@@ -36,18 +36,20 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from aiokafka.structs import TopicPartition
 
 from client.committer import Committer
 from client.dispatch import Dispatcher, Handler
-from client.errors import ConsumerStopped, InvalidRequest
-from client.fetcher import Fetcher, Item, Record
+from client.errors import ConsumerStopped, InvalidRequest, KeyrangeClientError, NoOffsetForPartition
+from client.fetcher import Fetcher, Item, OutsideLog, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices
+from client.log_reset import OutsideLogReset
 from client.membership import Membership, Reconciler
 from client.protocol.keyspace import KeyRange, normalize
+from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]
@@ -97,6 +99,12 @@ class KeyrangeConsumer:
     ``"offset"`` (classic offsets; the default with ``allow_individual_commit=False``).
     ``coordinator`` shares one ``CoordinatorClient`` between consumers; it is then not closed
     by ``stop()``.
+
+    ``start()`` waits up to ``coordinator_start_timeout_ms`` for the coordinator to answer and
+    then raises ``CoordinatorUnavailable`` naming the URL, so a wrong ``coordinator_url`` fails
+    fast. ``auto_offset_reset`` (``earliest``, ``latest`` or ``none``) applies to partitions
+    the group never committed and to a position outside the partition's log
+    (``client.log_reset``).
     """
 
     def __init__(
@@ -118,10 +126,11 @@ class KeyrangeConsumer:
         revoke_timeout_s: float = 30.0,
         commit_mode: CommitMode | None = None,
         coordinator: CoordinatorClient | None = None,
+        coordinator_start_timeout_ms: int = 60_000,
         **aiokafka_kwargs: Any,
     ) -> None:
-        if auto_offset_reset not in {"earliest", "latest"}:
-            raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
+        if auto_offset_reset not in OFFSET_RESETS:
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
         for reserved in ("group_id", "enable_auto_commit"):
             if reserved in aiokafka_kwargs:
                 raise ValueError(f"{reserved} is managed by KeyrangeConsumer")
@@ -134,11 +143,12 @@ class KeyrangeConsumer:
         self._auto_commit_s = (
             None if auto_commit_interval_ms is None else auto_commit_interval_ms / 1000
         )
-        self._auto_offset_reset = auto_offset_reset
+        self._auto_offset_reset = cast(OffsetReset, auto_offset_reset)
         self._instance_id = instance_id
         self._client_id = client_id
         self._listener = rebalance_listener or RebalanceListener()
         self._revoke_timeout_s = revoke_timeout_s
+        self._coordinator_start_timeout_s = coordinator_start_timeout_ms / 1000
         key_deserializer: Callable[[bytes], Any] | None = aiokafka_kwargs.pop(
             "key_deserializer", None
         )
@@ -147,7 +157,6 @@ class KeyrangeConsumer:
         )
         kafka_kwargs = {
             "bootstrap_servers": bootstrap_servers,
-            "auto_offset_reset": auto_offset_reset,
             **({} if client_id is None else {"client_id": client_id}),
             **aiokafka_kwargs,
         }
@@ -164,6 +173,16 @@ class KeyrangeConsumer:
             may_hand_out=self._may_hand_out,
             check_running=self._check_running,
             change_future=self._change_future,
+            on_outside_log=self._reset_outside_log,
+        )
+        self._outside_log_reset = OutsideLogReset(
+            self._client,
+            group_id,
+            self._tracker,
+            self._fetcher,
+            self._auto_offset_reset,
+            identity=self._identity,
+            withdraw=self._withdraw,
         )
         self._handed = HandedOut()
         self._committer = Committer(
@@ -177,6 +196,8 @@ class KeyrangeConsumer:
         self._standalone_target: Slices | None = None
         self._started = False
         self._closed = False
+        # Raised to whoever consumes next: set where the consumer cannot go on by itself.
+        self._failure: KeyrangeClientError | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -197,6 +218,8 @@ class KeyrangeConsumer:
             return
         self._started = True
         try:
+            limits = await self._client.wait_until_reachable(self._coordinator_start_timeout_s)
+            self._committer.learn(limits)
             await self._fetcher.start()
         except BaseException:
             self._closed = True
@@ -414,6 +437,14 @@ class KeyrangeConsumer:
         topics = sorted({tp.topic for tp in added})
         committed = await self._client.fetch_offsets(self._group_id, topics)
         fresh = [tp for tp in added if tp not in committed]
+        if fresh and self._auto_offset_reset == "none":
+            self._failure = NoOffsetForPartition(
+                f"group '{self._group_id}' has no committed offset for "
+                f"{', '.join(f'{tp.topic}[{tp.partition}]' for tp in sorted(fresh))} and "
+                "auto_offset_reset is 'none'"
+            )
+            self._notify()
+            raise self._failure
         starts = await self._fetcher.start_positions(fresh, self._auto_offset_reset)
         async with self._fetcher.lock:
             for tp, ranges in added.items():
@@ -433,9 +464,7 @@ class KeyrangeConsumer:
         async with self._fetcher.lock:
             for tp, ranges in revoked.items():
                 self._tracker.deactivate(tp, ranges)
-            self._fetcher.withdraw(revoked)
-            for dispatcher in self._dispatchers:
-                dispatcher.withdraw(revoked)
+            self._withdraw(revoked)
         if not await self._handed.drain(revoked, self._revoke_timeout_s):
             logger.warning(
                 "revoke timeout: releasing slices with records still in processing",
@@ -477,8 +506,22 @@ class KeyrangeConsumer:
     def _check_running(self) -> None:
         if self._closed or not self._started:
             raise ConsumerStopped("the consumer is not running")
+        if self._failure is not None:
+            raise self._failure
         if self._membership is not None and self._membership.failure.done():
             self._membership.failure.result()
+
+    def _identity(self) -> tuple[str | None, int | None]:
+        return (None, None) if self._membership is None else self._membership.identity()
+
+    async def _reset_outside_log(self, outside: list[OutsideLog]) -> None:
+        await self._outside_log_reset.apply(outside)
+
+    def _withdraw(self, slices: Slices) -> None:
+        """Take buffered and queued records of ``slices`` back from delivery."""
+        self._fetcher.withdraw(slices)
+        for dispatcher in self._dispatchers:
+            dispatcher.withdraw(slices)
 
     def _may_hand_out(self) -> bool:
         """The guard before every hand-out (DESIGN §5, the client half of the safety

@@ -91,6 +91,18 @@ class MaxGroupsReached(KeyrangeClientError):
     error = names.MAX_GROUPS_REACHED
 
 
+class OffsetOutOfRange(KeyrangeClientError):
+    """An offset outside a partition's log: from the coordinator, an admin reset past the log
+    end; from the SDK itself, a read position outside the log with ``auto_offset_reset="none"``
+    (as Kafka's consumer raises ``OffsetOutOfRangeException``)."""
+
+    error = names.OFFSET_OUT_OF_RANGE
+
+
+class UnknownTopicOrPartition(KeyrangeClientError):
+    error = names.UNKNOWN_TOPIC_OR_PARTITION
+
+
 class IndividualCommitTooOld(KeyrangeClientError):
     """Per-partition commit outcome: everything sent was already below the stable offset."""
 
@@ -112,6 +124,14 @@ class ConsumerStopped(KeyrangeClientError):
     error = "CONSUMER_STOPPED"
 
 
+class NoOffsetForPartition(KeyrangeClientError):
+    """The group never committed a partition the consumer was given, and its
+    ``auto_offset_reset`` is ``"none"`` (raised by the SDK itself, as Kafka's consumer raises
+    ``NoOffsetForPartitionException``)."""
+
+    error = "NO_OFFSET_FOR_PARTITION"
+
+
 # Every name the coordinator sends (client/protocol/error_names.py), and its class here; a 500
 # is a coordinator fault that may pass, so it retries like any other 5xx.
 ERROR_CLASSES: dict[str, type[KeyrangeClientError]] = {
@@ -130,6 +150,8 @@ ERROR_CLASSES: dict[str, type[KeyrangeClientError]] = {
             GroupMaxSizeReached,
             GroupMaxPartitionsReached,
             MaxGroupsReached,
+            OffsetOutOfRange,
+            UnknownTopicOrPartition,
             IndividualCommitTooOld,
             MaxIndividualCommitReached,
         )

@@ -14,16 +14,18 @@ import bisect
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import compress
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import OffsetOutOfRangeError
 from aiokafka.structs import TopicPartition
 
 from client.errors import ConsumerStopped
 from client.http import Slices
 from client.protocol.keyspace import HASH_MAX, HASH_MIN, hash_records
+from client.protocol.log_bounds import out_of_range
 from client.tracker import OffsetTracker, SliceProgress
 
 # aiokafka ships no type information; at runtime this is ``aiokafka.structs.ConsumerRecord``.
@@ -38,6 +40,19 @@ _POLL_SLICE_S = 0.2
 
 class FetchInterrupted(Exception):
     """A waiting ``until_buffered`` was asked to give up (``run()`` is stopping)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutsideLog:
+    """A partition whose read position lies outside its log, and the high watermark of a
+    fetch answered since the position was sought."""
+
+    tp: TopicPartition
+    position: int
+    high_watermark: int
+
+
+OutsideLogHandler = Callable[[list[OutsideLog]], Awaitable[None]]
 
 
 class Run:
@@ -68,6 +83,13 @@ class Fetcher:
     tracker's slice changes happen with it held). ``check_running`` raises when the consumer
     stopped or its membership failed; ``change_future`` is resolved when the assignment
     changes, so a fetch with nothing assigned waits for it instead of polling.
+
+    A read position outside the partition's log is handed to ``on_outside_log`` (which applies
+    the reset policy), never skipped over: Kafka refuses such a fetch with
+    ``OFFSET_OUT_OF_RANGE``, which aiokafka raises because it is told ``auto_offset_reset=
+    "none"``; a broker that answers with an empty fetch instead shows it by a high watermark
+    below the position. Only a high watermark from a fetch answered since the last seek
+    counts: an older one may predate records a new slice starts after.
     """
 
     def __init__(
@@ -80,15 +102,24 @@ class Fetcher:
         may_hand_out: Callable[[], bool],
         check_running: Callable[[], None],
         change_future: Callable[[], asyncio.Future[None]],
+        on_outside_log: OutsideLogHandler,
     ) -> None:
         self._tracker = tracker
-        self._kafka_kwargs = dict(kafka_kwargs)
+        # The policy is applied by on_outside_log, with the slices' own positions in view.
+        self._kafka_kwargs = {**kafka_kwargs, "auto_offset_reset": "none"}
         self._key_deserializer = key_deserializer
         self._value_deserializer = value_deserializer
         self._may_hand_out = may_hand_out
         self._check_running = check_running
         self._change_future = change_future
+        self._on_outside_log = on_outside_log
         self._kafka: AIOKafkaConsumer | None = None
+        # Per partition, aiokafka's last poll time when we last sought it: a high watermark
+        # counts once that time moved on.
+        self._seek_stamps: dict[TopicPartition, int | None] = {}
+        # Partitions whose position the broker refused, read from their log start only until a
+        # fetch there tells the high watermark: their log start, by partition.
+        self._probing: dict[TopicPartition, int] = {}
         self.lock = asyncio.Lock()
         # Fetched records not handed out yet, in fetch order; never holds an exhausted run.
         self._buffer: deque[Run] = deque()
@@ -204,12 +235,60 @@ class Fetcher:
             polled = True
             poll = _POLL_SLICE_S if remaining is None else max(min(remaining, _POLL_SLICE_S), 0)
             async with self.lock:
-                batches = await kafka.getmany(timeout_ms=int(poll * 1000))
+                refused: dict[TopicPartition, int] = {}
+                try:
+                    batches = await kafka.getmany(timeout_ms=int(poll * 1000))
+                except OffsetOutOfRangeError as error:
+                    refused, batches = dict(error.args[0]), {}
                 if not self._may_hand_out():
                     # Lost during the poll: these records belong to slices no longer ours.
                     continue
                 for tp, records in batches.items():
-                    self._examine(tp, records)
+                    if tp not in self._probing:
+                        self._examine(tp, records)
+                await self._probe(refused)
+                outside = self._outside_log()
+            if outside:
+                await self._on_outside_log(outside)
+
+    # ----------------------------------------------------------------- log bounds
+
+    async def _probe(self, refused: Mapping[TopicPartition, int]) -> None:
+        """Read refused partitions from their log start, to learn their high watermark."""
+        kafka = self.kafka()
+        wanted = [tp for tp in refused if tp in kafka.assignment()]
+        if not wanted:
+            return
+        starts = await kafka.beginning_offsets(wanted)
+        for tp in wanted:
+            self._seek(tp, int(starts[tp]))
+            self._probing[tp] = int(starts[tp])
+
+    def _outside_log(self) -> list[OutsideLog]:
+        """Partitions read from a position outside the log, or whose slices take records past
+        the log end as processed (the group's state was committed against a log that is
+        gone, even where the read position itself is inside this one)."""
+        kafka = self.kafka()
+        outside: list[OutsideLog] = []
+        for tp in kafka.assignment():
+            position = self._tracker.read_position(tp)
+            reach = self._tracker.reach(tp)
+            if position is None or reach is None:
+                continue
+            if kafka.last_poll_timestamp(tp) == self._seek_stamps.get(tp):
+                continue
+            high: int | None = kafka.highwater(tp)
+            if high is None:
+                continue
+            log_start = self._probing.get(tp)
+            if out_of_range(reach, None, high):
+                outside.append(OutsideLog(tp, reach, high))
+            elif out_of_range(position, log_start, high):
+                outside.append(OutsideLog(tp, position, high))
+            elif log_start is not None:
+                # The log grew to the position meanwhile: read on from it.
+                self._seek(tp, position)
+        return outside
 
     # ----------------------------------------------------------------- filtering
 
@@ -286,11 +365,20 @@ class Fetcher:
         reassign = wanted != set(kafka.assignment())
         if reassign:
             kafka.assign(sorted(wanted))
+            for tp in set(self._seek_stamps) - wanted:
+                del self._seek_stamps[tp]
+                self._probing.pop(tp, None)
         for tp in sorted(wanted):
             if reassign or tp in seek:
                 position = self._tracker.read_position(tp)
                 if position is not None:
-                    kafka.seek(tp, position)
+                    self._seek(tp, position)
+
+    def _seek(self, tp: TopicPartition, position: int) -> None:
+        kafka = self.kafka()
+        kafka.seek(tp, position)
+        self._seek_stamps[tp] = kafka.last_poll_timestamp(tp)
+        self._probing.pop(tp, None)
 
     def withdraw(self, slices: Slices) -> None:
         """Take buffered records of ``slices`` back from delivery."""

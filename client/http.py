@@ -15,6 +15,7 @@ import asyncio
 import logging
 import random
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -41,6 +42,9 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 # load balancer; the cap keeps a retrying heartbeat well inside a 10 s session timeout.
 _BACKOFF_INITIAL_S = 0.1
 _BACKOFF_MAX_S = 2.0
+# A coordinator that stays away is worth one warning line per this many seconds, not one per
+# retry (a few per second at the first backoff steps).
+_RETRY_WARNING_INTERVAL_S = 10.0
 
 Slices = dict[TopicPartition, list[KeyRange]]
 
@@ -210,6 +214,12 @@ class CoordinatorClient:
         )
         self._max_retries = max_retries
         self.request_timeout_s = timeout_s
+        self._base_url = base_url.rstrip("/")
+        self._retry_warned_at: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
 
     async def __aenter__(self) -> CoordinatorClient:
         return self
@@ -275,11 +285,65 @@ class CoordinatorClient:
             for entry in document["partitions"]
         }
 
+    async def reset_out_of_range(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        member_id: str | None = None,
+        member_epoch: int | None = None,
+    ) -> dict[TopicPartition, CommittedOffsets]:
+        """Move stored positions found past the log end to ``offsets`` (the reader's reset
+        positions); the coordinator checks the log end itself and leaves any other state as it
+        is. Returns the stored state of each partition afterwards; never committed: absent."""
+        body = {
+            "member_id": member_id,
+            "member_epoch": member_epoch,
+            "partitions": [
+                {"topic": tp.topic, "partition": tp.partition, "offset": offset}
+                for tp, offset in sorted(offsets.items())
+            ],
+        }
+        document = await self._request(
+            "POST", f"/v1/groups/{_checked_group(group_id)}/offsets/out-of-range-reset", json=body
+        )
+        return {
+            TopicPartition(str(entry["topic"]), int(entry["partition"])): (
+                CommittedOffsets.from_json(entry)
+            )
+            for entry in document["partitions"]
+        }
+
     async def limits(self) -> Limits:
         """What one commit may carry on this coordinator (``GET /v1/limits``); DESIGN's
         defaults from a coordinator too old to say."""
+        return await self._limits(retries=None)
+
+    async def wait_until_reachable(self, timeout_s: float) -> Limits:
+        """Ask the coordinator until it answers, for at most ``timeout_s``; then
+        ``CoordinatorUnavailable`` naming the URL and the last error, so a wrong URL fails
+        fast instead of retrying forever. Answers it gives (a bad token) raise at once."""
+        last: CoordinatorUnavailable | None = None
+        backoff = _BACKOFF_INITIAL_S
         try:
-            document = await self._request("GET", "/v1/limits")
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    try:
+                        return await self._limits(retries=0)
+                    except CoordinatorUnavailable as error:
+                        last = error
+                        self._warn_retry("GET", "/v1/limits", error)
+                    await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+        except TimeoutError:
+            raise CoordinatorUnavailable(
+                f"no Keyrange coordinator answered at {self._base_url} within {timeout_s:g} s"
+                f" ({last or 'no answer'}); check coordinator_url"
+            ) from last
+
+    async def _limits(self, *, retries: int | None) -> Limits:
+        try:
+            document = await self._request("GET", "/v1/limits", retries=retries)
         except KeyrangeClientError as error:
             if error.status != 404:
                 raise
@@ -326,12 +390,27 @@ class CoordinatorClient:
                 if attempts_left <= 0:
                     raise
                 attempts_left -= 1
-                logger.debug(
-                    "coordinator call failed, retrying",
-                    extra={"method": method, "path": path, "error": str(error)},
-                )
+                self._warn_retry(method, path, error)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
+
+    def _warn_retry(self, method: str, path: str, error: CoordinatorUnavailable) -> None:
+        """A retry at WARNING, at most once per ``_RETRY_WARNING_INTERVAL_S`` (the rest at
+        DEBUG), so an unreachable coordinator is visible without flooding the log."""
+        now = time.monotonic()
+        due = (
+            self._retry_warned_at is None
+            or now - self._retry_warned_at >= _RETRY_WARNING_INTERVAL_S
+        )
+        if due:
+            self._retry_warned_at = now
+        logger.log(
+            logging.WARNING if due else logging.DEBUG,
+            "coordinator at %s did not answer (%s); retrying",
+            self._base_url,
+            error,
+            extra={"url": self._base_url, "method": method, "path": path, "error": str(error)},
+        )
 
     async def _request_once(
         self,

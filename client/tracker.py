@@ -18,7 +18,7 @@ read positions because a slice added later may have to re-read offsets the other
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Literal
@@ -29,6 +29,7 @@ from client.http import PartitionCommit, PartitionCommitReply
 from client.protocol import error_names as names
 from client.protocol.committed import CommittedOffsets, Watermark
 from client.protocol.keyspace import KeyRange, intersect, normalize
+from client.protocol.log_bounds import committed_reach
 
 CommitMode = Literal["watermarks", "ranges", "offset"]
 
@@ -73,7 +74,13 @@ class SliceProgress:
         self._committed = committed
         # Past this offset the committed state says nothing more, so the per-record check
         # can stop asking it.
-        self._committed_until = _committed_reach(committed)
+        self._committed_until = 0 if committed is None else committed_reach(committed)
+
+    @property
+    def reach(self) -> int:
+        """The first offset past everything this slice has seen or takes as processed from the
+        group's state: beyond the log end, the slice works from a log that is gone."""
+        return max(self.position, self._committed_until)
 
     @property
     def watermark(self) -> int:
@@ -198,17 +205,6 @@ class SliceProgress:
         return part
 
 
-def _committed_reach(committed: CommittedOffsets | None) -> int:
-    if committed is None:
-        return 0
-    reach = committed.stable_offset
-    if committed.ranges:
-        reach = max(reach, committed.ranges[-1][1] + 1)
-    for piece in committed.watermarks:
-        reach = max(reach, piece.offset)
-    return reach
-
-
 @dataclass(frozen=True)
 class CommitBatch:
     """A commit payload plus what it claims, so a success can be applied to the state that
@@ -243,6 +239,27 @@ class OffsetTracker:
         slices.append(SliceProgress(keys, position, committed))
         slices.sort(key=lambda progress: progress.keys.start)
 
+    def restart(
+        self,
+        tp: TopicPartition,
+        position_of: Callable[[KeyRange], int],
+        committed: CommittedOffsets | None,
+    ) -> list[KeyRange]:
+        """Start the active slices of ``tp`` over from ``position_of(keys)`` with ``committed``
+        as the group's state (the read position was outside the log); what they registered
+        before is dropped, since it belongs to a log that is gone. Returns their key ranges."""
+        restarted: list[KeyRange] = []
+        slices: list[SliceProgress] = []
+        for progress in self._slices.get(tp, ()):
+            if progress.active:
+                restarted.append(progress.keys)
+                progress = SliceProgress(progress.keys, position_of(progress.keys), committed)
+            slices.append(progress)
+        if slices:
+            self._slices[tp] = slices
+        self._recount()
+        return restarted
+
     def partitions(self) -> list[TopicPartition]:
         return list(self._slices)
 
@@ -262,6 +279,11 @@ class OffsetTracker:
         """Where reading the partition must (re)start so every active slice sees its records."""
         positions = [progress.position for progress in self._slices.get(tp, ()) if progress.active]
         return min(positions) if positions else None
+
+    def reach(self, tp: TopicPartition) -> int | None:
+        """The furthest ``SliceProgress.reach`` of the partition's active slices."""
+        reaches = [progress.reach for progress in self._slices.get(tp, ()) if progress.active]
+        return max(reaches) if reaches else None
 
     def accept(self, tp: TopicPartition, offset: int, key_hash: int) -> bool:
         """Register a fetched record; True when it is ours and still needs processing."""

@@ -189,6 +189,7 @@ def create_app(
     from coordinator.health.endpoints import router as health_router
     from coordinator.limits import router as limits_router
     from coordinator.offsets.endpoints import router as offsets_router
+    from coordinator.offsets.log_end import router as out_of_range_router
 
     loops = dict(background_loops(settings) if background is None else background)
 
@@ -230,6 +231,7 @@ def create_app(
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)
+    app.include_router(out_of_range_router)
     app.include_router(health_router)
     app.include_router(groups_router)
     app.include_router(admin_router)

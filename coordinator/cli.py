@@ -16,15 +16,21 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from coordinator import logs
 
+if TYPE_CHECKING:
+    from coordinator.settings import Settings
+
 log = logging.getLogger("keyrange")
 
 VERSION = "0.1.0"
+
+# The embedded broker listens on loopback only (coordinator/embedded/broker.py).
+_BROKER_HOST = "127.0.0.1"
 
 # Import names of the packages the `server` extra installs (pyproject.toml).
 SERVER_PACKAGES = (
@@ -102,6 +108,12 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"keyrange: {exc}", file=sys.stderr)
         return 2
+    busy = _busy_ports(settings)
+    for problem in busy:
+        print(f"keyrange: {problem}", file=sys.stderr)
+    if busy:
+        print("keyrange: nothing was started", file=sys.stderr)
+        return 1
     with ExitStack() as services:
         if settings.database_url is None:
             postgres = services.enter_context(
@@ -113,7 +125,9 @@ def _serve_with_services(args: argparse.Namespace) -> int:
             database_url = settings.database_url.get_secret_value()
         if settings.kafka_bootstrap is None:
             broker = services.enter_context(
-                EmbeddedBroker(os.path.join(settings.data_dir, "broker"))
+                EmbeddedBroker(
+                    os.path.join(settings.data_dir, "broker"), port=settings.embedded_broker_port
+                )
             )
             settings = settings.model_copy(update={"kafka_bootstrap": broker.start()})
             log.info("using the embedded broker", extra={"bootstrap": settings.kafka_bootstrap})
@@ -136,6 +150,31 @@ def _serve_with_services(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=30,
         )
     return 0
+
+
+def _busy_ports(settings: Settings) -> list[str]:
+    """Every port ``serve`` would listen on that is taken, each with what to do about it."""
+    from coordinator.ports import port_problem
+
+    problems = []
+    coordinator = port_problem(settings.host, settings.port)
+    if coordinator is not None:
+        problems.append(
+            f"{coordinator}, where the coordinator would listen: stop what holds it, or choose "
+            "another port with --port or KEYRANGE_PORT"
+        )
+    if settings.kafka_bootstrap is None:
+        port = settings.embedded_broker_port
+        broker = port_problem(_BROKER_HOST, port)
+        if broker is None and port == settings.port and settings.host in (_BROKER_HOST, "0.0.0.0"):
+            broker = f"port {port} is the coordinator's port too"
+        if broker is not None:
+            problems.append(
+                f"{broker}, where the embedded broker would listen: if a Kafka broker runs "
+                f"there, use it with KEYRANGE_KAFKA_BOOTSTRAP={_BROKER_HOST}:{port}; otherwise "
+                "choose another port with KEYRANGE_EMBEDDED_BROKER_PORT"
+            )
+    return problems
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -169,14 +208,25 @@ class AdminApi:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> int:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        notice: Callable[[Any], list[str]] | None = None,
+        **kwargs: Any,
+    ) -> int:
+        """``notice`` picks lines from a success reply worth a warning on stderr."""
         try:
             response = self.client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             print(f"keyrange: cannot reach the coordinator at {self.url}: {exc}", file=sys.stderr)
             return 1
         if response.is_success:
-            print(json.dumps(response.json(), indent=2))
+            body = response.json()
+            print(json.dumps(body, indent=2))
+            for line in notice(body) if notice is not None else ():
+                print(f"keyrange: warning: {line}", file=sys.stderr)
             return 0
         try:
             body = response.json()
@@ -206,6 +256,19 @@ def _problem_detail(body: dict[str, Any]) -> str:
     return str(body.get("detail"))
 
 
+def _outside_log(body: Any) -> list[str]:
+    """The partitions whose stored offsets are past the log end, each as one line."""
+    partitions = body.get("partitions", []) if isinstance(body, dict) else []
+    return [
+        f"{entry['topic']}[{entry['partition']}]: stored offset {entry['stable_offset']} is "
+        f"past the log end {entry['high_watermark']}; consumers apply auto_offset_reset, or "
+        f"reset it with: keyrange admin reset {body.get('group_id')} --topic {entry['topic']} "
+        f"--partitions {entry['partition']} --to-offset 0"
+        for entry in partitions
+        if entry.get("offset_out_of_range")
+    ]
+
+
 def _partitions(value: str) -> list[int]:
     try:
         return [int(part) for part in value.split(",") if part.strip()]
@@ -226,12 +289,19 @@ def _admin(args: argparse.Namespace) -> int:
     api = AdminApi(args.url, args.token)
     commands: dict[str, Callable[[], int]] = {
         "groups": lambda: api.call("GET", "/v1/admin/groups"),
-        "describe": lambda: api.call("GET", f"/v1/admin/groups/{args.group}"),
-        "offsets": lambda: api.call("GET", f"/v1/admin/groups/{args.group}/offsets"),
+        "describe": lambda: api.call("GET", f"/v1/admin/groups/{args.group}", notice=_outside_log),
+        "offsets": lambda: api.call(
+            "GET", f"/v1/admin/groups/{args.group}/offsets", notice=_outside_log
+        ),
         "reset": lambda: api.call(
             "POST",
             f"/v1/admin/groups/{args.group}/offsets/reset",
-            json={"topic": args.topic, "partitions": args.partitions, "to_offset": args.to_offset},
+            json={
+                "topic": args.topic,
+                "partitions": args.partitions,
+                "to_offset": args.to_offset,
+                "force": args.force,
+            },
         ),
         "delete-offsets": lambda: api.call(
             "DELETE",
@@ -340,6 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--topic", required=True)
     reset.add_argument("--partitions", type=_partitions, help="e.g. 0,1,2 (default: all)")
     reset.add_argument("--to-offset", type=int, help="new stable offset; omit to drop IC ranges")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="reset even past the log end or on a partition the topic does not have",
+    )
     delete_offsets = admin_command("delete-offsets", "delete a group's offsets")
     delete_offsets.add_argument("group")
     delete_offsets.add_argument("--topic", help="only this topic")

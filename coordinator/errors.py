@@ -101,6 +101,18 @@ class MaxGroupsReached(QuotaExceeded):
     cap = "groups"
 
 
+class OffsetOutOfRange(KeyrangeError):
+    status = 409
+    error = names.OFFSET_OUT_OF_RANGE
+    title = "Offset outside the partition's log"
+
+
+class UnknownTopicOrPartition(KeyrangeError):
+    status = 404
+    error = names.UNKNOWN_TOPIC_OR_PARTITION
+    title = "Unknown topic or partition"
+
+
 class ServiceUnavailable(KeyrangeError):
     status = 503
     error = names.SERVICE_UNAVAILABLE

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
         default=None, description="Kafka bootstrap servers; unset starts an embedded broker."
     )
     data_dir: str = Field(default=".keyrange", description="Where embedded services keep data.")
+    # Kafka's own default port, so a command naming 127.0.0.1:9092 works from one start of the
+    # embedded broker to the next.
+    embedded_broker_port: int = Field(
+        default=9092, ge=1, le=65535, description="Loopback port of the embedded broker."
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
     migrate_on_start: bool = True

@@ -1,8 +1,8 @@
 """Two consumers share one partition by key range, each key in offset order.
 
-Run it against a running coordinator (`make run` prints the broker address):
+Run it against a running coordinator (`make run` serves the broker on 127.0.0.1:9092):
 
-    .venv/bin/python -m examples.quickstart --bootstrap 127.0.0.1:PORT \
+    .venv/bin/python -m examples.quickstart --bootstrap 127.0.0.1:9092 \
         --coordinator http://127.0.0.1:8080
 
 Both members wait until the coordinator has split the partition's key space between them

@@ -11,9 +11,11 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from aiokafka.structs import TopicPartition
+
+from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
 
 SliceBy = Literal["keys", "offsets"]
 StartingMode = Literal["committed", "earliest", "latest"]
@@ -41,6 +43,7 @@ class SourceOptions:
     starting: Starting = "earliest"
     ending: Literal["latest"] | dict[TopicPartition, int] = "latest"
     max_records_per_trigger: int | None = None
+    auto_offset_reset: OffsetReset = "earliest"
     kafka: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -74,6 +77,11 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     if slice_by not in ("keys", "offsets"):
         raise OptionError(f"option 'slice_by' must be 'keys' or 'offsets', got {slice_by!r}")
     max_records = lowered.get("max_records_per_trigger")
+    reset = lowered.get("auto_offset_reset", "earliest")
+    if reset not in OFFSET_RESETS:
+        raise OptionError(
+            f"option 'auto_offset_reset' must be 'earliest', 'latest' or 'none', got {reset!r}"
+        )
     return SourceOptions(
         bootstrap=_required(lowered, "bootstrap"),
         topics=_parse_topics(_required(lowered, "topics")),
@@ -87,6 +95,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         max_records_per_trigger=(
             None if max_records is None else _positive_int(lowered, "max_records_per_trigger")
         ),
+        auto_offset_reset=cast(OffsetReset, reset),
         kafka=_kafka_settings(lowered),
     )
 

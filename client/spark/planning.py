@@ -240,7 +240,10 @@ def spans_between(
 ) -> list[PartitionSpan]:
     spans = []
     for tp, stop in end.items():
-        begin = start.get(tp, Position(stop.origin, stop.origin))
+        begin = start.get(tp)
+        if begin is None or begin.origin != stop.origin or begin.next > stop.next:
+            # New to the query, or restarted because its position was past the log end.
+            begin = Position(stop.origin, stop.origin)
         if stop.next > begin.next:
             spans.append(PartitionSpan(tp.topic, tp.partition, stop.origin, begin.next, stop.next))
     return spans

@@ -38,6 +38,11 @@ from client.http import CoordinatorClient, PartitionCommitReply
 from client.protocol.committed import CommittedOffsets
 from client.spark.commit import commit_positions
 from client.spark.kafka import ClusterView
+from client.spark.log_reset import (
+    reset_committed_past_end,
+    reset_stream_past_end,
+    start_by_policy,
+)
 from client.spark.options import (
     SourceOptions,
     Starting,
@@ -131,11 +136,23 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # A partition created after the query started: read it from the group's position
             # or its beginning, as Spark's Kafka source does for new partitions.
             positions[tp] = Position(offset, offset)
+        positions = asyncio.run(self._restart_past_end(positions, ends))
         if self._available_now_target is not None:
             target = self._available_now_target
             ends = {tp: min(end, target.get(tp, positions[tp].next)) for tp, end in ends.items()}
         max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return stream_offset(self._options.group, advance(positions, ends, max_records))
+
+    async def _restart_past_end(
+        self, positions: dict[TopicPartition, Position], ends: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, Position]:
+        if not any(
+            position.next > ends.get(tp, position.next) for tp, position in positions.items()
+        ):
+            return positions
+        options = self._options
+        async with ClusterView(options.bootstrap, options.kafka) as view:
+            return await reset_stream_past_end(options, view, positions, ends)
 
     async def _log_ends(
         self, positions: Mapping[TopicPartition, Position]
@@ -243,11 +260,14 @@ async def _resolve_starts(
     if isinstance(starting, dict):
         wanted = {tp: starting.get(tp, earliest[tp]) for tp in partitions}
     else:
-        committed = await fetch_committed(options, sorted({tp.topic for tp in partitions}))
-        wanted = {
-            tp: committed[tp].stable_offset if tp in committed else earliest[tp]
-            for tp in partitions
-        }
+        committed = await reset_committed_past_end(
+            options,
+            view,
+            await fetch_committed(options, sorted({tp.topic for tp in partitions})),
+            earliest,
+        )
+        stored = {tp: committed[tp].stable_offset for tp in partitions if tp in committed}
+        return await start_by_policy(options, view, stored, partitions, earliest)
     for tp, offset in wanted.items():
         if offset < earliest[tp]:
             logger.warning(

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from client.protocol.log_bounds import past_log_end
 from coordinator.admin import repository
 from coordinator.admin.schemas import (
     AdminOffsets,
@@ -24,10 +25,12 @@ from coordinator.admin.schemas import (
     TopicConfigReply,
 )
 from coordinator.auth import require_admin
+from coordinator.core.log_end import reset_refusal
 from coordinator.core.offsets import ic_offset_count, reset_offsets
 from coordinator.db.engine import driver_connection, transaction
 from coordinator.db.switches import read_switches
-from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest
+from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest, ServiceUnavailable
+from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository as offsets_repository
 from coordinator.offsets.repository import StoredPartition
 from coordinator.validation import GroupId, TopicName
@@ -64,6 +67,15 @@ async def admin_offsets(
     result = []
     for item in stored:
         high = marks.get((item.topic, item.partition))
+        past_end = high is not None and past_log_end(item.state, high)
+        if high is None:
+            lag = None
+        elif past_end:
+            # Every record of the log is unread by this group: what a reader reset to the log
+            # start reads (exact for a log that starts at 0, as after a broker lost its data).
+            lag = high
+        else:
+            lag = max(0, high - item.state.stable_offset)
         result.append(
             AdminPartitionOffsets(
                 topic=item.topic,
@@ -74,7 +86,8 @@ async def admin_offsets(
                 metadata=item.state.metadata,
                 ic_offsets=ic_offset_count(item.state),
                 high_watermark=high,
-                lag=None if high is None else max(0, high - item.state.stable_offset),
+                lag=lag,
+                offset_out_of_range=past_end,
             )
         )
     return result
@@ -163,6 +176,8 @@ async def reset_group_offsets(
             connection, group_id, body.topic, body.partitions
         )
         keys = sorted(stored)
+    if body.to_offset is not None and not body.force:
+        await _check_reset_target(request, body.topic, [p for _, p in keys], body.to_offset)
     new_states = {key: reset_offsets(stored[key], body.to_offset) for key in keys}
     await offsets_repository.write_partitions(
         await driver_connection(connection),
@@ -177,6 +192,36 @@ async def reset_group_offsets(
         for topic, partition in keys
     ]
     return ResetReply(group_id=group_id, partitions=await admin_offsets(request, result))
+
+
+async def _check_reset_target(
+    request: Request, topic: str, partitions: list[int], to_offset: int
+) -> None:
+    """Refuse a reset no reader could fetch from. A coordinator run without a Kafka cluster
+    (tests, offset storage only) has nothing to check against; one whose cluster does not
+    answer refuses, since the check is the point."""
+    cluster = getattr(request.app.state, "cluster", None)
+    if cluster is None:
+        return
+    try:
+        counts = await cluster.partition_counts([topic])
+        marks = await cluster.high_watermarks(
+            [(topic, partition) for partition in partitions if partition < counts.get(topic, 0)]
+        )
+    except KafkaClusterError as exc:
+        raise ServiceUnavailable(
+            f"cannot read the log ends of '{topic}' to check the reset offset ({exc}); "
+            "retry, or pass force to reset anyway"
+        ) from None
+    refused = reset_refusal(
+        topic,
+        partitions,
+        to_offset,
+        counts.get(topic),
+        {partition: end for (_, partition), end in marks.items()},
+    )
+    if refused is not None:
+        raise refused
 
 
 @router.delete("/groups/{group_id}/offsets", response_model=DeletedReply)

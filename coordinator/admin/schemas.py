@@ -32,6 +32,7 @@ class AdminPartitionOffsets(PartitionOffsetsReply):
     ic_offsets: int
     high_watermark: int | None
     lag: int | None
+    offset_out_of_range: bool = False
 
 
 class AdminOffsets(BaseModel):
@@ -43,6 +44,7 @@ class ResetRequest(StrictModel):
     topic: TopicName
     partitions: list[PartitionId] | None = None
     to_offset: Offset | None = None
+    force: bool = False
 
 
 class ResetReply(BaseModel):

@@ -18,6 +18,7 @@ from coordinator.embedded.service import (
     die_with_parent_hook,
     failure,
 )
+from coordinator.ports import port_problem
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,13 @@ class EmbeddedBroker(ManagedService):
         logger.info(
             "starting embedded broker in %s", self.data_dir, extra={"data_dir": str(self.data_dir)}
         )
+        if self.requested_port is not None:
+            busy = port_problem("127.0.0.1", self.requested_port)
+            if busy is not None:
+                raise EmbeddedServiceError(
+                    f"the embedded broker cannot start: {busy}; stop what holds it or choose "
+                    "another port for the broker"
+                )
         attempts = 1 if self.requested_port is not None else _BROKER_PORT_ATTEMPTS
         deadline = time.monotonic() + self.start_timeout_s
         for attempt in range(1, attempts + 1):

@@ -102,6 +102,17 @@ def test_stream_offsets_round_trip_and_spans_cover_only_progress() -> None:
     ]
 
 
+def test_a_position_restarted_past_the_log_end_reads_from_its_new_origin() -> None:
+    # The checkpoint was at 2,000; the log now ends at 30 and the reset went to its start,
+    # possibly the very origin the query began at.
+    start = {TP0: Position(0, 2_000), TP1: Position(1_500, 2_000)}
+    end = {TP0: Position(0, 30), TP1: Position(0, 30)}
+    assert spans_between(start, end) == [
+        PartitionSpan("orders", 0, 0, 0, 30),
+        PartitionSpan("orders", 1, 0, 0, 30),
+    ]
+
+
 def test_a_partition_never_committed_reports_one_watermark() -> None:
     [commit] = plan_commits({TP0: Position(50, 80)}, {})
     assert commit.ranges == ()
