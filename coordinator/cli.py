@@ -36,6 +36,7 @@ SERVER_PACKAGES = (
     "pydantic",
     "pydantic_settings",
     "prometheus_client",
+    "re2",
 )
 
 

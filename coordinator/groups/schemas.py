@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from client.protocol.epochs import JOIN_EPOCH
+from coordinator.core.topic_pattern import compile_topic_pattern
 from coordinator.validation import INT32_MAX, KeyHash, MemberEpoch, PartitionId, TopicName
 
 # Generous bounds that still keep one heartbeat body small and its handling cheap.
@@ -57,10 +57,7 @@ class HeartbeatRequest(StrictModel):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"subscribed_topic_regex does not compile: {exc}") from None
+            compile_topic_pattern(value)
         return value
 
     @model_validator(mode="after")
