@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator import metrics
+from coordinator.auth import admit
 from coordinator.body_limit import BodySizeLimit
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
@@ -160,7 +161,8 @@ async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
 
 
 class CoordinatorApp(FastAPI):
-    """FastAPI with commits served ahead of it, by ``coordinator/offsets/fast_path.py``.
+    """FastAPI with the token checked ahead of everything (``coordinator.auth.admit``), and
+    commits served ahead of FastAPI, by ``coordinator/offsets/fast_path.py``.
 
     Commit requests skip FastAPI's entry point, Starlette's error middleware and the
     middlewares below (the fast path applies the body limit and records the route metrics
@@ -168,12 +170,26 @@ class CoordinatorApp(FastAPI):
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                admit(self.state.settings, scope)
+            except KeyrangeError as exc:
+                await _refuse(exc, scope, receive, send)
+                return
         group_id = fast_path.commit_group(scope)
         if group_id is None:
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
         await fast_path.serve_fast_path(scope, receive, send, group_id)
+
+
+async def _refuse(exc: KeyrangeError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a request refused before routing, counted as ``RouteMetrics`` counts requests
+    no route matched."""
+    response = error_response(exc)
+    await response(scope, receive, send)
+    metrics.HTTP_REQUESTS.labels(scope["method"], "unmatched", str(response.status_code)).inc()
 
 
 def create_app(

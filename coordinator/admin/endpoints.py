@@ -23,7 +23,6 @@ from coordinator.admin.schemas import (
     TopicConfigBody,
     TopicConfigReply,
 )
-from coordinator.auth import require_admin
 from coordinator.core.offsets import ic_offset_count, reset_offsets
 from coordinator.db.engine import driver_connection, transaction
 from coordinator.db.switches import read_switches
@@ -34,7 +33,8 @@ from coordinator.validation import GroupId, TopicName
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+# Admin scope, checked by ``coordinator.auth.admit`` for every path under /v1/admin.
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 Connection = Annotated[AsyncConnection, Depends(transaction)]
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]

@@ -9,14 +9,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.admin.endpoints import admin_offsets
 from coordinator.admin.schemas import AdminGroupDescription
-from coordinator.auth import require_admin
 from coordinator.db.engine import transaction
 from coordinator.groups import operations
 from coordinator.groups.schemas import RebalanceReply, RemovedMemberReply
 from coordinator.offsets import repository as offsets_repository
 from coordinator.validation import GroupId
 
-router = APIRouter(prefix="/v1/admin/groups", tags=["admin"], dependencies=[Depends(require_admin)])
+# Admin scope, checked by ``coordinator.auth.admit`` for every path under /v1/admin.
+router = APIRouter(prefix="/v1/admin/groups", tags=["admin"])
 
 Connection = Annotated[AsyncConnection, Depends(transaction)]
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]

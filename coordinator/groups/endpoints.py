@@ -9,7 +9,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from coordinator.auth import require_group_access
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
 from coordinator.validation import GroupId
@@ -19,12 +18,9 @@ router = APIRouter(prefix="/v1/groups", tags=["membership"])
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
 
-async def _authorized_with_known_topics(
-    request: Request, group_id: GroupPath, body: HeartbeatRequest
-) -> HeartbeatRequest:
-    """Checks access and learns partition counts of newly subscribed topics from Kafka before
-    the request's transaction opens, so no group lock is ever held across a Kafka call."""
-    require_group_access(request, group_id)
+async def _with_known_topics(request: Request, body: HeartbeatRequest) -> HeartbeatRequest:
+    """Learns partition counts of newly subscribed topics from Kafka before the request's
+    transaction opens, so no group lock is ever held across a Kafka call."""
     await membership.learn_subscribed_topics(
         request.app.state.engine, getattr(request.app.state, "cluster", None), body
     )
@@ -58,7 +54,7 @@ async def heartbeat(
     request: Request,
     group_id: GroupPath,
     # Declared before the transaction so FastAPI resolves it first (see its docstring).
-    body: Annotated[HeartbeatRequest, Depends(_authorized_with_known_topics)],
+    body: Annotated[HeartbeatRequest, Depends(_with_known_topics)],
     transaction: Annotated[TransactionWhenNeeded, Depends(transaction_when_needed)],
 ) -> HeartbeatReply | Response:
     """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment."""

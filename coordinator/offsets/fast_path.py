@@ -6,7 +6,8 @@ the validation of the body together, and FastAPI's own entry point reads the env
 every request to decide whether it traces it. The application (``CoordinatorApp`` in
 ``coordinator/app.py``) hands ``POST /v1/groups/{group_id}/offsets/commit`` to
 ``serve_fast_path`` before FastAPI sees it; the handler takes the same steps in the same order
-as the declared route (body limit, path, content type, body, token, request limits, commit)
+as the declared route (body limit, path, content type, body, request limits, commit; the
+token was checked before either, by ``coordinator.auth.admit``)
 and gives the same answers, problem documents included, and records the route metrics
 itself. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and it answers
 through ``serve_commit`` as well the commits the fast path leaves to the router (those under a
@@ -23,7 +24,6 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from coordinator import metrics
-from coordinator.auth import check_group_access, principal_of
 from coordinator.body_limit import declares_too_much, limited, too_large
 from coordinator.offsets import service
 from coordinator.offsets.schemas import CommitReply, CommitRequest
@@ -95,13 +95,11 @@ def commit_group(scope: Scope) -> str | None:
 async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitReply:
     state = scope["app"].state
     settings: Settings = state.settings
-    content_type = authorization = ""
+    content_type = ""
     declared_length: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"content-type":
             content_type = value.decode("latin-1")
-        elif name == b"authorization":
-            authorization = value.decode("latin-1")
         elif name == b"content-length":
             declared_length = value
     limit = settings.max_body_bytes
@@ -126,7 +124,6 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
         request = CommitRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(_located(exc, ("body",))) from None
-    check_group_access(principal_of(settings, authorization), group_id)
     service.check_limits(request, settings)
     result = await state.commits.submit(group_id, request)
     if result.rebalance_needed:
