@@ -13,14 +13,14 @@ from coordinator.db.engine import transaction
 from coordinator.groups import operations
 from coordinator.groups.schemas import RebalanceReply, RemovedMemberReply
 from coordinator.offsets import repository as offsets_repository
-from coordinator.validation import GroupId
+from coordinator.validation import GroupId, MemberId
 
 # Admin scope, checked by ``coordinator.auth.admit`` for every path under /v1/admin.
 router = APIRouter(prefix="/v1/admin/groups", tags=["admin"])
 
 Connection = Annotated[AsyncConnection, Depends(transaction)]
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
-MemberPath = Annotated[str, Path(min_length=1, max_length=255, description="Member id")]
+MemberPath = Annotated[MemberId, Path(description="Member id")]
 
 
 @router.get("/{group_id}", response_model=AdminGroupDescription)
