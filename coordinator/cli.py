@@ -87,6 +87,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     from coordinator import migrate
     from coordinator.app import create_app
     from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
+    from coordinator.serving import server_config
     from coordinator.settings import Settings
 
     overrides: dict[str, Any] = {}
@@ -128,14 +129,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=30,
-        )
+        uvicorn.Server(server_config(app, settings)).run()
     return 0
 
 

@@ -79,6 +79,19 @@ class Settings(BaseSettings):
     metadata_refresh_ms: int = Field(default=10_000, ge=100)
     default_assignor: str = "round-robin"
 
+    # Slow and idle connections (coordinator/serving.py). A request's headers must arrive
+    # within header_read_timeout_s of the connection opening (or of the request's first byte
+    # on a kept-alive connection), and its body within body_read_timeout_s of the headers:
+    # a 4 MiB commit at 30 s still leaves 140 KB/s. The keep-alive timeout is longer than
+    # the SDK's pool keeps idle connections (httpx: 5 s), so the client, not the server,
+    # closes them and never reuses one the server is closing.
+    header_read_timeout_s: float = Field(default=10.0, gt=0, le=3_600)
+    body_read_timeout_s: float = Field(default=30.0, gt=0, le=3_600)
+    keep_alive_timeout_s: int = Field(default=15, ge=1, le=3_600)
+    # Requests arriving while this many connections are open (or requests in progress) are
+    # answered 503 by the HTTP server; slow connections are bounded by the read timeouts.
+    max_connections: int = Field(default=1_000, ge=1)
+
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: SecretStr | None) -> SecretStr | None:

@@ -24,7 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from coordinator import metrics
-from coordinator.body_limit import declares_too_much, limited, too_large
+from coordinator.body_limit import ClientGone, declares_too_much, read_body, too_large
 from coordinator.offsets import service
 from coordinator.offsets.schemas import CommitReply, CommitRequest
 from coordinator.problems import error_response
@@ -35,10 +35,6 @@ ROUTE = "/v1/groups/{group_id}/offsets/commit"
 _PREFIX, _, _SUFFIX = ROUTE.partition("{group_id}")
 _GROUP_ID = TypeAdapter(GroupId)
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-class ClientGone(Exception):
-    """The client disconnected before its whole body arrived: nobody to answer."""
 
 
 async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
@@ -119,7 +115,7 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
                 }
             ]
         )
-    body = await _read_body(limited(receive, limit))
+    body = await read_body(receive, limit)
     try:
         request = CommitRequest.model_validate_json(body)
     except ValidationError as exc:
@@ -132,17 +128,6 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
         await state.on_max_ic_reached(group_id)
     reply: CommitReply = result.reply
     return reply
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _is_json(content_type: str) -> bool:
