@@ -98,9 +98,7 @@ async def test_evil_patterns_leave_livez_answering_through_join_rebalance_and_re
             watcher = Member(http, "evil-regex")
             await watcher.join(late.replace(".", r"\."))
             await coordinator.app.state.cluster.create_topic(late, 1)
-            await until(
-                lambda: _holds(watcher, late), 30, "the refresh to assign the late topic"
-            )
+            await until(lambda: _holds(watcher, late), 30, "the refresh to assign the late topic")
         finally:
             probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
