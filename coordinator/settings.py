@@ -10,8 +10,11 @@ from functools import lru_cache
 from ipaddress import ip_address
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from sqlalchemy.engine import make_url
+
+ENV_PREFIX = "KEYRANGE_"
 
 
 class ClientToken(BaseModel):
@@ -25,7 +28,7 @@ class ClientToken(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KEYRANGE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     database_url: SecretStr | None = Field(
         default=None,
@@ -102,10 +105,18 @@ class Settings(BaseSettings):
         url = value.get_secret_value()
         for plain in ("postgresql://", "postgres://"):
             if url.startswith(plain):
-                return SecretStr("postgresql+asyncpg://" + url[len(plain) :])
+                url = "postgresql+asyncpg://" + url[len(plain) :]
         if not url.startswith("postgresql+asyncpg://"):
             raise ValueError("database_url must be a postgresql:// or postgresql+asyncpg:// URL")
-        return value
+        try:
+            make_url(url)
+        except Exception:
+            # The parser's own message may quote any part of the URL, the password included.
+            raise ValueError(
+                "database_url cannot be parsed; expected postgresql://user:password@host:port/"
+                "database, with special characters in the password percent-encoded"
+            ) from None
+        return SecretStr(url)
 
     @field_validator("log_level")
     @classmethod
@@ -134,6 +145,38 @@ class Settings(BaseSettings):
                 f"refusing to listen on {self.host} without API tokens: set KEYRANGE_ADMIN_TOKENS "
                 "and/or KEYRANGE_CLIENT_TOKENS, or listen on 127.0.0.1"
             )
+
+
+class InvalidSettings(Exception):
+    """Settings the coordinator cannot start with. The message names each variable at fault
+    and what is wrong with it, and never its value: a token or a database password in a
+    malformed variable must not reach a terminal or a log collector."""
+
+
+def load_settings(**overrides: object) -> Settings:
+    """The settings from the environment (and ``overrides``), or ``InvalidSettings``.
+
+    Pydantic's own error message quotes every rejected input, so it is never shown: each
+    error is rebuilt from where it is and pydantic's description, which holds no input."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = [
+            f"{_variable(error['loc'])}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False, include_context=False)
+        ]
+        raise InvalidSettings("; ".join(problems)) from None
+    except SettingsError as exc:
+        raise InvalidSettings(str(exc)) from None
+
+
+def _variable(location: tuple[int | str, ...]) -> str:
+    """``KEYRANGE_CLIENT_TOKENS[0].group_prefixes`` for a location in the settings."""
+    if not location:
+        return "settings"
+    head, *rest = location
+    name = ENV_PREFIX + str(head).upper()
+    return name + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
 
 
 @lru_cache(maxsize=1)
