@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +30,7 @@ from coordinator.groups.repository import request_rebalances
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
-from coordinator.problems import error_response
+from coordinator.problems import declare_problems, error_response
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,11 @@ class CoordinatorApp(FastAPI):
             return
         scope["app"] = self
         await fast_path.serve_fast_path(scope, receive, send, group_id)
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            declare_problems(super().openapi())
+        return super().openapi()
 
 
 async def _refuse(exc: KeyrangeError, scope: Scope, receive: Receive, send: Send) -> None:

@@ -29,12 +29,15 @@ from coordinator.db.switches import read_switches
 from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest
 from coordinator.offsets import repository as offsets_repository
 from coordinator.offsets.repository import StoredPartition
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId, TopicName
 
 log = logging.getLogger(__name__)
 
 # Admin scope, checked by ``coordinator.auth.admit`` for every path under /v1/admin.
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(
+    prefix="/v1/admin", tags=["admin"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 Connection = Annotated[AsyncConnection, Depends(transaction)]
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
@@ -95,7 +98,7 @@ async def _require_empty(connection: AsyncConnection, group_id: str, action: str
         )
 
 
-@router.get("/groups", response_model=GroupList)
+@router.get("/groups", response_model=GroupList, responses=problem_responses(503))
 async def list_groups(connection: Connection) -> GroupList:
     rows = await repository.list_groups(connection)
     summaries = []
@@ -113,7 +116,11 @@ async def list_groups(connection: Connection) -> GroupList:
     return GroupList(groups=summaries)
 
 
-@router.delete("/groups/{group_id}", response_model=DeletedReply)
+@router.delete(
+    "/groups/{group_id}",
+    response_model=DeletedReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def delete_group(group_id: GroupPath, connection: Connection) -> DeletedReply:
     """Delete an empty group with its offsets; live members must leave first."""
     await _require_group(connection, group_id, lock=True)
@@ -123,7 +130,11 @@ async def delete_group(group_id: GroupPath, connection: Connection) -> DeletedRe
     return DeletedReply(deleted=deleted)
 
 
-@router.get("/groups/{group_id}/offsets", response_model=AdminOffsets)
+@router.get(
+    "/groups/{group_id}/offsets",
+    response_model=AdminOffsets,
+    responses=problem_responses(400, 404, 503),
+)
 async def describe_offsets(
     request: Request,
     group_id: GroupPath,
@@ -135,7 +146,11 @@ async def describe_offsets(
     return AdminOffsets(group_id=group_id, partitions=await admin_offsets(request, stored))
 
 
-@router.post("/groups/{group_id}/offsets/reset", response_model=ResetReply)
+@router.post(
+    "/groups/{group_id}/offsets/reset",
+    response_model=ResetReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def reset_group_offsets(
     request: Request, group_id: GroupPath, body: ResetRequest, connection: Connection
 ) -> ResetReply:
@@ -179,7 +194,11 @@ async def reset_group_offsets(
     return ResetReply(group_id=group_id, partitions=await admin_offsets(request, result))
 
 
-@router.delete("/groups/{group_id}/offsets", response_model=DeletedReply)
+@router.delete(
+    "/groups/{group_id}/offsets",
+    response_model=DeletedReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def delete_group_offsets(
     group_id: GroupPath, connection: Connection, topic: TopicName | None = None
 ) -> DeletedReply:
@@ -190,7 +209,9 @@ async def delete_group_offsets(
     return DeletedReply(deleted=deleted)
 
 
-@router.get("/topics/{topic}/config", response_model=TopicConfigReply)
+@router.get(
+    "/topics/{topic}/config", response_model=TopicConfigReply, responses=problem_responses(400, 503)
+)
 async def get_topic_config(
     request: Request, topic: Annotated[TopicName, Path()], connection: Connection
 ) -> TopicConfigReply:
@@ -203,7 +224,9 @@ async def get_topic_config(
     )
 
 
-@router.put("/topics/{topic}/config", response_model=TopicConfigReply)
+@router.put(
+    "/topics/{topic}/config", response_model=TopicConfigReply, responses=problem_responses(400, 503)
+)
 async def put_topic_config(
     topic: Annotated[TopicName, Path()], body: TopicConfigBody, connection: Connection
 ) -> TopicConfigReply:
@@ -214,7 +237,7 @@ async def put_topic_config(
     return TopicConfigReply(topic=topic, accept_range_fetch=body.accept_range_fetch, explicit=True)
 
 
-@router.get("/config", response_model=CoordinatorConfigReply)
+@router.get("/config", response_model=CoordinatorConfigReply, responses=problem_responses(503))
 async def get_config(request: Request, connection: Connection) -> CoordinatorConfigReply:
     switches = await read_switches(connection, request.app.state.settings)
     return CoordinatorConfigReply(
@@ -223,7 +246,7 @@ async def get_config(request: Request, connection: Connection) -> CoordinatorCon
     )
 
 
-@router.put("/config", response_model=CoordinatorConfigReply)
+@router.put("/config", response_model=CoordinatorConfigReply, responses=problem_responses(400, 503))
 async def put_config(
     request: Request, body: CoordinatorConfigBody, connection: Connection
 ) -> CoordinatorConfigReply:

@@ -11,9 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId
 
-router = APIRouter(prefix="/v1/groups", tags=["membership"])
+router = APIRouter(
+    prefix="/v1/groups", tags=["membership"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
@@ -49,7 +52,11 @@ async def transaction_when_needed(request: Request) -> AsyncIterator[Transaction
         yield TransactionWhenNeeded(request.app.state.engine, stack)
 
 
-@router.post("/{group_id}/heartbeat", response_model=HeartbeatReply)
+@router.post(
+    "/{group_id}/heartbeat",
+    response_model=HeartbeatReply,
+    responses=problem_responses(400, 409, 503),
+)
 async def heartbeat(
     request: Request,
     group_id: GroupPath,

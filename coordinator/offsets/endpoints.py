@@ -14,9 +14,12 @@ from coordinator.db.engine import transaction
 from coordinator.errors import InvalidRequest
 from coordinator.offsets import fast_path, repository, service
 from coordinator.offsets.schemas import CommitReply, CommitRequest, OffsetsReply
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId, PartitionQuery, TopicName
 
-router = APIRouter(prefix="/v1/groups", tags=["offsets"])
+router = APIRouter(
+    prefix="/v1/groups", tags=["offsets"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
@@ -55,11 +58,14 @@ router.add_api_route(
     commit_offsets,
     methods=["POST"],
     response_model=CommitReply,
+    responses=problem_responses(400, 409, 503),
     route_class_override=CommitRoute,
 )
 
 
-@router.get("/{group_id}/offsets", response_model=OffsetsReply)
+@router.get(
+    "/{group_id}/offsets", response_model=OffsetsReply, responses=problem_responses(400, 503)
+)
 async def fetch_offsets(
     group_id: GroupPath,
     connection: Annotated[AsyncConnection, Depends(transaction)],
