@@ -72,6 +72,12 @@ class ReadDeadlines(HttpToolsProtocol):
         self._read_deadline = None
         if self.transport.is_closing():
             return
+        if self.flow.read_paused:
+            # The server stopped reading (a pipelined request waits for the one before it,
+            # or the application has not taken the body buffered so far): that is not the
+            # client's slowness, so the connection gets another full timeout.
+            self._arm(timeout_s, part)
+            return
         log.warning(
             "closing a connection too slow to send its request",
             extra={"part": part, "timeout_s": timeout_s, "client": _peer_host(self.client)},

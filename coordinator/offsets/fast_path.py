@@ -7,7 +7,7 @@ every request to decide whether it traces it. The application (``CoordinatorApp`
 ``coordinator/app.py``) hands ``POST /v1/groups/{group_id}/offsets/commit`` to
 ``serve_fast_path`` before FastAPI sees it; the handler takes the same steps in the same order
 as the declared route (body limit, path, content type, body, request limits, commit; the
-token was checked before either, by ``coordinator.auth.admit``)
+token was checked before all of them, by ``coordinator.auth.admit``)
 and gives the same answers, problem documents included, and records the route metrics
 itself. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and it answers
 through ``serve_commit`` as well the commits the fast path leaves to the router (those under a
