@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator import metrics
+from coordinator.auth import admit
 from coordinator.body_limit import BodySizeLimit
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
@@ -29,7 +31,7 @@ from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
-from coordinator.problems import error_response
+from coordinator.problems import declare_problems, error_response
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -161,7 +163,8 @@ async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
 
 
 class CoordinatorApp(FastAPI):
-    """FastAPI with commits served ahead of it, by ``coordinator/offsets/fast_path.py``.
+    """FastAPI with the token checked ahead of everything (``coordinator.auth.admit``), and
+    commits served ahead of FastAPI, by ``coordinator/offsets/fast_path.py``.
 
     Commit requests skip FastAPI's entry point, Starlette's error middleware and the
     middlewares below (the fast path applies the body limit and records the route metrics
@@ -169,12 +172,31 @@ class CoordinatorApp(FastAPI):
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                admit(self.state.settings, scope)
+            except KeyrangeError as exc:
+                await _refuse(exc, scope, receive, send)
+                return
         group_id = fast_path.commit_group(scope)
         if group_id is None:
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
         await fast_path.serve_fast_path(scope, receive, send, group_id)
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            declare_problems(super().openapi())
+        return super().openapi()
+
+
+async def _refuse(exc: KeyrangeError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a request refused before routing, counted as ``RouteMetrics`` counts requests
+    no route matched."""
+    response = error_response(exc)
+    await response(scope, receive, send)
+    metrics.HTTP_REQUESTS.labels(scope["method"], "unmatched", str(response.status_code)).inc()
 
 
 def create_app(

@@ -1,13 +1,16 @@
-"""Bearer tokens with two scopes. Tokens are compared in constant time against every
-configured token (no early exit), and never logged."""
+"""Bearer tokens with two scopes, checked at the edge (``admit``) before a request's body is
+read. Tokens are compared in constant time against every configured token (no early exit),
+and never logged."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from fastapi import Request
+from starlette.types import Scope
 
 from coordinator.core.quotas import group_scope
 from coordinator.errors import Forbidden, Unauthorized
@@ -39,8 +42,65 @@ def _bearer(header: str) -> bytes:
     return token.strip().encode()
 
 
+# Routes anyone may call: the probes and metrics (they reveal no group data) and the API's own
+# description. Every other path, unknown ones included, needs a token.
+PUBLIC_PATHS = frozenset(
+    {"/livez", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
+_ADMIN_PREFIX = "/v1/admin/"
+_GROUP_PREFIX = "/v1/groups/"
+_PRINCIPAL = "principal"
+
+
+def admit(settings: Settings, scope: Scope) -> None:
+    """Decide who the request speaks for and whether that may use its route, from the path
+    and the headers alone, and keep the answer in the request's state.
+
+    Runs ahead of everything else on every request, the commit fast path included, so a
+    caller without the right token is refused before any byte of its body is read or parsed,
+    and never learns what the coordinator would have thought of it."""
+    path = _route_path(scope)
+    if path in PUBLIC_PATHS:
+        return
+    principal = principal_of(settings, _authorization(scope["headers"]))
+    if path.startswith(_ADMIN_PREFIX) or path == _ADMIN_PREFIX.rstrip("/"):
+        if principal.scope != "admin":
+            raise Forbidden("this route needs an admin token")
+    elif path.startswith(_GROUP_PREFIX):
+        check_group_access(principal, path[len(_GROUP_PREFIX) :].partition("/")[0])
+    scope.setdefault("state", {})[_PRINCIPAL] = principal
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the router matches: without the root path a proxy mounts the app under."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :]
+    return path
+
+
+def _authorization(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The one ``Authorization`` header's value, empty when absent. Two are refused: a proxy
+    and a client could each believe theirs is the one that counts."""
+    values = [value for name, value in headers if name == b"authorization"]
+    if len(values) > 1:
+        raise Unauthorized("more than one Authorization header")
+    return values[0].decode("latin-1") if values else ""
+
+
 def authenticate(request: Request) -> Principal:
-    return principal_of(request.app.state.settings, request.headers.get("authorization", ""))
+    """The principal ``admit`` found for this request."""
+    return admitted(request.scope)
+
+
+def admitted(scope: Scope) -> Principal:
+    """The principal ``admit`` found for a request, from its ASGI scope (the commit fast
+    path has no ``Request``)."""
+    principal: Principal | None = scope.get("state", {}).get(_PRINCIPAL)
+    if principal is None:
+        raise Unauthorized("missing bearer token")
+    return principal
 
 
 def principal_of(settings: Settings, authorization: str) -> Principal:
@@ -58,17 +118,6 @@ def principal_of(settings: Settings, authorization: str) -> Principal:
     if found is None:
         raise Unauthorized("unknown bearer token")
     return found
-
-
-def require_admin(request: Request) -> Principal:
-    principal = authenticate(request)
-    if principal.scope != "admin":
-        raise Forbidden("this route needs an admin token")
-    return principal
-
-
-def require_group_access(request: Request, group_id: str) -> Principal:
-    return check_group_access(authenticate(request), group_id)
 
 
 def check_group_access(principal: Principal, group_id: str) -> Principal:

@@ -42,6 +42,7 @@ SERVER_PACKAGES = (
     "pydantic",
     "pydantic_settings",
     "prometheus_client",
+    "re2",
 )
 
 
@@ -78,9 +79,13 @@ def _needs_server(command: Command) -> Command:
 
 def _serve(args: argparse.Namespace) -> int:
     from coordinator.embedded import EmbeddedServiceError
+    from coordinator.settings import InvalidSettings
 
     try:
         return _serve_with_services(args)
+    except InvalidSettings as exc:
+        print(f"keyrange: invalid settings: {exc}", file=sys.stderr)
+        return 2
     except EmbeddedServiceError as exc:
         print(f"keyrange: {exc}", file=sys.stderr)
         return 1
@@ -92,7 +97,8 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     from coordinator import migrate
     from coordinator.app import create_app
     from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
-    from coordinator.settings import Settings
+    from coordinator.serving import server_config
+    from coordinator.settings import load_settings
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -101,7 +107,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
         overrides["port"] = args.port
     if args.no_migrate:
         overrides["migrate_on_start"] = False
-    settings = Settings(**overrides)
+    settings = load_settings(**overrides)
     logs.configure(settings.log_level, settings.log_format)
     try:
         settings.check_bind_address()
@@ -141,14 +147,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=30,
-        )
+        uvicorn.Server(server_config(app, settings)).run()
     return 0
 
 
@@ -179,9 +178,13 @@ def _busy_ports(settings: Settings) -> list[str]:
 
 def _migrate(args: argparse.Namespace) -> int:
     from coordinator import migrate
-    from coordinator.settings import Settings
+    from coordinator.settings import InvalidSettings, load_settings
 
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except InvalidSettings as exc:
+        print(f"keyrange: invalid settings: {exc}", file=sys.stderr)
+        return 2
     logs.configure(settings.log_level, settings.log_format)
     if settings.database_url is None:
         print("keyrange: KEYRANGE_DATABASE_URL is not set", file=sys.stderr)

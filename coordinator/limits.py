@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from coordinator.auth import authenticate
+from coordinator.problems import problem_responses
 from coordinator.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["limits"])
@@ -19,10 +19,9 @@ class LimitsReply(BaseModel):
     max_body_bytes: int
 
 
-@router.get("/limits", response_model=LimitsReply)
+@router.get("/limits", response_model=LimitsReply, responses=problem_responses(401, 413))
 async def limits(request: Request) -> LimitsReply:
     """What one commit may carry; any valid token may read it."""
-    authenticate(request)
     settings: Settings = request.app.state.settings
     return LimitsReply(
         max_ranges_per_request=settings.max_ranges_per_request,

@@ -1,5 +1,6 @@
 """Every error a request can meet, rendered as an RFC 9457 problem document with its DESIGN
-name: one function, so the FastAPI handlers and the commit fast path answer alike."""
+name: one function, so the FastAPI handlers and the commit fast path answer alike; and the
+same documents as the OpenAPI description declares them, route by route."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import asyncpg
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,6 +37,62 @@ _DATABASE_GONE = (
 )
 
 
+class Problem(BaseModel):
+    """An RFC 9457 problem document with Keyrange's ``error`` name; some carry more members
+    (``errors`` for validation, ``live_members`` for ``GROUP_NOT_EMPTY``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    error: str
+    errors: list[dict[str, str]] | None = None
+
+
+# What each status means on any route that declares it (docs/api.md, "Errors").
+_MEANINGS = {
+    400: "INVALID_REQUEST: malformed JSON, failed validation, or a request the state refuses",
+    401: "UNAUTHORIZED: no bearer token, an unknown one, or more than one Authorization header",
+    403: "FORBIDDEN: the token lacks the route's scope or the group's prefix",
+    404: "GROUP_ID_NOT_FOUND: the group does not exist",
+    409: "A conflict with the group's state: FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, "
+    "INDIVIDUAL_COMMIT_NOT_ALLOWED or GROUP_NOT_EMPTY",
+    413: "INVALID_REQUEST: the body is over KEYRANGE_MAX_BODY_BYTES",
+    429: "A per-tenant cap was reached; the error names which",
+    503: "SERVICE_UNAVAILABLE: the database is unreachable or aborted the transaction; retry",
+}
+_PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+# Every route that takes a token can answer these before its own work begins.
+TOKEN_ROUTE_ERRORS = (401, 403, 413)
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of these statuses, as problem documents."""
+    return {
+        status: {
+            "description": _MEANINGS[status],
+            "content": {PROBLEM: {"schema": _PROBLEM_REF}},
+        }
+        for status in statuses
+    }
+
+
+def declare_problems(openapi: dict[str, Any]) -> None:
+    """Complete the OpenAPI document FastAPI built: the ``Problem`` schema the routes' error
+    responses refer to, and none of FastAPI's 422 validation answers, which this
+    coordinator never gives (validation fails with a 400 problem document)."""
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Problem"] = Problem.model_json_schema()
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    for operations in openapi.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+
+
 def problem(status: int, error: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     body["error"] = error
@@ -59,9 +117,12 @@ def error_response(exc: Exception) -> JSONResponse:
         detail = f"{loc}: {msg}" if loc else msg
         return problem(400, names.INVALID_REQUEST, "Invalid request", detail, errors=errors)
     if isinstance(exc, StarletteHTTPException):
-        return problem(
+        response = problem(
             exc.status_code, names.INVALID_REQUEST, "Request not served", str(exc.detail)
         )
+        # A 405's Allow header lists the methods the path does serve.
+        response.headers.update(exc.headers or {})
+        return response
     if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, *_DATABASE_GONE)):
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem(

@@ -10,10 +10,13 @@ from functools import lru_cache
 from ipaddress import ip_address
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from sqlalchemy.engine import make_url
 
 from coordinator.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
+
+ENV_PREFIX = "KEYRANGE_"
 
 
 class ClientToken(BaseModel):
@@ -29,7 +32,7 @@ class ClientToken(BaseModel):
 class Settings(BaseSettings):
     # Inputs are left out of error messages: they hold passwords and tokens.
     model_config = SettingsConfigDict(
-        env_prefix="KEYRANGE_", extra="ignore", hide_input_in_errors=True
+        env_prefix=ENV_PREFIX, extra="ignore", hide_input_in_errors=True
     )
 
     database_url: SecretStr | None = Field(
@@ -121,6 +124,21 @@ class Settings(BaseSettings):
     metrics_group_labels: bool = False
     metrics_tokens: list[SecretStr] = Field(default_factory=list)
 
+    # Slow and idle connections (coordinator/serving.py). A request's headers must arrive
+    # within header_read_timeout_s of the connection opening (or of the request's first byte
+    # on a kept-alive connection), and its body within body_read_timeout_s of the headers:
+    # a 4 MiB commit at 30 s still leaves 140 KB/s. The keep-alive timeout is longer than
+    # the SDK's pool keeps idle connections (httpx: 5 s), so the client, not the server,
+    # closes them and never reuses one the server is closing.
+    header_read_timeout_s: float = Field(default=10.0, gt=0, le=3_600)
+    body_read_timeout_s: float = Field(default=30.0, gt=0, le=3_600)
+    keep_alive_timeout_s: int = Field(default=15, ge=1, le=3_600)
+    # Requests arriving while this many connections are open (or requests in progress) are
+    # answered 503 by the HTTP server; slow connections are bounded by the read timeouts. A
+    # stable member's heartbeat waits on an open connection (prompt hand-offs), so the bound
+    # must exceed the members served by one replica, with room for commits besides.
+    max_connections: int = Field(default=10_000, ge=1)
+
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: SecretStr | None) -> SecretStr | None:
@@ -131,10 +149,18 @@ class Settings(BaseSettings):
         url = value.get_secret_value()
         for plain in ("postgresql://", "postgres://"):
             if url.startswith(plain):
-                return SecretStr("postgresql+asyncpg://" + url[len(plain) :])
+                url = "postgresql+asyncpg://" + url[len(plain) :]
         if not url.startswith("postgresql+asyncpg://"):
             raise ValueError("database_url must be a postgresql:// or postgresql+asyncpg:// URL")
-        return value
+        try:
+            make_url(url)
+        except Exception:
+            # The parser's own message may quote any part of the URL, the password included.
+            raise ValueError(
+                "database_url cannot be parsed; expected postgresql://user:password@host:port/"
+                "database, with special characters in the password percent-encoded"
+            ) from None
+        return SecretStr(url)
 
     @field_validator("log_level")
     @classmethod
@@ -190,6 +216,38 @@ class Settings(BaseSettings):
                 f"refusing to listen on {self.host} without API tokens: set KEYRANGE_ADMIN_TOKENS "
                 "and/or KEYRANGE_CLIENT_TOKENS, or listen on 127.0.0.1"
             )
+
+
+class InvalidSettings(Exception):
+    """Settings the coordinator cannot start with. The message names each variable at fault
+    and what is wrong with it, and never its value: a token or a database password in a
+    malformed variable must not reach a terminal or a log collector."""
+
+
+def load_settings(**overrides: object) -> Settings:
+    """The settings from the environment (and ``overrides``), or ``InvalidSettings``.
+
+    Pydantic's own error message quotes every rejected input, so it is never shown: each
+    error is rebuilt from where it is and pydantic's description, which holds no input."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = [
+            f"{_variable(error['loc'])}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False, include_context=False)
+        ]
+        raise InvalidSettings("; ".join(problems)) from None
+    except SettingsError as exc:
+        raise InvalidSettings(str(exc)) from None
+
+
+def _variable(location: tuple[int | str, ...]) -> str:
+    """``KEYRANGE_CLIENT_TOKENS[0].group_prefixes`` for a location in the settings."""
+    if not location:
+        return "settings"
+    head, *rest = location
+    name = ENV_PREFIX + str(head).upper()
+    return name + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
 
 
 @lru_cache(maxsize=1)

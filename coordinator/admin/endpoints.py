@@ -24,7 +24,6 @@ from coordinator.admin.schemas import (
     TopicConfigBody,
     TopicConfigReply,
 )
-from coordinator.auth import require_admin
 from coordinator.core.log_end import reset_refusal
 from coordinator.core.offsets import ic_offset_count, reset_offsets
 from coordinator.db.engine import driver_connection, transaction
@@ -33,11 +32,15 @@ from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest, S
 from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository as offsets_repository
 from coordinator.offsets.repository import StoredPartition
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId, TopicName
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+# Admin scope, checked by ``coordinator.auth.admit`` for every path under /v1/admin.
+router = APIRouter(
+    prefix="/v1/admin", tags=["admin"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 Connection = Annotated[AsyncConnection, Depends(transaction)]
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
@@ -108,7 +111,7 @@ async def _require_empty(connection: AsyncConnection, group_id: str, action: str
         )
 
 
-@router.get("/groups", response_model=GroupList)
+@router.get("/groups", response_model=GroupList, responses=problem_responses(503))
 async def list_groups(connection: Connection) -> GroupList:
     rows = await repository.list_groups(connection)
     summaries = []
@@ -126,7 +129,11 @@ async def list_groups(connection: Connection) -> GroupList:
     return GroupList(groups=summaries)
 
 
-@router.delete("/groups/{group_id}", response_model=DeletedReply)
+@router.delete(
+    "/groups/{group_id}",
+    response_model=DeletedReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def delete_group(group_id: GroupPath, connection: Connection) -> DeletedReply:
     """Delete an empty group with its offsets; live members must leave first."""
     await _require_group(connection, group_id, lock=True)
@@ -136,7 +143,11 @@ async def delete_group(group_id: GroupPath, connection: Connection) -> DeletedRe
     return DeletedReply(deleted=deleted)
 
 
-@router.get("/groups/{group_id}/offsets", response_model=AdminOffsets)
+@router.get(
+    "/groups/{group_id}/offsets",
+    response_model=AdminOffsets,
+    responses=problem_responses(400, 404, 503),
+)
 async def describe_offsets(
     request: Request,
     group_id: GroupPath,
@@ -148,7 +159,11 @@ async def describe_offsets(
     return AdminOffsets(group_id=group_id, partitions=await admin_offsets(request, stored))
 
 
-@router.post("/groups/{group_id}/offsets/reset", response_model=ResetReply)
+@router.post(
+    "/groups/{group_id}/offsets/reset",
+    response_model=ResetReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def reset_group_offsets(
     request: Request, group_id: GroupPath, body: ResetRequest, connection: Connection
 ) -> ResetReply:
@@ -224,7 +239,11 @@ async def _check_reset_target(
         raise refused
 
 
-@router.delete("/groups/{group_id}/offsets", response_model=DeletedReply)
+@router.delete(
+    "/groups/{group_id}/offsets",
+    response_model=DeletedReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def delete_group_offsets(
     group_id: GroupPath, connection: Connection, topic: TopicName | None = None
 ) -> DeletedReply:
@@ -235,7 +254,9 @@ async def delete_group_offsets(
     return DeletedReply(deleted=deleted)
 
 
-@router.get("/topics/{topic}/config", response_model=TopicConfigReply)
+@router.get(
+    "/topics/{topic}/config", response_model=TopicConfigReply, responses=problem_responses(400, 503)
+)
 async def get_topic_config(
     request: Request, topic: Annotated[TopicName, Path()], connection: Connection
 ) -> TopicConfigReply:
@@ -248,7 +269,9 @@ async def get_topic_config(
     )
 
 
-@router.put("/topics/{topic}/config", response_model=TopicConfigReply)
+@router.put(
+    "/topics/{topic}/config", response_model=TopicConfigReply, responses=problem_responses(400, 503)
+)
 async def put_topic_config(
     topic: Annotated[TopicName, Path()], body: TopicConfigBody, connection: Connection
 ) -> TopicConfigReply:
@@ -259,7 +282,7 @@ async def put_topic_config(
     return TopicConfigReply(topic=topic, accept_range_fetch=body.accept_range_fetch, explicit=True)
 
 
-@router.get("/config", response_model=CoordinatorConfigReply)
+@router.get("/config", response_model=CoordinatorConfigReply, responses=problem_responses(503))
 async def get_config(request: Request, connection: Connection) -> CoordinatorConfigReply:
     switches = await read_switches(connection, request.app.state.settings)
     return CoordinatorConfigReply(
@@ -268,7 +291,7 @@ async def get_config(request: Request, connection: Connection) -> CoordinatorCon
     )
 
 
-@router.put("/config", response_model=CoordinatorConfigReply)
+@router.put("/config", response_model=CoordinatorConfigReply, responses=problem_responses(400, 503))
 async def put_config(
     request: Request, body: CoordinatorConfigBody, connection: Connection
 ) -> CoordinatorConfigReply:

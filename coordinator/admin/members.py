@@ -9,21 +9,26 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.admin.endpoints import admin_offsets
 from coordinator.admin.schemas import AdminGroupDescription
-from coordinator.auth import require_admin
 from coordinator.db.engine import transaction
 from coordinator.groups import operations
 from coordinator.groups.schemas import RebalanceReply, RemovedMemberReply
 from coordinator.offsets import repository as offsets_repository
-from coordinator.validation import GroupId
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
+from coordinator.validation import GroupId, MemberId
 
-router = APIRouter(prefix="/v1/admin/groups", tags=["admin"], dependencies=[Depends(require_admin)])
+# Admin scope, checked by ``coordinator.auth.admit`` for every path under /v1/admin.
+router = APIRouter(
+    prefix="/v1/admin/groups", tags=["admin"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 Connection = Annotated[AsyncConnection, Depends(transaction)]
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
-MemberPath = Annotated[str, Path(min_length=1, max_length=255, description="Member id")]
+MemberPath = Annotated[MemberId, Path(description="Member id")]
 
 
-@router.get("/{group_id}", response_model=AdminGroupDescription)
+@router.get(
+    "/{group_id}", response_model=AdminGroupDescription, responses=problem_responses(400, 404, 503)
+)
 async def describe_group(
     request: Request, group_id: GroupPath, connection: Connection
 ) -> AdminGroupDescription:
@@ -35,7 +40,11 @@ async def describe_group(
     )
 
 
-@router.post("/{group_id}/rebalance", response_model=RebalanceReply)
+@router.post(
+    "/{group_id}/rebalance",
+    response_model=RebalanceReply,
+    responses=problem_responses(400, 404, 503),
+)
 async def rebalance_group(
     request: Request, group_id: GroupPath, connection: Connection
 ) -> RebalanceReply:
@@ -43,7 +52,11 @@ async def rebalance_group(
     return await operations.force_rebalance(connection, group_id, request.app.state.settings)
 
 
-@router.delete("/{group_id}/members/{member_id}", response_model=RemovedMemberReply)
+@router.delete(
+    "/{group_id}/members/{member_id}",
+    response_model=RemovedMemberReply,
+    responses=problem_responses(400, 404, 409, 503),
+)
 async def remove_member(
     request: Request, group_id: GroupPath, member_id: MemberPath, connection: Connection
 ) -> RemovedMemberReply:

@@ -8,7 +8,6 @@ returns.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from coordinator.core.assignment import (
     union_slices,
 )
 from coordinator.core.assignors import get_assignor
+from coordinator.core.topic_pattern import matching_topics
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +171,7 @@ def group_assignor(members: Iterable[MemberRecord], default_assignor: str) -> st
 def resolved_topics(member: MemberRecord, known_topics: Iterable[str]) -> list[str]:
     topics = set(member.subscribed_topics)
     if member.subscribed_topic_regex is not None:
-        pattern = re.compile(member.subscribed_topic_regex)
-        topics |= {t for t in known_topics if pattern.fullmatch(t)}
+        topics |= matching_topics(member.subscribed_topic_regex, known_topics)
     return sorted(topics)
 
 

@@ -8,14 +8,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from coordinator import metrics
-from coordinator.auth import authenticate, require_group_access
+from coordinator.auth import authenticate
 from coordinator.core.handoff import Hold
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId
 
-router = APIRouter(prefix="/v1/groups", tags=["membership"])
+router = APIRouter(
+    prefix="/v1/groups", tags=["membership"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
@@ -23,12 +26,9 @@ GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 _STABLE = Hold(short_of_target=False)
 
 
-async def _authorized_with_known_topics(
-    request: Request, group_id: GroupPath, body: HeartbeatRequest
-) -> HeartbeatRequest:
-    """Checks access and learns partition counts of newly subscribed topics from Kafka before
-    the request's transaction opens, so no group lock is ever held across a Kafka call."""
-    require_group_access(request, group_id)
+async def _with_known_topics(request: Request, body: HeartbeatRequest) -> HeartbeatRequest:
+    """Learns partition counts of newly subscribed topics from Kafka before the request's
+    transaction opens, so no group lock is ever held across a Kafka call."""
     await membership.learn_subscribed_topics(
         request.app.state.engine, getattr(request.app.state, "cluster", None), body
     )
@@ -44,11 +44,15 @@ def _may_wait(watch: MembershipWatch, body: HeartbeatRequest) -> bool:
     )
 
 
-@router.post("/{group_id}/heartbeat", response_model=HeartbeatReply)
+@router.post(
+    "/{group_id}/heartbeat",
+    response_model=HeartbeatReply,
+    responses=problem_responses(400, 409, 503),
+)
 async def heartbeat(
     request: Request,
     group_id: GroupPath,
-    body: Annotated[HeartbeatRequest, Depends(_authorized_with_known_topics)],
+    body: Annotated[HeartbeatRequest, Depends(_with_known_topics)],
 ) -> HeartbeatReply | Response:
     """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment.
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
 from dataclasses import replace
 from functools import lru_cache
@@ -35,6 +34,7 @@ from coordinator.core.heartbeat import (
 )
 from coordinator.core.membership import GroupRecord, TopicSubscription
 from coordinator.core.quotas import WHOLE_COORDINATOR, group_refusals
+from coordinator.core.topic_pattern import matching_topics
 from coordinator.db import quotas as quota_store
 from coordinator.db.engine import driver_connection
 from coordinator.errors import InvalidRequest, ServiceUnavailable
@@ -102,8 +102,7 @@ async def learn_subscribed_topics(
     wanted = set(subscription.topics)
     try:
         if subscription.regex is not None:
-            pattern = re.compile(subscription.regex)
-            wanted |= {t for t in await cluster.list_topics() if pattern.fullmatch(t)}
+            wanted |= matching_topics(subscription.regex, await cluster.list_topics())
         async with engine.connect() as connection:
             known = await metadata_repository.read_partition_counts(connection, wanted)
         missing = wanted - known.keys()

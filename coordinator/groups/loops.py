@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
@@ -14,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator import metrics
 from coordinator.core.membership import GroupRecord, expiry_reasons
+from coordinator.core.topic_pattern import matching_topics
 from coordinator.groups import metadata_repository, repository
 from coordinator.groups.settle import (
     lock_existing_group,
@@ -65,10 +65,11 @@ async def refresh_metadata_once(
         subscriptions = await repository.live_subscriptions(connection)
         known = await metadata_repository.read_partition_counts(connection, None)
     wanted = {t for s in subscriptions for t in s.topics}
-    patterns = {s.regex: re.compile(s.regex) for s in subscriptions if s.regex is not None}
+    patterns = {s.regex for s in subscriptions if s.regex is not None}
     if patterns:
         cluster_topics = await cluster.list_topics()
-        wanted |= {t for t in cluster_topics if any(p.fullmatch(t) for p in patterns.values())}
+        for pattern in patterns:
+            wanted |= matching_topics(pattern, cluster_topics)
     counts = await cluster.partition_counts(sorted(wanted)) if wanted else {}
     changes: dict[str, int | None] = {t: c for t, c in counts.items() if known.get(t) != c}
     changes.update({t: None for t in wanted if t in known and t not in counts})
@@ -78,7 +79,7 @@ async def refresh_metadata_once(
         s.group_id
         for s in subscriptions
         if any(t in changes for t in s.topics)
-        or (s.regex is not None and any(patterns[s.regex].fullmatch(t) for t in changes))
+        or (s.regex is not None and bool(matching_topics(s.regex, changes)))
     }
     async with engine.begin() as connection:
         await metadata_repository.write_partition_counts(

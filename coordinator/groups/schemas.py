@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from client.protocol.epochs import JOIN_EPOCH
-from coordinator.validation import INT32_MAX, KeyHash, MemberEpoch, PartitionId, TopicName
+from coordinator.core.topic_pattern import compile_topic_pattern
+from coordinator.validation import (
+    INT32_MAX,
+    STORABLE,
+    ClientId,
+    KeyHash,
+    Label,
+    MemberEpoch,
+    MemberId,
+    PartitionId,
+    TopicName,
+)
 
 # Generous bounds that still keep one heartbeat body small and its handling cheap.
 MAX_SUBSCRIBED_TOPICS = 10_000
@@ -18,8 +35,6 @@ MAX_RANGES_PER_SLICE = 10_000
 MAX_REGEX_CHARS = 1_000
 
 KeyRangeJson = tuple[KeyHash, KeyHash]
-MemberIdText = Annotated[str, Field(min_length=1, max_length=255)]
-LabelText = Annotated[str, Field(min_length=1, max_length=255)]
 
 
 class StrictModel(BaseModel):
@@ -40,15 +55,17 @@ class SliceJson(StrictModel):
 
 
 class HeartbeatRequest(StrictModel):
-    member_id: MemberIdText | None = None
+    member_id: MemberId | None = None
     member_epoch: MemberEpoch
-    instance_id: LabelText | None = None
-    client_id: Annotated[str, Field(max_length=255)] | None = None
+    instance_id: Label | None = None
+    client_id: ClientId | None = None
     subscribed_topics: (
         Annotated[list[TopicName], Field(max_length=MAX_SUBSCRIBED_TOPICS)] | None
     ) = None
-    subscribed_topic_regex: Annotated[str, Field(max_length=MAX_REGEX_CHARS)] | None = None
-    assignor: LabelText | None = None
+    subscribed_topic_regex: (
+        Annotated[str, StringConstraints(max_length=MAX_REGEX_CHARS), STORABLE] | None
+    ) = None
+    assignor: Label | None = None
     allow_individual_commit: bool | None = None
     session_timeout_ms: Annotated[int, Field(ge=1, le=INT32_MAX, strict=True)] | None = None
     owned: Annotated[list[SliceJson], Field(max_length=MAX_OWNED_SLICES)] | None = None
@@ -60,10 +77,7 @@ class HeartbeatRequest(StrictModel):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"subscribed_topic_regex does not compile: {exc}") from None
+            compile_topic_pattern(value)
         return value
 
     @model_validator(mode="after")

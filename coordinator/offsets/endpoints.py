@@ -10,14 +10,16 @@ from fastapi.routing import APIRoute
 from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.types import Receive, Scope, Send
 
-from coordinator.auth import require_group_access
 from coordinator.db.engine import transaction
 from coordinator.errors import InvalidRequest
 from coordinator.offsets import fast_path, repository, service
 from coordinator.offsets.schemas import CommitReply, CommitRequest, OffsetsReply
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId, PartitionQuery, TopicName
 
-router = APIRouter(prefix="/v1/groups", tags=["offsets"])
+router = APIRouter(
+    prefix="/v1/groups", tags=["offsets"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
@@ -56,20 +58,21 @@ router.add_api_route(
     commit_offsets,
     methods=["POST"],
     response_model=CommitReply,
+    responses=problem_responses(400, 409, 503),
     route_class_override=CommitRoute,
 )
 
 
-@router.get("/{group_id}/offsets", response_model=OffsetsReply)
+@router.get(
+    "/{group_id}/offsets", response_model=OffsetsReply, responses=problem_responses(400, 503)
+)
 async def fetch_offsets(
-    request: Request,
     group_id: GroupPath,
     connection: Annotated[AsyncConnection, Depends(transaction)],
     topic: Annotated[list[TopicName] | None, Query()] = None,
     partition: Annotated[list[PartitionQuery] | None, Query()] = None,
 ) -> OffsetsReply:
     """Committed state per partition; partitions never committed are absent."""
-    require_group_access(request, group_id)
     if partition and (not topic or len(topic) != 1):
         raise InvalidRequest("filtering by 'partition' needs exactly one 'topic'")
     stored = await repository.read_partitions(connection, group_id, topic, partition)

@@ -6,7 +6,8 @@ the validation of the body together, and FastAPI's own entry point reads the env
 every request to decide whether it traces it. The application (``CoordinatorApp`` in
 ``coordinator/app.py``) hands ``POST /v1/groups/{group_id}/offsets/commit`` to
 ``serve_fast_path`` before FastAPI sees it; the handler takes the same steps in the same order
-as the declared route (body limit, path, content type, body, token, request limits, commit)
+as the declared route (body limit, path, content type, body, request limits, commit; the
+token was checked before all of them, by ``coordinator.auth.admit``)
 and gives the same answers, problem documents included, and records the route metrics
 itself. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and it answers
 through ``serve_commit`` as well the commits the fast path leaves to the router (those under a
@@ -24,8 +25,8 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from coordinator import metrics
-from coordinator.auth import check_group_access, principal_of
-from coordinator.body_limit import declares_too_much, limited, too_large
+from coordinator.auth import admitted
+from coordinator.body_limit import ClientGone, declares_too_much, read_body, too_large
 from coordinator.offsets import service
 from coordinator.offsets.schemas import CommitReply, CommitRequest
 from coordinator.problems import error_response
@@ -41,10 +42,6 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 # gets the interpreter back every switch interval and keeps serving other requests. Below it,
 # the thread hand-off would cost more than it saves.
 _VALIDATE_IN_THREAD_BYTES = 256 * 1024
-
-
-class ClientGone(Exception):
-    """The client disconnected before its whole body arrived: nobody to answer."""
 
 
 async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
@@ -101,13 +98,11 @@ def commit_group(scope: Scope) -> str | None:
 async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitReply:
     state = scope["app"].state
     settings: Settings = state.settings
-    content_type = authorization = ""
+    content_type = ""
     declared_length: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"content-type":
             content_type = value.decode("latin-1")
-        elif name == b"authorization":
-            authorization = value.decode("latin-1")
         elif name == b"content-length":
             declared_length = value
     limit = settings.max_body_bytes
@@ -127,7 +122,7 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
                 }
             ]
         )
-    body = await _read_body(limited(receive, limit))
+    body = await read_body(receive, limit)
     try:
         if len(body) > _VALIDATE_IN_THREAD_BYTES:
             request = await asyncio.to_thread(CommitRequest.model_validate_json, body)
@@ -135,7 +130,7 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
             request = CommitRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(_located(exc, ("body",))) from None
-    principal = check_group_access(principal_of(settings, authorization), group_id)
+    principal = admitted(scope)
     service.check_limits(request, settings)
     result = await state.commits.submit(group_id, request, principal.group_scope(group_id))
     if result.rebalance_needed:
@@ -144,17 +139,6 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
         await state.on_max_ic_reached(group_id)
     reply: CommitReply = result.reply
     return reply
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _is_json(content_type: str) -> bool:

@@ -20,7 +20,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from client.protocol.committed import CommittedOffsets
 from client.protocol.log_bounds import past_log_end
-from coordinator.auth import require_group_access
 from coordinator.core.fence import commit_refusal
 from coordinator.core.log_end import reset_past_log_end
 from coordinator.db.engine import driver_connection, transaction
@@ -30,11 +29,21 @@ from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository
 from coordinator.offsets.schemas import OffsetsReply
 from coordinator.offsets.service import offsets_reply
-from coordinator.validation import GroupId, MemberEpoch, Offset, PartitionId, TopicName
+from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
+from coordinator.validation import (
+    GroupId,
+    MemberEpoch,
+    MemberId,
+    Offset,
+    PartitionId,
+    TopicName,
+)
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/groups", tags=["offsets"])
+router = APIRouter(
+    prefix="/v1/groups", tags=["offsets"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
+)
 
 
 class PartitionReset(BaseModel):
@@ -48,7 +57,7 @@ class PartitionReset(BaseModel):
 class OutOfRangeResetRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    member_id: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    member_id: MemberId | None = None
     member_epoch: MemberEpoch | None = None
     partitions: Annotated[list[PartitionReset], Field(min_length=1, max_length=10_000)]
 
@@ -62,7 +71,11 @@ class OutOfRangeResetRequest(BaseModel):
         return self
 
 
-@router.post("/{group_id}/offsets/out-of-range-reset", response_model=OffsetsReply)
+@router.post(
+    "/{group_id}/offsets/out-of-range-reset",
+    response_model=OffsetsReply,
+    responses=problem_responses(400, 409, 503),
+)
 async def reset_out_of_range(
     request: Request,
     group_id: Annotated[GroupId, Path(description="Consumer group id")],
@@ -71,7 +84,6 @@ async def reset_out_of_range(
 ) -> OffsetsReply:
     """Reset the named partitions whose stored state is past the log end; reply with the
     state of every named partition afterwards (reset or not)."""
-    require_group_access(request, group_id)
     wanted = {(entry.topic, entry.partition): entry.offset for entry in body.partitions}
     high_watermarks = await _high_watermarks(request, list(wanted))
     topics = sorted({topic for topic, _ in wanted})

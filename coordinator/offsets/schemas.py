@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from client.protocol.committed import OFFSET_MAX
 from coordinator.validation import (
+    STORABLE,
     GroupId,
     KeyHash,
     MemberEpoch,
+    MemberId,
     Offset,
     PartitionId,
     TopicName,
@@ -30,7 +32,7 @@ class PartitionCommitRequest(StrictModel):
     ranges: list[OffsetRangeJson] = Field(default_factory=list)
     watermarks: list[WatermarkJson] = Field(default_factory=list)
     offset: Offset | None = None
-    metadata: Annotated[str, Field(max_length=65_536)] | None = None
+    metadata: Annotated[str, StringConstraints(max_length=65_536), STORABLE] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> PartitionCommitRequest:
@@ -53,7 +55,7 @@ class PartitionCommitRequest(StrictModel):
 
 
 class CommitRequest(StrictModel):
-    member_id: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    member_id: MemberId | None = None
     member_epoch: MemberEpoch | None = None
     partitions: Annotated[list[PartitionCommitRequest], Field(min_length=1)]
 

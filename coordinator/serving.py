@@ -1,0 +1,117 @@
+"""The HTTP server's side of slow and malformed connections: how the coordinator is served
+by uvicorn (``keyrange serve`` builds its server here), with read deadlines uvicorn lacks.
+
+Uvicorn closes a keep-alive connection that stays idle between requests, and can refuse
+requests beyond a number of open connections, but it waits forever for a request's headers
+and body: a connection that sends nothing, or a header line a byte at a time, holds its
+socket and its slot until the peer goes away. A handful of such connections per team would
+exhaust the connection limit for everyone. The protocol below gives each request's headers,
+and then its body, a deadline, and closes the connection when it passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ReadDeadlines(HttpToolsProtocol):
+    """Uvicorn's httptools protocol with a deadline for a request's headers (counted from
+    the connection's opening, or from the first byte of a later request on it) and one for
+    its body (counted from the end of the headers)."""
+
+    header_timeout_s = 10.0
+    body_timeout_s = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.header_timeout_s, "headers")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # A new connection's deadline runs from its opening; a request that follows another
+        # on a kept-alive connection gets its own from its first byte.
+        if self._read_deadline is None:
+            self._arm(self.header_timeout_s, "headers")
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        # A request without a body completes at once, and on_message_complete disarms this.
+        self._arm(self.body_timeout_s, "body")
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, timeout_s: float, part: str) -> None:
+        self._disarm()
+        self._read_deadline = self.loop.call_later(timeout_s, self._too_slow, part, timeout_s)
+
+    def _disarm(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _too_slow(self, part: str, timeout_s: float) -> None:
+        self._read_deadline = None
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:
+            # The server stopped reading (a pipelined request waits for the one before it,
+            # or the application has not taken the body buffered so far): that is not the
+            # client's slowness, so the connection gets another full timeout.
+            self._arm(timeout_s, part)
+            return
+        log.warning(
+            "closing a connection too slow to send its request",
+            extra={"part": part, "timeout_s": timeout_s, "client": _peer_host(self.client)},
+        )
+        self.transport.close()
+
+
+def _peer_host(client: tuple[str, int] | None) -> str | None:
+    return None if client is None else client[0]
+
+
+def read_deadlines(settings: Settings) -> type[ReadDeadlines]:
+    """The protocol class with the settings' deadlines (uvicorn builds one per connection)."""
+    return type(
+        "ConfiguredReadDeadlines",
+        (ReadDeadlines,),
+        {
+            "header_timeout_s": settings.header_read_timeout_s,
+            "body_timeout_s": settings.body_read_timeout_s,
+        },
+    )
+
+
+def server_config(app: Any, settings: Settings) -> uvicorn.Config:
+    """How the coordinator is served: its listen address, the connection limits and
+    timeouts from the settings, and no access log (requests are counted in metrics)."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=read_deadlines(settings),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        limit_concurrency=settings.max_connections,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
