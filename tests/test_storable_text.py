@@ -47,6 +47,11 @@ EXAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "partitions": [0],
         "to_offset": 0,
     },
+    ("post", "/v1/groups/{group_id}/offsets/out-of-range-reset"): {
+        "member_id": "m-1",
+        "member_epoch": 1,
+        "partitions": [{"topic": "orders", "partition": 0, "offset": 5}],
+    },
     ("put", "/v1/admin/topics/{topic}/config"): {"accept_range_fetch": True},
     ("put", "/v1/admin/config"): {"accept_individual_commit": True},
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from client.protocol.log_bounds import past_log_end
@@ -26,7 +26,7 @@ from coordinator.admin.schemas import (
 )
 from coordinator.core.log_end import reset_refusal
 from coordinator.core.offsets import ic_offset_count, reset_offsets
-from coordinator.db.engine import driver_connection, transaction
+from coordinator.db.engine import Transaction, driver_connection
 from coordinator.db.switches import read_switches
 from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest, ServiceUnavailable
 from coordinator.kafka import KafkaClusterError
@@ -42,7 +42,7 @@ router = APIRouter(
     prefix="/v1/admin", tags=["admin"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
 )
 
-Connection = Annotated[AsyncConnection, Depends(transaction)]
+Connection = Transaction
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
-from sqlalchemy.ext.asyncio import AsyncConnection
+from fastapi import APIRouter, Path, Request
 
 from coordinator.admin.endpoints import admin_offsets
 from coordinator.admin.schemas import AdminGroupDescription
-from coordinator.db.engine import transaction
+from coordinator.db.engine import Transaction
 from coordinator.groups import operations
 from coordinator.groups.schemas import RebalanceReply, RemovedMemberReply
 from coordinator.offsets import repository as offsets_repository
@@ -21,7 +20,7 @@ router = APIRouter(
     prefix="/v1/admin/groups", tags=["admin"], responses=problem_responses(*TOKEN_ROUTE_ERRORS)
 )
 
-Connection = Annotated[AsyncConnection, Depends(transaction)]
+Connection = Transaction
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 MemberPath = Annotated[MemberId, Path(description="Member id")]
 

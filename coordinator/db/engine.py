@@ -4,9 +4,10 @@ when the handler returns and rolls back when it raises, so services never commit
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Annotated, cast
 
 import asyncpg
+from fastapi import Depends
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from starlette.requests import Request
 
@@ -35,6 +36,13 @@ async def transaction(request: Request) -> AsyncIterator[AsyncConnection]:
     engine: AsyncEngine = request.app.state.engine
     async with engine.begin() as connection:
         yield connection
+
+
+# The request's transaction as a route parameter. Committed when the handler returns, before
+# the reply is sent (FastAPI's default for dependencies with yield is after): a client that
+# reads right after a 200 sees its write, and a commit that fails is the request's error,
+# never a 200 followed by a rollback.
+Transaction = Annotated[AsyncConnection, Depends(transaction, scope="function")]
 
 
 async def driver_connection(connection: AsyncConnection) -> asyncpg.Connection:

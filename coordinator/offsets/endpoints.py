@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.routing import APIRoute
-from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.types import Receive, Scope, Send
 
-from coordinator.db.engine import transaction
+from coordinator.db.engine import Transaction
 from coordinator.errors import InvalidRequest
 from coordinator.offsets import fast_path, repository, service
 from coordinator.offsets.schemas import CommitReply, CommitRequest, OffsetsReply
@@ -68,7 +67,7 @@ router.add_api_route(
 )
 async def fetch_offsets(
     group_id: GroupPath,
-    connection: Annotated[AsyncConnection, Depends(transaction)],
+    connection: Transaction,
     topic: Annotated[list[TopicName] | None, Query()] = None,
     partition: Annotated[list[PartitionQuery] | None, Query()] = None,
 ) -> OffsetsReply:

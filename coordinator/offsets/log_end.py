@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -22,7 +22,7 @@ from client.protocol.committed import CommittedOffsets
 from client.protocol.log_bounds import past_log_end
 from coordinator.core.fence import commit_refusal
 from coordinator.core.log_end import reset_past_log_end
-from coordinator.db.engine import driver_connection, transaction
+from coordinator.db.engine import Transaction, driver_connection
 from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import ServiceUnavailable
 from coordinator.kafka import KafkaClusterError
@@ -80,7 +80,7 @@ async def reset_out_of_range(
     request: Request,
     group_id: Annotated[GroupId, Path(description="Consumer group id")],
     body: OutOfRangeResetRequest,
-    connection: Annotated[AsyncConnection, Depends(transaction)],
+    connection: Transaction,
 ) -> OffsetsReply:
     """Reset the named partitions whose stored state is past the log end; reply with the
     state of every named partition afterwards (reset or not)."""
