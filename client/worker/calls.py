@@ -1,0 +1,87 @@
+"""Where user code runs: ``async def`` on the event loop, plain functions on a thread pool (a
+plain handler on a process pool when ``processes`` is set), so the loop that fetches,
+heartbeats and commits is never blocked by a handler."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+from client.fetcher import Record
+from client.worker.lanes import Observer
+from client.worker.task import WorkerTask
+
+Handler = Callable[[Record], Any]
+
+
+def is_async(function: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(function)
+
+
+def overrides(task: WorkerTask, method: str) -> bool:
+    """Whether the task's class replaces ``WorkerTask``'s default of ``method``."""
+    return getattr(type(task), method) is not getattr(WorkerTask, method)
+
+
+class Calls:
+    """The pools user code runs on; created on first use, shut down by ``close``."""
+
+    def __init__(self, threads: int, processes: int) -> None:
+        self._thread_count = threads
+        self._process_count = processes
+        self._threads: ThreadPoolExecutor | None = None
+        self._processes: ProcessPoolExecutor | None = None
+
+    async def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``: awaited on the loop when it is a coroutine function, else
+        run on the thread pool."""
+        if is_async(function):
+            return await function(*args)
+        return await self.in_thread(function, *args)
+
+    async def in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread_pool(), partial(function, *args))
+
+    def handler_process(
+        self, handler: Handler
+    ) -> Callable[[WorkerTask, Record, Observer], Awaitable[None]]:
+        """The handler form's ``process``: success when the handler returns, failure when it
+        raises, on the loop, the thread pool or the process pool as the handler needs."""
+        executor: Callable[[], Executor] | None = None
+        if not is_async(handler):
+            executor = self._process_pool if self._process_count > 0 else self._thread_pool
+
+        async def process(_: WorkerTask, record: Record, observer: Observer) -> None:
+            if executor is None:
+                await handler(record)
+            else:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(executor(), handler, record)
+            observer.success()
+
+        return process
+
+    def close(self) -> None:
+        """Stop the pools without waiting: a call still running in a thread cannot be
+        interrupted, and its record was given back (it is not committed)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.shutdown(wait=False, cancel_futures=True)
+
+    def _thread_pool(self) -> Executor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                self._thread_count, thread_name_prefix="keyrange-worker"
+            )
+        return self._threads
+
+    def _process_pool(self) -> Executor:
+        if self._processes is None:
+            self._processes = ProcessPoolExecutor(self._process_count)
+        return self._processes
