@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from client import CoordinatorClient, key_hash
@@ -27,6 +28,7 @@ from client.worker import (
 )
 from client.worker.task import RecordObserver
 from tests.client.test_consumer import produce
+from tests.e2e.harness import allow_range_fetch
 from tests.fixtures.services import MakeTopic
 from tests.waiting import until
 
@@ -233,3 +235,254 @@ async def test_at_least_once_stops_on_a_failure_and_a_restart_redelivers_its_key
         await until(all_committed(coordinator_url, group_id, topic, len(KEYS)), 60, "all committed")
     assert failing in again
     assert not set(again) & {o for o in range(failing)}
+
+
+async def read_topic(bootstrap: str, topic: str, count: int) -> list[Any]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        records: list[Any] = []
+        async with asyncio.timeout(30):
+            while len(records) < count:
+                for batch in (await consumer.getmany(timeout_ms=500)).values():
+                    records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def test_retries_then_dead_letters_in_key_order_while_other_keys_flow(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    dead_letters = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS)
+    group_id = group()
+    bad_key = KEYS[3]
+    bad = [o for o, key in enumerate(KEYS) if key == bad_key]
+    attempts: dict[int, int] = defaultdict(int)
+    done_while_retrying: list[int] = []
+
+    async def handle(record: Any) -> None:
+        attempts[record.offset] += 1
+        if record.key == bad_key:
+            raise ValueError(f"cannot bill {record.offset}")
+        if any(attempts[o] for o in bad) and len(attempts) < len(KEYS):
+            done_while_retrying.append(record.offset)
+
+    worker = Worker(
+        config(
+            topic,
+            kafka_bootstrap,
+            coordinator_url,
+            group_id,
+            failure_policy="retry",
+            max_attempts=3,
+            retry_backoff_s=0.05,
+            retry_backoff_max_s=0.2,
+            dead_letter_topic=dead_letters,
+            max_concurrency=4,
+        ),
+        handler=handle,
+    )
+    started_ms = int(time.time() * 1000)
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, len(KEYS)), 60, "all committed")
+        assert worker.stats.dead_lettered == len(bad)
+        assert worker.stats.retried == 2 * len(bad)
+    assert all(attempts[o] == 3 for o in bad)
+    assert done_while_retrying, "other keys waited for the retrying one"
+    letters = await read_topic(kafka_bootstrap, dead_letters, len(bad))
+    assert [int(dict(r.headers)["keyrange.origin.offset"]) for r in letters] == bad
+    first = letters[0]
+    headers = {name: value.decode() for name, value in first.headers}
+    assert first.key == bad_key and first.value == b"v%d" % bad[0]
+    assert headers["keyrange.origin.topic"] == topic
+    assert headers["keyrange.origin.partition"] == "0"
+    assert headers["keyrange.key.hash"] == str(key_hash(bad_key, bad[0]))
+    assert headers["keyrange.attempts"] == "3"
+    assert headers["keyrange.error.type"] == "builtins.ValueError"
+    assert headers["keyrange.error.message"] == f"cannot bill {bad[0]}"
+    first_failure = int(headers["keyrange.failure.first"])
+    assert started_ms <= first_failure < int(headers["keyrange.failure.last"])
+
+
+async def test_a_dead_letter_the_broker_refuses_stops_the_worker_unprocessed(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:5])
+    group_id = group()
+
+    async def handle(record: Any) -> None:
+        raise ValueError("always")
+
+    worker = Worker(
+        config(
+            topic,
+            kafka_bootstrap,
+            coordinator_url,
+            group_id,
+            failure_policy="retry",
+            max_attempts=1,
+            # Longer than any topic name the broker takes: the send fails.
+            dead_letter_topic="x" * 300,
+        ),
+        handler=handle,
+        producer_options={"request_timeout_ms": 3_000, "max_block_ms": 3_000},
+    )
+    with pytest.raises(WorkerFailed, match="dead letter"):
+        async with asyncio.timeout(60):
+            await worker.run()
+    assert await processed_offsets(coordinator_url, group_id, topic) == set()
+
+
+async def test_a_slice_revoked_while_its_record_waits_for_a_retry_goes_to_its_next_owner(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await allow_range_fetch(coordinator_url, topic)
+    await produce(kafka_bootstrap, topic, KEYS)
+    group_id = group()
+    # Every key fails on the first member, which waits long between tries; whichever half
+    # of the key space the second member takes, records waiting for a retry are in it.
+    first_attempts: list[int] = []
+
+    async def failing(record: Any) -> None:
+        first_attempts.append(record.offset)
+        raise ConnectionError("downstream down")
+
+    second_done: list[int] = []
+
+    async def succeeding(record: Any) -> None:
+        second_done.append(record.offset)
+
+    options = {
+        "failure_policy": "retry",
+        "max_attempts": 50,
+        "retry_backoff_s": 30.0,
+        "retry_backoff_max_s": 30.0,
+        "dead_letter_topic": f"{topic}-dlt",
+    }
+    # A drain that waited for the retries would outlast every wait below.
+    first = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, drain_timeout_s=300, **options),
+        handler=failing,
+    )
+    second = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, **options), handler=succeeding
+    )
+    async with running(first):
+        await until(lambda: len(set(first_attempts)) == 17, 60, "every key tried once")
+        async with running(second):
+            await until(lambda: len(second_done) > 0, 60, "the second member to process")
+            await until(lambda: second.consumer.assignment(), 30, "the second to own a slice")
+            owned = second.consumer.assignment()[TopicPartition(topic, 0)]
+            # The records of the moved slice that were waiting for a retry came back.
+            moved = {
+                o for o, key in enumerate(KEYS) if any(r.contains(key_hash(key, o)) for r in owned)
+            }
+            await until(lambda: moved <= set(second_done), 45, "the moved slice processed")
+    assert first.stats.dead_lettered == 0
+    assert moved and moved <= set(second_done)
+
+
+async def produce_values(bootstrap: str, topic: str, count: int, size: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for index in range(count):
+            await producer.send(topic, key=b"k%d" % (index % 50), value=b"x" * size, partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def test_fetching_pauses_over_the_byte_bound_and_resumes_below_it(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce_values(kafka_bootstrap, topic, 30, 2_000)
+    group_id = group()
+    release = asyncio.Event()
+    held: list[RecordObserver] = []
+    done: list[int] = []
+    bound = 40_000
+
+    class Holding(WorkerTask):
+        async def process(self, record: Any, observer: RecordObserver) -> None:
+            done.append(record.offset)
+            if release.is_set():
+                observer.success()
+            else:
+                held.append(observer)
+
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, max_buffered_bytes=bound),
+        task=Holding,
+    )
+    async with running(worker):
+        await until(lambda: worker.engine is not None and worker.engine.paused, 60, "a pause")
+        engine = worker.engine
+        assert engine is not None
+        await until(lambda: len(done) == 30, 30, "the first records handed out")
+        buffered = engine.buffered_bytes
+        assert buffered > bound
+        # More records arrive while paused: none of them is fetched.
+        await produce_values(kafka_bootstrap, topic, 100, 2_000)
+        grown: list[int] = []
+
+        def sample() -> bool:
+            if engine.buffered_bytes > buffered:
+                grown.append(engine.buffered_bytes)
+            return False
+
+        with pytest.raises(AssertionError):
+            await until(sample, 2, "never: sampling the buffer while paused")
+        assert grown == [] and len(done) == 30
+        release.set()
+        for observer in held:
+            observer.success()
+        await until(lambda: len(done) == 130, 60, "every record processed after the resume")
+        await until(lambda: not engine.paused, 30, "fetching resumed")
+    assert worker.stats.paused >= 1
+
+
+async def test_a_handler_blocking_past_the_session_in_a_thread_does_not_starve_heartbeats(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:20])
+    group_id = group()
+    session_ms = 2_000
+    calls: list[int] = []
+
+    def handle(record: Any) -> None:
+        calls.append(record.offset)
+        if record.offset == 5:
+            time.sleep(session_ms / 1000 * 2)
+
+    lost: list[str] = []
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, session_timeout_ms=session_ms),
+        handler=handle,
+    )
+    async with running(worker):
+        await until(lambda: worker.consumer.member_epoch, 30, "joining")
+        epoch = worker.consumer.member_epoch
+        await until(lambda: 5 in calls, 30, "the blocking record to start")
+
+        async def watch() -> None:
+            while len(calls) < 20 or 5 in calls[-1:]:
+                if worker.consumer.member_epoch != epoch:
+                    lost.append(f"epoch {worker.consumer.member_epoch}")
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(watch(), 60)
+        await until(all_committed(coordinator_url, group_id, topic, 20), 30, "all committed")
+    assert lost == []
+    # Every record ran once: a lost session would have redelivered the blocked one.
+    assert sorted(calls) == list(range(20))
