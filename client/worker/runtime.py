@@ -21,6 +21,7 @@ from client.worker.calls import Calls, Handler, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
 from client.worker.engine import Stats, WorkerEngine, WorkerSource
+from client.worker.metrics import MetricsServer
 from client.worker.task import Partitioner, WorkerTask
 
 logger = logging.getLogger(__name__)
@@ -105,10 +106,17 @@ class Worker:
         if handle_signals:
             for number in _SIGNALS:
                 loop.add_signal_handler(number, self._on_signal, number)
+        metrics = (
+            None
+            if self.config.metrics_port is None
+            else MetricsServer(self.config.metrics_port, lambda: self.engine, loop)
+        )
         try:
             async with self._consumer:
                 await self._process()
         finally:
+            if metrics is not None:
+                metrics.close()
             if handle_signals:
                 for number in _SIGNALS:
                     loop.remove_signal_handler(number)

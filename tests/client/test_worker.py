@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import threading
 import time
 import uuid
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -26,9 +28,11 @@ from client.worker import (
     WorkerFailed,
     WorkerTask,
 )
+from client.worker.metrics import MetricsServer, MetricsUnavailable
 from client.worker.task import RecordObserver
 from tests.client.test_consumer import produce
 from tests.e2e.harness import allow_range_fetch
+from tests.fixtures.coordinator import free_port
 from tests.fixtures.services import MakeTopic
 from tests.waiting import until
 
@@ -486,3 +490,51 @@ async def test_a_handler_blocking_past_the_session_in_a_thread_does_not_starve_h
     assert lost == []
     # Every record ran once: a lost session would have redelivered the blocked one.
     assert sorted(calls) == list(range(20))
+
+
+async def test_metrics_count_what_the_worker_did_on_the_optional_port(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:30])
+    group_id = group()
+    port = free_port()
+
+    async def handle(record: Any) -> None:
+        if record.offset == 7:
+            raise ValueError("skip me")
+
+    worker = Worker(
+        config(
+            topic,
+            kafka_bootstrap,
+            coordinator_url,
+            group_id,
+            failure_policy="skip",
+            metrics_port=port,
+        ),
+        handler=handle,
+    )
+    async with running(worker), httpx.AsyncClient() as http:
+        await until(lambda: worker.stats.processed == 29, 60, "every record processed")
+
+        async def scraped() -> str:
+            reply = await http.get(f"http://127.0.0.1:{port}/metrics")
+            return reply.text if "keyrange_worker_slice_lag{" in reply.text else ""
+
+        await until(scraped, 30, "the slice lag to be known")
+        text = await scraped()
+    assert "keyrange_worker_records_processed_total 29.0" in text
+    assert "keyrange_worker_records_failed_total 1.0" in text
+    assert "keyrange_worker_records_skipped_total 1.0" in text
+    assert "keyrange_worker_in_flight 0.0" in text
+    labels = f'key_end="{2**63 - 1}",key_start="0",partition="0",topic="{topic}"'
+    assert f"keyrange_worker_slice_lag{{{labels}}} 0.0" in text
+
+
+def test_metrics_without_prometheus_client_say_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(MetricsUnavailable, match=r"pip install 'keyrange\[worker\]'"):
+        MetricsServer(0, lambda: None, asyncio.new_event_loop())
