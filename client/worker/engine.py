@@ -24,6 +24,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -538,19 +539,16 @@ class WorkerEngine:
             tp = lane.ident[0]
             if slices is not None and tp not in slices:
                 continue
-            kept = [
-                item
-                for item in lane.queue
-                if slices is not None and not in_slices(slices, *_key(item))
-            ]
+            kept: deque[Item] = deque()
             for item in lane.queue:
                 if slices is None or in_slices(slices, *_key(item)):
                     self._release_bytes(item[0], weight(item[1]))
-            lane.queue.clear()
-            lane.queue.extend(kept)
-            lane.retries = type(lane.retries)(
-                attempt for attempt in lane.retries if not _within(slices, attempt)
-            )
+                else:
+                    kept.append(item)
+            lane.queue = kept
+            lane.retries = deque(a for a in lane.retries if not _within(slices, a))
+            if self._shared is not None and lane.idle and not lane.scheduled:
+                del self._lanes[lane.ident]
         for attempt in list(self._attempts):
             if not _within(slices, attempt):
                 continue

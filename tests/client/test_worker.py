@@ -5,6 +5,7 @@ order, and what the commits carry afterwards."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import threading
@@ -13,6 +14,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +32,7 @@ from client.worker import (
 )
 from client.worker.metrics import MetricsServer, MetricsUnavailable
 from client.worker.task import RecordObserver
+from tests.client import worker_targets
 from tests.client.test_consumer import produce
 from tests.e2e.harness import allow_range_fetch
 from tests.fixtures.coordinator import free_port
@@ -538,3 +541,74 @@ def test_metrics_without_prometheus_client_say_which_extra_to_install(
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(MetricsUnavailable, match=r"pip install 'keyrange\[worker\]'"):
         MetricsServer(0, lambda: None, asyncio.new_event_loop())
+
+
+async def test_a_plain_handler_runs_on_the_process_pool_with_acks_and_commits(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:40])
+    group_id = group()
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, processes=2),
+        handler=worker_targets.in_a_process,
+    )
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 40), 60, "all committed")
+    lines = journal.read_text().split("\n")[:-1]
+    assert sorted(int(line.split()[2]) for line in lines) == list(range(40))
+    assert str(os.getpid()) not in {line.split()[1] for line in lines}
+
+
+def test_processes_need_a_plain_handler() -> None:
+    settings = config("t", "b", "http://c", "g", processes=2)
+
+    async def handle(record: Any) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="processes needs a plain"):
+        Worker(settings, handler=handle)
+    with pytest.raises(ValueError, match="processes needs a plain"):
+        Worker(settings, task=WorkerTask)
+
+
+async def test_accept_holds_the_head_back_until_punctuate_opens_the_gate(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:20])
+    group_id = group()
+    refused: list[int] = []
+    processed: list[tuple[int, int]] = []
+
+    class Gated(WorkerTask):
+        """Merges by time, say: waits for three punctuations before taking anything."""
+
+        def init(self, subpartition: SubPartition, config: WorkerConfig) -> None:
+            self.ticks = 0
+
+        def accept(self, record: Any) -> bool:
+            if self.ticks < 3:
+                refused.append(record.offset)
+                return False
+            return True
+
+        async def process(self, record: Any, observer: RecordObserver) -> None:
+            processed.append((self.ticks, record.offset))
+            observer.success()
+
+        async def punctuate(self, now: float) -> None:
+            self.ticks += 1
+
+    worker = Worker(config(topic, kafka_bootstrap, coordinator_url, group_id), task=Gated)
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 20), 60, "all committed")
+    assert refused and refused[0] == 0
+    assert all(ticks >= 3 for ticks, _ in processed)
+    assert [offset for _, offset in processed] == list(range(20))

@@ -37,4 +37,9 @@ class Journaling(WorkerTask):
         _note("closed")
 
 
+def in_a_process(record: Any) -> None:
+    """A synchronous handler for ``processes``: notes the process it ran in."""
+    _note(f"pid {os.getpid()} {record.offset}")
+
+
 NOT_CALLABLE = 42
