@@ -40,6 +40,7 @@ from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
 from client.worker.failures import Backoff, FailureHistory, ProcessingTimeout
 from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, weight
+from client.worker.pressure import ByteBudget
 from client.worker.task import KeyHashPartitioner, Partitioner, SubPartition, WorkerTask
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class WorkerSource(RecordSource, Protocol):
 class Stats:
     """Running totals for metrics and tests."""
 
-    __slots__ = ("dead_lettered", "failed", "paused", "processed", "retried", "skipped")
+    __slots__ = ("dead_lettered", "failed", "processed", "retried", "skipped")
 
     def __init__(self) -> None:
         self.processed = 0
@@ -78,7 +79,6 @@ class Stats:
         self.retried = 0
         self.dead_lettered = 0
         self.skipped = 0
-        self.paused = 0
 
 
 class WorkerEngine:
@@ -117,9 +117,9 @@ class WorkerEngine:
         self._ready: asyncio.Queue[Lane | None] = asyncio.Queue()
         self._workers: set[asyncio.Task[None]] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._bytes: dict[TopicPartition, int] = {}
-        self._paused: set[TopicPartition] = set()
-        self._owned_partitions = 1
+        self._budget = ByteBudget(
+            config.max_buffered_bytes, config.resume_ratio, source.pause, source.resume
+        )
         self._stop: asyncio.Future[None] = self._loop.create_future()
         self._settled = asyncio.Event()
         self._settled.set()
@@ -169,7 +169,7 @@ class WorkerEngine:
         if lane is None:
             return
         lane.queue.append(item)
-        self._add_bytes(tp, weight(record))
+        self._budget.add(tp, weight(record))
         lane.refused = False
         self._schedule(lane)
 
@@ -428,7 +428,7 @@ class WorkerEngine:
             self._source.give_back(record)
         lane = attempt.lane
         lane.open -= 1
-        self._release_bytes(tp, attempt.weight)
+        self._budget.release(tp, attempt.weight)
         key = (tp, hashed)
         if self._open.get(key) is attempt:
             del self._open[key]
@@ -454,52 +454,14 @@ class WorkerEngine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # ----------------------------------------------------------------- backpressure
+    # ----------------------------------------------------------------- state
 
     def set_owned_partitions(self, count: int) -> None:
-        """Each owned partition may buffer ``max_buffered_bytes / count``."""
-        self._owned_partitions = max(count, 1)
-        for tp in list(self._bytes):
-            self._check_pressure(tp)
-
-    def _share(self) -> float:
-        return self._config.max_buffered_bytes / self._owned_partitions
-
-    def _add_bytes(self, tp: TopicPartition, count: int) -> None:
-        total = self._bytes[tp] = self._bytes.get(tp, 0) + count
-        if total <= self._share():
-            return
-        # Paused again even when it already was: a reassignment of the partitions (a slice
-        # added or revoked) resumes them all in the Kafka consumer.
-        self._source.pause([tp])
-        if tp not in self._paused:
-            self._paused.add(tp)
-            self.stats.paused += 1
-            logger.info(
-                "fetching paused: buffered records over the bound",
-                extra={"topic": tp.topic, "partition": tp.partition, "buffered_bytes": total},
-            )
-
-    def _release_bytes(self, tp: TopicPartition, count: int) -> None:
-        total = self._bytes.get(tp, 0) - count
-        if total > 0:
-            self._bytes[tp] = total
-        else:
-            self._bytes.pop(tp, None)
-        self._check_pressure(tp)
-
-    def _check_pressure(self, tp: TopicPartition) -> None:
-        if (
-            tp in self._paused
-            and self._bytes.get(tp, 0) <= self._share() * self._config.resume_ratio
-        ):
-            self._paused.discard(tp)
-            self._source.resume([tp])
-            logger.info("fetching resumed", extra={"topic": tp.topic, "partition": tp.partition})
+        self._budget.set_partitions(count)
 
     @property
     def buffered_bytes(self) -> int:
-        return sum(self._bytes.values())
+        return self._budget.total
 
     @property
     def in_flight(self) -> int:
@@ -507,7 +469,12 @@ class WorkerEngine:
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
-        return frozenset(self._paused)
+        return self._budget.paused
+
+    @property
+    def pauses(self) -> int:
+        """How many times a partition's fetching was paused."""
+        return self._budget.pauses
 
     def lag(self) -> list[tuple[TopicPartition, KeyRange, int]]:
         """Per owned slice, the records between its commit point and the partition's end
@@ -542,7 +509,7 @@ class WorkerEngine:
             kept: deque[Item] = deque()
             for item in lane.queue:
                 if slices is None or in_slices(slices, *_key(item)):
-                    self._release_bytes(item[0], weight(item[1]))
+                    self._budget.release(item[0], weight(item[1]))
                 else:
                     kept.append(item)
             lane.queue = kept
@@ -620,7 +587,7 @@ class WorkerEngine:
             self._stop.set_result(None)
         for lane in self._lanes.values():
             for item in lane.queue:
-                self._release_bytes(item[0], weight(item[1]))
+                self._budget.release(item[0], weight(item[1]))
             lane.queue.clear()
         for attempt in list(self._attempts):
             if attempt.observer is None and not attempt.dead_lettering:
