@@ -35,7 +35,7 @@ from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted, Item, Record, in_slices
 from client.http import Slices
 from client.protocol.keyspace import KeyRange
-from client.worker.calls import Calls, overrides
+from client.worker.calls import Calls, is_async, overrides
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
 from client.worker.failures import Backoff, FailureHistory, ProcessingTimeout
@@ -93,6 +93,7 @@ class WorkerEngine:
         *,
         task_factory: Callable[[], WorkerTask] | None = None,
         handler_process: Process | None = None,
+        handler_on_loop: bool = True,
         partitioner: Partitioner | None = None,
         dead_letters: DeadLetters | None = None,
     ) -> None:
@@ -120,6 +121,10 @@ class WorkerEngine:
         self._budget = ByteBudget(
             config.max_buffered_bytes, config.resume_ratio, source.pause, source.resume
         )
+        self._timeout = config.processing_timeout_s
+        # (deadline, attempt, its number then), in deadline order.
+        self._deadlines: deque[tuple[float, Attempt, int]] = deque()
+        self._handler_on_loop = handler_on_loop
         self._stop: asyncio.Future[None] = self._loop.create_future()
         self._settled = asyncio.Event()
         self._settled.set()
@@ -135,6 +140,7 @@ class WorkerEngine:
             worker = asyncio.create_task(self._work(), name=f"keyrange-worker-{index}")
             self._workers.add(worker)
         punctuator = asyncio.create_task(self._punctuate_periodically(), name="keyrange-punctuate")
+        expiry = asyncio.create_task(self._expire_periodically(), name="keyrange-timeouts")
         try:
             while not self._stop.done():
                 try:
@@ -147,10 +153,11 @@ class WorkerEngine:
                     raise
                 self._enqueue(item)
         finally:
-            punctuator.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await punctuator
             await self.finish(self._config.drain_timeout_s)
+            for periodic in (punctuator, expiry):
+                periodic.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await periodic
         if self._stop.done():
             self._stop.result()
 
@@ -276,24 +283,52 @@ class WorkerEngine:
         await self._attempt(attempt)
 
     async def _attempt(self, attempt: Attempt) -> None:
+        """One call of ``process``, awaited in this worker. A call that runs on the loop is
+        interrupted (cancelled) when its record times out or the membership is lost; a
+        call in a thread cannot be, and keeps its lane busy until it returns."""
         attempt.number += 1
         observer = Observer(attempt, self._resolve, self._loop)
         attempt.observer = observer
-        attempt.timer = self._loop.call_later(
-            self._config.processing_timeout_s, self._timed_out, observer
-        )
-        call = asyncio.ensure_future(self._process(attempt.lane.task, attempt.item[1], observer))
-        attempt.call = call
+        self._deadlines.append((self._loop.time() + self._timeout, attempt, attempt.number))
+        if self._on_loop(attempt.lane):
+            attempt.call = asyncio.current_task()
         try:
-            await call
+            await self._process(attempt.lane.task, attempt.item[1], observer)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            if not attempt.interrupted:
                 raise
         except Exception as error:
             observer.failure(error)
         finally:
             attempt.call = None
+            if attempt.interrupted:
+                attempt.interrupted = False
+                worker = asyncio.current_task()
+                if worker is not None and worker.uncancel() > 0:
+                    raise asyncio.CancelledError
+
+    def _on_loop(self, lane: Lane) -> bool:
+        if self._shared is not None:
+            return self._handler_on_loop
+        return is_async(lane.task.process)
+
+    def _interrupt(self, attempt: Attempt) -> None:
+        if attempt.call is not None and not attempt.interrupted:
+            attempt.interrupted = True
+            attempt.call.cancel()
+
+    async def _expire_periodically(self) -> None:
+        """Processing timeouts without a timer per record: every attempt has the same
+        timeout, so deadlines come in the order attempts started."""
+        deadlines = self._deadlines
+        while True:
+            now = self._loop.time()
+            while deadlines and deadlines[0][0] <= now:
+                _, attempt, number = deadlines.popleft()
+                observer = attempt.observer
+                if observer is not None and attempt.number == number:
+                    self._timed_out(observer)
+            await asyncio.sleep(deadlines[0][0] - now if deadlines else self._timeout)
 
     async def _task_process(self, task: WorkerTask, record: Record, observer: Observer) -> None:
         await self._calls.call(task.process, record, observer)
@@ -324,10 +359,7 @@ class WorkerEngine:
     # ----------------------------------------------------------------- outcomes
 
     def _timed_out(self, observer: Observer) -> None:
-        attempt = observer.attempt
-        attempt.timer = None
-        if attempt.call is not None and not attempt.call.done():
-            attempt.call.cancel()
+        self._interrupt(observer.attempt)
         self._resolve(
             observer,
             ProcessingTimeout(f"no acknowledgement within {self._config.processing_timeout_s} s"),
@@ -341,9 +373,6 @@ class WorkerEngine:
         if attempt.observer is not observer:
             return
         attempt.observer = None
-        if attempt.timer is not None:
-            attempt.timer.cancel()
-            attempt.timer = None
         if error is None:
             self.stats.processed += 1
             self._settle(attempt, processed=True)
@@ -536,8 +565,7 @@ class WorkerEngine:
         their outcome is ignored."""
         self.withdraw(None)
         for attempt in list(self._attempts):
-            if attempt.call is not None and not attempt.call.done():
-                attempt.call.cancel()
+            self._interrupt(attempt)
             if attempt.observer is not None:
                 attempt.observer.resolved = True
                 attempt.observer = None

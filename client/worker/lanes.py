@@ -77,6 +77,7 @@ class Attempt:
         "call",
         "dead_lettering",
         "first_failure_ms",
+        "interrupted",
         "item",
         "lane",
         "last_failure_ms",
@@ -93,10 +94,12 @@ class Attempt:
         self.weight = weight
         self.number = 0
         self.observer: Observer | None = None
-        # The processing timeout, or the wait before the next try.
+        # The wait before the next try.
         self.timer: asyncio.TimerHandle | None = None
-        # The running ``process`` call when it runs on the event loop (cancelled on timeout).
+        # The worker awaiting ``process`` when the call runs on the event loop; cancelled
+        # (``interrupted``) when the record times out or the membership is lost.
         self.call: asyncio.Future[Any] | None = None
+        self.interrupted = False
         self.first_failure_ms = 0
         self.last_failure_ms = 0
         self.dead_lettering = False

@@ -147,6 +147,7 @@ class Worker:
             self._calls,
             task_factory=self._task,
             handler_process=handler_process,
+            handler_on_loop=self._handler is None or is_async(self._handler),
             partitioner=self._partitioner,
             dead_letters=self._dead_letters,
         )
