@@ -612,3 +612,40 @@ async def test_accept_holds_the_head_back_until_punctuate_opens_the_gate(
     assert refused and refused[0] == 0
     assert all(ticks >= 3 for ticks, _ in processed)
     assert [offset for _, offset in processed] == list(range(20))
+
+
+async def test_a_timed_out_async_handler_is_cancelled_and_its_key_goes_on(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:40])
+    group_id = group()
+    cancelled: list[int] = []
+    handled: list[int] = []
+
+    async def handle(record: Any) -> None:
+        if record.offset == 0:
+            try:
+                await asyncio.sleep(600)
+            except asyncio.CancelledError:
+                cancelled.append(record.offset)
+                raise
+        handled.append(record.offset)
+
+    worker = Worker(
+        config(
+            topic,
+            kafka_bootstrap,
+            coordinator_url,
+            group_id,
+            processing_timeout_s=1.0,
+            failure_policy="skip",
+            # One worker: it must live on after its call was interrupted.
+            max_concurrency=1,
+        ),
+        handler=handle,
+    )
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 40), 60, "all committed")
+    assert cancelled == [0]
+    assert sorted(handled) == list(range(1, 40))
