@@ -122,8 +122,8 @@ class WorkerEngine:
             config.max_buffered_bytes, config.resume_ratio, source.pause, source.resume
         )
         self._timeout = config.processing_timeout_s
-        # (deadline, attempt, its number then), in deadline order.
-        self._deadlines: deque[tuple[float, Attempt, int]] = deque()
+        # (deadline, the attempt's observer), in deadline order.
+        self._deadlines: deque[tuple[float, Observer]] = deque()
         self._handler_on_loop = handler_on_loop
         self._stop: asyncio.Future[None] = self._loop.create_future()
         self._settled = asyncio.Event()
@@ -144,14 +144,14 @@ class WorkerEngine:
         try:
             while not self._stop.done():
                 try:
-                    item = await self._source.next_item(self._stop)
+                    # Not kept in a local: the last record would live on while fetching waits.
+                    self._enqueue(await self._source.next_item(self._stop))
                 except FetchInterrupted:
                     break
                 except ConsumerStopped:
                     if self._source.stopped:
                         break
                     raise
-                self._enqueue(item)
         finally:
             await self.finish(self._config.drain_timeout_s)
             for periodic in (punctuator, expiry):
@@ -289,7 +289,7 @@ class WorkerEngine:
         attempt.number += 1
         observer = Observer(attempt, self._resolve, self._loop)
         attempt.observer = observer
-        self._deadlines.append((self._loop.time() + self._timeout, attempt, attempt.number))
+        self._deadlines.append((self._loop.time() + self._timeout, observer))
         if self._on_loop(attempt.lane):
             attempt.call = asyncio.current_task()
         try:
@@ -319,14 +319,14 @@ class WorkerEngine:
 
     async def _expire_periodically(self) -> None:
         """Processing timeouts without a timer per record: every attempt has the same
-        timeout, so deadlines come in the order attempts started."""
+        timeout, so deadlines come in the order attempts started. An entry outlives its
+        attempt's outcome until its deadline, holding only the detached observer."""
         deadlines = self._deadlines
         while True:
             now = self._loop.time()
             while deadlines and deadlines[0][0] <= now:
-                _, attempt, number = deadlines.popleft()
-                observer = attempt.observer
-                if observer is not None and attempt.number == number:
+                _, observer = deadlines.popleft()
+                if not observer.resolved:
                     self._timed_out(observer)
             await asyncio.sleep(deadlines[0][0] - now if deadlines else self._timeout)
 
@@ -359,7 +359,8 @@ class WorkerEngine:
     # ----------------------------------------------------------------- outcomes
 
     def _timed_out(self, observer: Observer) -> None:
-        self._interrupt(observer.attempt)
+        if observer.attempt is not None:
+            self._interrupt(observer.attempt)
         self._resolve(
             observer,
             ProcessingTimeout(f"no acknowledgement within {self._config.processing_timeout_s} s"),
@@ -370,7 +371,9 @@ class WorkerEngine:
             return
         observer.resolved = True
         attempt = observer.attempt
-        if attempt.observer is not observer:
+        # Detached, so an observer user code keeps (or a deadline entry) holds no record.
+        observer.attempt = None
+        if attempt is None or attempt.observer is not observer:
             return
         attempt.observer = None
         if error is None:
@@ -568,6 +571,7 @@ class WorkerEngine:
             self._interrupt(attempt)
             if attempt.observer is not None:
                 attempt.observer.resolved = True
+                attempt.observer.attempt = None
                 attempt.observer = None
             if attempt.timer is not None:
                 attempt.timer.cancel()

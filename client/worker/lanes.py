@@ -122,7 +122,7 @@ class Observer:
     __slots__ = ("_loop", "_resolve", "_thread", "attempt", "resolved")
 
     def __init__(self, attempt: Attempt, resolve: Resolve, loop: asyncio.AbstractEventLoop) -> None:
-        self.attempt = attempt
+        self.attempt: Attempt | None = attempt
         self.resolved = False
         self._resolve = resolve
         self._loop = loop

@@ -5,12 +5,14 @@ order, and what the commits carry afterwards."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import sys
 import threading
 import time
 import uuid
+import weakref
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -649,3 +651,23 @@ async def test_a_timed_out_async_handler_is_cancelled_and_its_key_goes_on(
         await until(all_committed(coordinator_url, group_id, topic, 40), 60, "all committed")
     assert cancelled == [0]
     assert sorted(handled) == list(range(1, 40))
+
+
+async def test_finished_records_are_not_kept(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    """Memory stays bounded by what is in processing: nothing of a finished record stays
+    reachable (a processing-timeout entry, say, lives on until its deadline)."""
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:50])
+    group_id = group()
+    finished: list[weakref.ref[Any]] = []
+
+    async def handle(record: Any) -> None:
+        finished.append(weakref.ref(record))
+
+    worker = Worker(config(topic, kafka_bootstrap, coordinator_url, group_id), handler=handle)
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 50), 60, "all committed")
+        gc.collect()
+        assert [ref() for ref in finished if ref() is not None] == []
