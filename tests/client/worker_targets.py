@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
 from client.worker import RecordObserver, WorkerTask
@@ -38,8 +39,15 @@ class Journaling(WorkerTask):
 
 
 def in_a_process(record: Any) -> None:
-    """A synchronous handler for ``processes``: notes the process it ran in."""
+    """A synchronous handler for ``processes``: notes the process it ran in; offset 3 fails
+    with an exception that cannot be pickled back (it holds a lock)."""
+    if record.offset == 3:
+        raise Unpicklable(threading.Lock())
     _note(f"pid {os.getpid()} {record.offset}")
+
+
+class Unpicklable(Exception):
+    pass
 
 
 NOT_CALLABLE = 42
