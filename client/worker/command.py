@@ -143,7 +143,7 @@ def load_target(spec: str) -> Any:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     from client.worker.config import WorkerConfig
-    from client.worker.engine import WorkerFailed
+    from client.worker.failures import WorkerFailed
     from client.worker.metrics import MetricsUnavailable
     from client.worker.runtime import Worker
     from client.worker.task import WorkerTask

@@ -26,46 +26,32 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from client.dispatch import RecordSource
 from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted, Item, Record, in_slices
 from client.http import Slices
-from client.protocol.keyspace import KeyRange
 from client.worker.calls import Calls, is_async, overrides
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
-from client.worker.failures import Backoff, FailureHistory, ProcessingTimeout
+from client.worker.failures import (
+    Backoff,
+    FailureHistory,
+    Next,
+    ProcessingTimeout,
+    WorkerFailed,
+    next_step,
+)
 from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, weight
 from client.worker.pressure import ByteBudget
+from client.worker.source import WorkerSource
 from client.worker.task import KeyHashPartitioner, Partitioner, SubPartition, WorkerTask
 
 logger = logging.getLogger(__name__)
 
 Process = Callable[[WorkerTask, Record, Observer], Awaitable[None]]
-
-
-class WorkerFailed(Exception):
-    """The worker stopped on a record it could not process (policy ``at_least_once``, or a
-    dead letter the broker did not take). The record and every later record of its key stay
-    uncommitted and are delivered again on restart."""
-
-
-class WorkerSource(RecordSource, Protocol):
-    """What the engine needs of the consumer besides ``run()``'s seams."""
-
-    def give_back(self, record: Record) -> None: ...
-
-    def pause(self, partitions: list[TopicPartition]) -> None: ...
-
-    def resume(self, partitions: list[TopicPartition]) -> None: ...
-
-    def highwater(self, tp: TopicPartition) -> int | None: ...
-
-    def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]: ...
 
 
 class Stats:
@@ -99,7 +85,7 @@ class WorkerEngine:
     ) -> None:
         if (task_factory is None) == (handler_process is None):
             raise ValueError("give exactly one of task_factory and handler_process")
-        self._source = source
+        self._source = self.source = source
         self._config = config
         self._calls = calls
         self._task_factory = task_factory
@@ -396,21 +382,24 @@ class WorkerEngine:
             "error_type": type(error).__name__,
             "error": str(error),
         }
-        if attempt.withdrawn or self._stopping:
-            # Not ours any more, or shutting down: the next owner (or the restart) gets it.
+        step = next_step(
+            self._config.failure_policy,
+            attempt.number,
+            self._config.max_attempts,
+            still_ours=not (attempt.withdrawn or self._stopping),
+        )
+        if step is Next.GIVE_BACK:
             self._settle(attempt, processed=False)
-            return
-        policy = self._config.failure_policy
-        if policy == "skip":
+        elif step is Next.SKIP:
             logger.warning("record failed; skipped", extra=where)
             self.stats.skipped += 1
             self._settle(attempt, processed=True)
-        elif policy == "retry" and attempt.number < self._config.max_attempts:
+        elif step is Next.RETRY:
             delay = self._backoff.delay(attempt.number, self._rng)
             logger.warning("record failed; trying again", extra={**where, "delay_s": delay})
             self.stats.retried += 1
             attempt.timer = self._loop.call_later(delay, self._retry_due, attempt)
-        elif policy == "retry":
+        elif step is Next.DEAD_LETTER:
             attempt.dead_lettering = True
             self._spawn(self._dead_letter(attempt, error))
         else:
@@ -508,22 +497,12 @@ class WorkerEngine:
         """How many times a partition's fetching was paused."""
         return self._budget.pauses
 
-    def lag(self) -> list[tuple[TopicPartition, KeyRange, int]]:
-        """Per owned slice, the records between its commit point and the partition's end
-        (records of other slices in between count too: Kafka knows offsets, not keys)."""
-        lags = []
-        for tp, keys, watermark in self._source.slice_watermarks():
-            end = self._source.highwater(tp)
-            if end is not None:
-                lags.append((tp, keys, max(end - watermark, 0)))
-        return lags
-
     # ----------------------------------------------------------------- ownership changes
 
     def open_partitions(self, partitions: list[TopicPartition]) -> None:
         """Create the tasks of newly owned partitions now, so they punctuate before their
         first record arrives."""
-        if self._shared is not None:
+        if self._shared is not None or self._stopping:
             return
         for tp in partitions:
             for index in range(self._partitioner.count(tp)):
@@ -553,10 +532,7 @@ class WorkerEngine:
                 continue
             attempt.withdrawn = True
             if attempt.observer is None and not attempt.dead_lettering:
-                if attempt.timer is not None:
-                    attempt.timer.cancel()
-                    attempt.timer = None
-                self._settle(attempt, processed=False)
+                self._give_back(attempt)
         for key in [key for key, attempt in self._open.items() if attempt not in self._attempts]:
             # Keys held by a record that stopped the worker: released with the slice.
             if slices is None or in_slices(slices, *key):
@@ -573,15 +549,20 @@ class WorkerEngine:
                 attempt.observer.resolved = True
                 attempt.observer.attempt = None
                 attempt.observer = None
-            if attempt.timer is not None:
-                attempt.timer.cancel()
-                attempt.timer = None
-            self._settle(attempt, processed=False)
+            self._give_back(attempt)
         self._waiting.clear()
+
+    def _give_back(self, attempt: Attempt) -> None:
+        if attempt.timer is not None:
+            attempt.timer.cancel()
+            attempt.timer = None
+        self._settle(attempt, processed=False)
 
     async def close_partitions(self, partitions: set[TopicPartition]) -> None:
         """Close the tasks of partitions this member no longer owns any slice of, each after
         its current call, within the drain timeout."""
+        if self._stopping:
+            return  # the shutdown closes every task
         lanes = [lane for lane in self._lanes.values() if lane.ident[0] in partitions]
         await self._close_lanes(lanes)
 
@@ -617,17 +598,7 @@ class WorkerEngine:
         self._stopping = True
         if not self._stop.done():
             self._stop.set_result(None)
-        for lane in self._lanes.values():
-            for item in lane.queue:
-                self._budget.release(item[0], weight(item[1]))
-            lane.queue.clear()
-        for attempt in list(self._attempts):
-            if attempt.observer is None and not attempt.dead_lettering:
-                if attempt.timer is not None:
-                    attempt.timer.cancel()
-                    attempt.timer = None
-                attempt.lane.retries.clear()
-                self._settle(attempt, processed=False)
+        self.withdraw(None)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             await asyncio.wait_for(self._settled.wait(), timeout_s)
@@ -649,9 +620,6 @@ class WorkerEngine:
             worker.cancel()
         for task in self._background:
             task.cancel()
-        for attempt in list(self._attempts):
-            if attempt.timer is not None:
-                attempt.timer.cancel()
 
 
 def _key(item: Item) -> tuple[TopicPartition, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 # Header names of a dead letter (docs/workers.md); the record's own headers come first.
 ORIGIN_TOPIC = "keyrange.origin.topic"
@@ -26,6 +27,34 @@ MAX_ERROR_MESSAGE = 4096
 
 class ProcessingTimeout(Exception):
     """Neither ``success`` nor ``failure`` came within ``processing_timeout_s``."""
+
+
+class WorkerFailed(Exception):
+    """The worker stopped on a record it could not process (policy ``at_least_once``, or a
+    dead letter the broker did not take). The record and every later record of its key stay
+    uncommitted and are delivered again on restart."""
+
+
+class Next(Enum):
+    """What a failed attempt leads to."""
+
+    GIVE_BACK = "give back"  # not this member's to decide any more: the next owner retries
+    SKIP = "skip"
+    RETRY = "retry"
+    DEAD_LETTER = "dead letter"
+    STOP = "stop"
+
+
+def next_step(policy: str, attempts: int, max_attempts: int, *, still_ours: bool) -> Next:
+    """The failure policy (docs/workers.md): ``still_ours`` is False once the record's slice
+    was revoked or lost, or the worker is shutting down."""
+    if not still_ours:
+        return Next.GIVE_BACK
+    if policy == "skip":
+        return Next.SKIP
+    if policy == "retry":
+        return Next.RETRY if attempts < max_attempts else Next.DEAD_LETTER
+    return Next.STOP
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from client.worker.source import slice_lag
+
 if TYPE_CHECKING:
     from client.worker.engine import WorkerEngine
 
@@ -49,7 +51,10 @@ def snapshot(engine: WorkerEngine | None) -> Snapshot:
         in_flight=engine.in_flight,
         buffered_bytes=engine.buffered_bytes,
         paused=len(engine.paused),
-        lag=[(tp.topic, tp.partition, keys.start, keys.end, lag) for tp, keys, lag in engine.lag()],
+        lag=[
+            (tp.topic, tp.partition, keys.start, keys.end, lag)
+            for tp, keys, lag in slice_lag(engine.source)
+        ],
     )
 
 

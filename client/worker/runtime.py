@@ -20,8 +20,9 @@ from client.http import Slices
 from client.worker.calls import Calls, Handler, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
-from client.worker.engine import Stats, WorkerEngine, WorkerSource
+from client.worker.engine import Stats, WorkerEngine
 from client.worker.metrics import MetricsServer
+from client.worker.source import WorkerSource
 from client.worker.task import Partitioner, WorkerTask
 
 logger = logging.getLogger(__name__)
