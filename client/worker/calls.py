@@ -92,7 +92,7 @@ class _Batches:
     """Sends records to the process pool a batch per process: one pickling round trip (some
     100 us of the parent's time) for many records instead of one each, which would cost as
     much as the millisecond handlers a process pool is for. Records handed out in the same
-    turn of the event loop go together, split evenly over the processes."""
+    turn of the event loop go together, split in two batches per process."""
 
     def __init__(self, handler: Handler, pool: Callable[[], Executor], processes: int) -> None:
         self._handler = handler
@@ -111,7 +111,9 @@ class _Batches:
     def _send(self) -> None:
         pending, self._pending = self._pending, []
         loop = asyncio.get_running_loop()
-        size = -(-len(pending) // self._processes)
+        # Two batches per process: each has the next one queued while it works, so it does
+        # not wait for the loop to hand out more records.
+        size = -(-len(pending) // (2 * self._processes))
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
             records = [record for record, _ in batch]

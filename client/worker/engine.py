@@ -240,7 +240,9 @@ class WorkerEngine:
             await self._task_call(lane, "punctuate", time.time())
             return
         if lane.retries:
-            await self._attempt(lane.retries.popleft())
+            # Asked before a retry too: a lost session gives the record back instead.
+            if self._source.may_hand_out():
+                await self._attempt(lane.retries.popleft())
             return
         if not lane.queue or self._stopping:
             return
@@ -421,6 +423,8 @@ class WorkerEngine:
         history = FailureHistory(
             attempt.number, error, attempt.first_failure_ms, attempt.last_failure_ms
         )
+        if not self._source.may_hand_out():
+            return  # the session was lost (which gave the record back): no side effect
         try:
             if self._dead_letters is None:
                 raise WorkerFailed("no dead-letter topic is configured")
