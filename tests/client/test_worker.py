@@ -349,8 +349,9 @@ async def test_a_dead_letter_the_broker_refuses_stops_the_worker_unprocessed(
     assert await processed_offsets(coordinator_url, group_id, topic) == set()
 
 
+@pytest.mark.parametrize("form", ["handler", "task"])
 async def test_a_slice_revoked_while_its_record_waits_for_a_retry_goes_to_its_next_owner(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+    form: str, kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
 ) -> None:
     topic = await make_topic(1)
     await allow_range_fetch(coordinator_url, topic)
@@ -376,16 +377,27 @@ async def test_a_slice_revoked_while_its_record_waits_for_a_retry_goes_to_its_ne
         "retry_backoff_max_s": 30.0,
         "dead_letter_topic": f"{topic}-dlt",
     }
+
+    class Failing(WorkerTask):
+        async def process(self, record: Any, observer: RecordObserver) -> None:
+            await failing(record)
+
     # A drain that waited for the retries would outlast every wait below.
-    first = Worker(
-        config(topic, kafka_bootstrap, coordinator_url, group_id, drain_timeout_s=300, **options),
-        handler=failing,
+    first_config = config(
+        topic, kafka_bootstrap, coordinator_url, group_id, drain_timeout_s=300, **options
     )
+    first = (
+        Worker(first_config, handler=failing)
+        if form == "handler"
+        else Worker(first_config, task=Failing)
+    )
+    # Every key's first record in the handler form; each sub-partition's head with tasks.
+    tried = 17 if form == "handler" else 1
     second = Worker(
         config(topic, kafka_bootstrap, coordinator_url, group_id, **options), handler=succeeding
     )
     async with running(first):
-        await until(lambda: len(set(first_attempts)) == 17, 60, "every key tried once")
+        await until(lambda: len(set(first_attempts)) >= tried, 60, "records in retry")
         async with running(second):
             await until(lambda: len(second_done) > 0, 60, "the second member to process")
             await until(lambda: second.consumer.assignment(), 30, "the second to own a slice")
@@ -397,6 +409,8 @@ async def test_a_slice_revoked_while_its_record_waits_for_a_retry_goes_to_its_ne
             await until(lambda: moved <= set(second_done), 45, "the moved slice processed")
     assert first.stats.dead_lettered == 0
     assert moved and moved <= set(second_done)
+    if form == "handler":
+        assert moved & set(first_attempts), "no record waiting for a retry moved"
 
 
 async def produce_values(bootstrap: str, topic: str, count: int, size: int) -> None:
