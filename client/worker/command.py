@@ -4,8 +4,9 @@ variable, the variable over the default), so a worker image is configured like a
 container. Needs only what `pip install keyrange` brings (metrics: the `worker` extra).
 
 Exit codes: 0 after a clean shutdown, 1 when the worker stopped on a failure
-(``WorkerFailed``: nothing past it was committed), 2 for bad options or a target that
-cannot be loaded.
+(``WorkerFailed``: nothing past it was committed) or could not reach Kafka or the
+coordinator, 2 for bad options, a target that cannot be loaded, or metrics that cannot be
+served.
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def load_target(spec: str) -> Any:
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+    from aiokafka.errors import KafkaError
+
+    from client.errors import KeyrangeClientError
     from client.worker.config import WorkerConfig
     from client.worker.failures import WorkerFailed
     from client.worker.metrics import MetricsUnavailable
@@ -171,6 +175,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         return 2
     except WorkerFailed as error:
         log.error("worker stopped on a failure", extra={"error": str(error)})
+        return 1
+    except (KafkaError, KeyrangeClientError) as error:
+        print(f"keyrange worker: {error}", file=sys.stderr)
         return 1
     return 0
 

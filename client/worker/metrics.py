@@ -24,7 +24,7 @@ _SNAPSHOT_TIMEOUT_S = 5.0
 
 
 class MetricsUnavailable(Exception):
-    """prometheus-client is not installed."""
+    """prometheus-client is not installed, or the port cannot be listened on."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,10 @@ class MetricsServer:
 
         registry = CollectorRegistry()
         registry.register(WorkerCollector())
-        self._server, self._thread = start_http_server(port, registry=registry)
+        try:
+            self._server, self._thread = start_http_server(port, registry=registry)
+        except OSError as error:
+            raise MetricsUnavailable(f"cannot serve metrics on port {port}: {error}") from None
 
     @property
     def port(self) -> int:

@@ -104,14 +104,14 @@ class Worker:
 
     async def run(self, *, handle_signals: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        if handle_signals:
-            for number in _SIGNALS:
-                loop.add_signal_handler(number, self._on_signal, number)
         metrics = (
             None
             if self.config.metrics_port is None
             else MetricsServer(self.config.metrics_port, lambda: self.engine, loop)
         )
+        if handle_signals:
+            for number in _SIGNALS:
+                loop.add_signal_handler(number, self._on_signal, number)
         try:
             async with self._consumer:
                 await self._process()

@@ -166,3 +166,30 @@ async def test_bad_options_are_one_line_and_exit_code_2(
     lines = stderr.decode().strip().splitlines()
     assert process.returncode == 2
     assert len(lines) == 1 and lines[0].startswith("keyrange worker: ") and message in lines[0]
+
+
+async def test_an_unreachable_broker_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "coordinator.cli",
+        "worker",
+        "tests.client.worker_targets:handle",
+        "--topics",
+        "t",
+        "--group",
+        "g",
+        "--bootstrap",
+        "127.0.0.1:1",
+        "--coordinator",
+        "http://127.0.0.1:1",
+        "--log-level",
+        "CRITICAL",
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        _, stderr = await process.communicate()
+    lines = stderr.decode().strip().splitlines()
+    assert process.returncode == 1
+    assert len(lines) == 1 and lines[0].startswith("keyrange worker: KafkaConnectionError")
