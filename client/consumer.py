@@ -399,7 +399,6 @@ class KeyrangeConsumer:
         """Run a processing engine over this consumer's records until ``stop()``: what
         ``run`` does with its dispatcher, open to other engines (``client.worker``). The
         engine is told of revocations, losses and the stop as ``run``'s dispatcher is."""
-        self._check_running()
         engine = make_engine(ConsumerSource(self))
         self._dispatchers.add(engine)
         try:
@@ -549,9 +548,6 @@ class ConsumerSource:
         """No longer with user code and not processed: a revocation stops waiting for it and
         the slice's next owner (or this member, after a restart) gets it again."""
         self._handed.take(record)
-
-    def assigned_partitions(self) -> list[TopicPartition]:
-        return list(self._consumer.assignment())
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         kafka = self._fetcher.kafka()
