@@ -691,3 +691,30 @@ async def test_finished_records_are_not_kept(
         await until(all_committed(coordinator_url, group_id, topic, 50), 60, "all committed")
         gc.collect()
         assert [ref() for ref in finished if ref() is not None] == []
+
+
+async def test_a_partitioner_out_of_its_range_stops_the_worker_with_a_clear_error(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:5])
+
+    class OffByOne:
+        def subpartition(self, record: Any, key_hash: int) -> int:
+            return 4
+
+        def count(self, tp: TopicPartition) -> int:
+            return 4
+
+    class Noting(WorkerTask):
+        def process(self, record: Any, observer: RecordObserver) -> None:
+            observer.success()
+
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group()),
+        task=Noting,
+        partitioner=OffByOne(),
+    )
+    with pytest.raises(WorkerFailed, match="the partitioner gave sub-partition 4 of 4"):
+        async with asyncio.timeout(60):
+            await worker.run()
