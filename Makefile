@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench clean
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-workers bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,14 +44,7 @@ bench-client: $(STAMP)
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
 
-bench-handoff: $(STAMP)
-	$(PY) -m bench.handoff
-
-.PHONY: bench-stall
-bench-stall: $(STAMP)
-	$(PY) -m bench.commit_stall
-
-bench: bench-commit bench-assign bench-client bench-spark bench-handoff
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-workers bench clean
 
 clean:
 	rm -rf $(VENV) .keyrange .pytest_cache .mypy_cache .ruff_cache

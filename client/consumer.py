@@ -41,7 +41,7 @@ from typing import Any, cast
 from aiokafka.structs import TopicPartition
 
 from client.committer import Committer
-from client.dispatch import Dispatcher, Handler
+from client.dispatch import Dispatcher, Engine, Handler
 from client.errors import ConsumerStopped, InvalidRequest, KeyrangeClientError, NoOffsetForPartition
 from client.fetcher import Fetcher, Item, OutsideLog, Record
 from client.handout import HandedOut
@@ -190,7 +190,7 @@ class KeyrangeConsumer:
         )
         self._last_auto: Record | None = None
         self._changed: asyncio.Future[None] | None = None
-        self._dispatchers: set[Dispatcher] = set()
+        self._dispatchers: set[Engine] = set()
         self._membership: Membership | None = None
         self._reconciler: Reconciler | None = None
         self._standalone_target: Slices | None = None
@@ -412,14 +412,22 @@ class KeyrangeConsumer:
         to their end instead (their outcome is still not committed)."""
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
-        dispatcher = Dispatcher(
-            _DispatchSource(self), handler, max_concurrency, cancel_on_loss=cancel_on_loss
+        await self.drive(
+            lambda source: Dispatcher(
+                source, handler, max_concurrency, cancel_on_loss=cancel_on_loss
+            )
         )
-        self._dispatchers.add(dispatcher)
+
+    async def drive(self, make_engine: Callable[[ConsumerSource], Engine]) -> None:
+        """Run a processing engine over this consumer's records until ``stop()``: what
+        ``run`` does with its dispatcher, open to other engines (``client.worker``). The
+        engine is told of revocations, losses and the stop as ``run``'s dispatcher is."""
+        engine = make_engine(ConsumerSource(self))
+        self._dispatchers.add(engine)
         try:
-            await dispatcher.run()
+            await engine.run()
         finally:
-            self._dispatchers.discard(dispatcher)
+            self._dispatchers.discard(engine)
 
     # ----------------------------------------------------------------- SliceOwner
 
@@ -558,8 +566,9 @@ class KeyrangeConsumer:
             )
 
 
-class _DispatchSource:
-    """The seams ``run()``'s dispatcher uses, over the consumer's parts."""
+class ConsumerSource:
+    """The seams an engine uses (``run()``'s dispatcher, ``client.worker``), over the
+    consumer's parts."""
 
     def __init__(self, consumer: KeyrangeConsumer) -> None:
         self._consumer = consumer
@@ -577,6 +586,36 @@ class _DispatchSource:
 
     def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> None:
         self._handed.hand_out(tp, record.offset, hashed)
+
+    def give_back(self, record: Record) -> None:
+        """No longer with user code and not processed: a revocation stops waiting for it and
+        the slice's next owner (or this member, after a restart) gets it again."""
+        self._handed.take(record)
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        kafka = self._fetcher.kafka()
+        assigned = kafka.assignment()
+        kafka.pause(*[tp for tp in partitions if tp in assigned])
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        kafka = self._fetcher.kafka()
+        assigned = kafka.assignment()
+        kafka.resume(*[tp for tp in partitions if tp in assigned])
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's end as the last fetch saw it (never ListOffsets: exact)."""
+        highwater: int | None = self._fetcher.kafka().highwater(tp)
+        return highwater
+
+    def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]:
+        """Each active slice with its lowest offset not processed yet (its commit point)."""
+        tracker = self._consumer._tracker
+        return [
+            (tp, progress.keys, progress.watermark)
+            for tp in tracker.partitions()
+            for progress in tracker.slices_of(tp)
+            if progress.active
+        ]
 
 
 def _nothing() -> None:

@@ -40,6 +40,23 @@ class RecordSource(Protocol):
     def mark_processed(self, record: Record) -> None: ...
 
 
+class Engine(Protocol):
+    """What the consumer drives: ``run()``'s dispatcher, or another engine over the same
+    ``RecordSource`` (``KeyrangeConsumer.drive``)."""
+
+    async def run(self) -> None:
+        """Take records from the source and process them until ``finish`` or a failure."""
+
+    def withdraw(self, slices: Slices | None) -> None:
+        """Drop queued records of ``slices`` (all with None) that no handler started."""
+
+    def lose(self) -> None:
+        """The membership is lost: drop what is queued; running work is not ours any more."""
+
+    async def finish(self, timeout_s: float | None) -> None:
+        """Stop taking records; let started work end (up to ``timeout_s``), drop the rest."""
+
+
 class Dispatcher:
     """``run()``'s machinery: one chain of records per (partition, key hash) and a fixed pool
     of ``max_concurrency`` workers. A chain is scheduled at most once at any time, so a key's

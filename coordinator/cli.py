@@ -1,9 +1,9 @@
-"""The `keyrange` command: run the coordinator, migrate its database, and administer groups
-through the admin API.
+"""The `keyrange` command: run the coordinator, migrate its database, administer groups
+through the admin API, and run a worker.
 
 `serve` and `migrate` need the coordinator's packages (the `keyrange[server]` extra) and import
-them when they run; `admin` and `version` need only what a plain `pip install keyrange` brings,
-so a worker's image can administer a coordinator without the server installed."""
+them when they run; `admin`, `worker` and `version` need only what a plain `pip install
+keyrange` brings, so a worker's image runs and administers without the server installed."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from client.worker import command as worker_command
 from coordinator import logs
 
 if TYPE_CHECKING:
@@ -288,6 +289,15 @@ def _boolean(value: str) -> bool:
     raise argparse.ArgumentTypeError("expected true or false")
 
 
+def _worker(args: argparse.Namespace) -> int:
+    level, fmt = worker_command.logging_settings(args, os.environ)
+    if not isinstance(logging.getLevelName(level), int) or fmt not in {"text", "json"}:
+        print(f"keyrange worker: invalid log level {level!r} or format {fmt!r}", file=sys.stderr)
+        return 2
+    logs.configure(level, fmt)
+    return worker_command.run(args)
+
+
 def _admin(args: argparse.Namespace) -> int:
     api = AdminApi(args.url, args.token)
     commands: dict[str, Callable[[], int]] = {
@@ -431,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--accept-individual-commit", type=_boolean)
     config.add_argument("--default-accept-range-fetch", type=_boolean)
     admin.set_defaults(handler=_admin)
+
+    worker_command.add_parser(commands).set_defaults(handler=_worker)
     return parser
 
 

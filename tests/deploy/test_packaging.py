@@ -94,3 +94,46 @@ def test_admin_commands_need_no_server_packages() -> None:
     )
     assert "keyrange[server]" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+WORKER_ARGS = [
+    "worker",
+    "tests.client.worker_targets:handle",
+    "--topics",
+    "t",
+    "--group",
+    "g",
+    "--bootstrap",
+    "127.0.0.1:1",
+    "--coordinator",
+    "http://127.0.0.1:1",
+    "--log-level",
+    "CRITICAL",
+]
+
+
+def test_the_worker_command_needs_no_server_packages() -> None:
+    result = run_without_server_packages(
+        f"from coordinator.cli import main\nraise SystemExit(main({WORKER_ARGS!r}))"
+    )
+    # It ran as far as reaching Kafka, which is not there.
+    assert result.returncode == 1, result.stderr
+    assert "keyrange worker: KafkaConnectionError" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_worker_metrics_without_the_worker_extra_say_how_to_get_it() -> None:
+    argv = [*WORKER_ARGS, "--metrics-port", "0"]
+    result = run_without_server_packages(
+        f"from coordinator.cli import main\nraise SystemExit(main({argv!r}))"
+    )
+    assert result.returncode == 2
+    assert "pip install 'keyrange[worker]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_worker_extra_brings_prometheus_client() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {requirement_name(r) for r in extras["worker"]} == {"prometheus-client"}

@@ -1,0 +1,146 @@
+"""The engine's units: a lane (one sub-partition's queue and its task), an attempt (one record
+from hand-out to its outcome, across retries) and the observer a task acknowledges through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+from client.fetcher import Item, Record
+from client.worker.task import WorkerTask
+
+# A lane is a sub-partition: (partition, index); in the handler form, (partition, key hash).
+LaneId = tuple[TopicPartition, int]
+KeyId = tuple[TopicPartition, int]
+
+# What a buffered record costs besides its key and value: the record object, its place in
+# the queues and the offset bookkeeping. Counted so ``max_buffered_bytes`` bounds memory,
+# not just payload, for small records too.
+RECORD_OVERHEAD_BYTES = 400
+
+
+def weight(record: Record) -> int:
+    size: int = max(record.serialized_key_size, 0) + max(record.serialized_value_size, 0)
+    return size + RECORD_OVERHEAD_BYTES
+
+
+class Lane:
+    """A sub-partition: its records not handed out yet, in offset order, and the attempts of
+    its records due to run again. ``busy`` while a call into its task runs; calls into one
+    lane never overlap, so neither do calls into its task."""
+
+    __slots__ = (
+        "busy",
+        "closed",
+        "ident",
+        "open",
+        "punctuate_due",
+        "queue",
+        "refused",
+        "retries",
+        "scheduled",
+        "task",
+    )
+
+    def __init__(self, ident: LaneId, task: WorkerTask) -> None:
+        self.ident = ident
+        self.task = task
+        self.queue: deque[Item] = deque()
+        self.retries: deque[Attempt] = deque()
+        self.busy = False
+        self.scheduled = False
+        self.punctuate_due = False
+        # The task's ``accept`` refused the head; asked again after the next event.
+        self.refused = False
+        # Attempts of this lane's records that have no outcome yet.
+        self.open = 0
+        # Set when the lane's task is to be closed; resolved once it was.
+        self.closed: asyncio.Future[None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        return not (self.busy or self.queue or self.retries or self.open)
+
+
+class Attempt:
+    """A handed-out record until its outcome: processed, dead-lettered, skipped, or given
+    back. ``number`` counts the calls to ``process`` so far."""
+
+    __slots__ = (
+        "call",
+        "dead_lettering",
+        "first_failure_ms",
+        "interrupted",
+        "item",
+        "lane",
+        "last_failure_ms",
+        "number",
+        "observer",
+        "timer",
+        "weight",
+        "withdrawn",
+    )
+
+    def __init__(self, item: Item, lane: Lane, weight: int) -> None:
+        self.item = item
+        self.lane = lane
+        self.weight = weight
+        self.number = 0
+        self.observer: Observer | None = None
+        # The wait before the next try.
+        self.timer: asyncio.TimerHandle | None = None
+        # The worker awaiting ``process`` when the call runs on the event loop; cancelled
+        # (``interrupted``) when the record times out or the membership is lost.
+        self.call: asyncio.Future[Any] | None = None
+        self.interrupted = False
+        self.first_failure_ms = 0
+        self.last_failure_ms = 0
+        self.dead_lettering = False
+        # Its slice was revoked or lost: a failure gives it back instead of retrying.
+        self.withdrawn = False
+
+    @property
+    def key(self) -> KeyId:
+        tp, _, hashed = self.item
+        return tp, hashed
+
+
+Resolve = Callable[["Observer", BaseException | None], None]
+
+
+class Observer:
+    """One attempt's acknowledgement. Callable from any thread: the outcome is handed to the
+    event loop, where the first one counts and later ones are ignored."""
+
+    __slots__ = ("_loop", "_resolve", "_thread", "attempt", "resolved")
+
+    def __init__(self, attempt: Attempt, resolve: Resolve, loop: asyncio.AbstractEventLoop) -> None:
+        self.attempt: Attempt | None = attempt
+        self.resolved = False
+        self._resolve = resolve
+        self._loop = loop
+        self._thread = threading.get_ident()
+
+    def success(self) -> None:
+        self._report(None)
+
+    def failure(self, error: BaseException) -> None:
+        if not isinstance(error, BaseException):
+            error = TypeError(f"observer.failure() takes an exception, got {error!r}")
+        self._report(error)
+
+    def _report(self, error: BaseException | None) -> None:
+        if threading.get_ident() == self._thread:
+            self._resolve(self, error)
+            return
+        # A closed loop means the worker stopped; the record was not committed, so it is
+        # delivered again after a restart.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._resolve, self, error)

@@ -1,0 +1,196 @@
+"""``Worker``: a process's worker runtime. One ``KeyrangeConsumer`` (one Kafka consumer, one
+membership) and one dead-letter producer per process, the engine processing on its own
+workers and pools apart from the fetch and heartbeat tasks, and the shutdown a container
+platform expects: on SIGTERM or SIGINT stop fetching, let records in processing finish (up
+to ``drain_timeout_s``), commit, leave the group; a second signal exits at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+from client.consumer import KeyrangeConsumer, RebalanceListener
+from client.http import Slices
+from client.worker.calls import Calls, Handler, is_async
+from client.worker.config import WorkerConfig
+from client.worker.deadletter import DeadLetters
+from client.worker.engine import Stats, WorkerEngine
+from client.worker.metrics import MetricsServer
+from client.worker.source import WorkerSource
+from client.worker.task import Partitioner, WorkerTask
+
+logger = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Worker:
+    """Runs ``task`` (a ``WorkerTask`` factory, usually its class) or ``handler`` (called
+    with each record; success when it returns) over the group's records until ``stop()``, a
+    signal (``handle_signals``) or a failure the policy does not absorb (``WorkerFailed``).
+
+    Records reach user code as the broker stored them (``key`` and ``value`` are bytes), so
+    a dead letter carries the exact bytes; deserialise in the task or handler.
+    """
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        task: Callable[[], WorkerTask] | None = None,
+        handler: Handler | None = None,
+        partitioner: Partitioner | None = None,
+        producer_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if (task is None) == (handler is None):
+            raise ValueError("give exactly one of task and handler")
+        for decoding in ("key_deserializer", "value_deserializer"):
+            if decoding in config.consumer_options:
+                raise ValueError(
+                    f"{decoding} is not supported by the worker: records stay bytes so a "
+                    "dead letter carries them unchanged; deserialise in the task or handler"
+                )
+        if config.processes and (handler is None or is_async(handler)):
+            raise ValueError("processes needs a plain (not async) handler function")
+        if partitioner is not None and task is None:
+            raise ValueError("a partitioner applies to tasks; a handler has a lane per key")
+        self.config = config
+        self._task = task
+        self._handler = handler
+        self._partitioner = partitioner
+        self._calls = Calls(config.threads, config.processes)
+        self._dead_letters = (
+            DeadLetters(
+                config.dead_letters,
+                {"bootstrap_servers": config.bootstrap_servers, **(producer_options or {})},
+            )
+            if config.failure_policy == "retry"
+            else None
+        )
+        self._consumer = KeyrangeConsumer(
+            *config.topics,
+            bootstrap_servers=config.bootstrap_servers,
+            coordinator_url=config.coordinator_url,
+            group_id=config.group_id,
+            token=config.token,
+            assignor=config.assignor,
+            session_timeout_ms=config.session_timeout_ms,
+            auto_commit_interval_ms=config.commit_interval_ms,
+            revoke_timeout_s=config.drain_timeout_s,
+            rebalance_listener=_Listener(self),
+            **config.consumer_options,
+        )
+        self.engine: WorkerEngine | None = None
+        self._stop_requested = asyncio.Event()
+        self._signals = 0
+
+    @property
+    def consumer(self) -> KeyrangeConsumer:
+        return self._consumer
+
+    @property
+    def stats(self) -> Stats:
+        return Stats() if self.engine is None else self.engine.stats
+
+    def stop(self) -> None:
+        """Ask the worker to shut down (finish, commit, leave); ``run`` returns after."""
+        self._stop_requested.set()
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        metrics = (
+            None
+            if self.config.metrics_port is None
+            else MetricsServer(self.config.metrics_port, lambda: self.engine, loop)
+        )
+        if handle_signals:
+            for number in _SIGNALS:
+                loop.add_signal_handler(number, self._on_signal, number)
+        try:
+            async with self._consumer:
+                await self._process()
+        finally:
+            if metrics is not None:
+                metrics.close()
+            if handle_signals:
+                for number in _SIGNALS:
+                    loop.remove_signal_handler(number)
+            self._calls.close()
+            if self._dead_letters is not None:
+                await self._dead_letters.stop()
+
+    async def _process(self) -> None:
+        driving = asyncio.create_task(self._consumer.drive(self._make_engine), name="keyrange-run")
+        stopping = asyncio.create_task(self._stop_requested.wait())
+        try:
+            await asyncio.wait({driving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not driving.done():
+            logger.info("worker stopping: finishing records in processing, then committing")
+            # Finishes the engine (``drain_timeout_s``), commits and leaves the group.
+            await self._consumer.stop()
+        await driving
+
+    def _make_engine(self, source: WorkerSource) -> WorkerEngine:
+        handler_process = (
+            None if self._handler is None else self._calls.handler_process(self._handler)
+        )
+        engine = WorkerEngine(
+            source,
+            self.config,
+            self._calls,
+            task_factory=self._task,
+            handler_process=handler_process,
+            handler_on_loop=self._handler is None or is_async(self._handler),
+            partitioner=self._partitioner,
+            dead_letters=self._dead_letters,
+        )
+        self.engine = engine
+        owned = list(self._consumer.assignment())
+        engine.set_owned_partitions(len(owned))
+        engine.open_partitions(owned)
+        return engine
+
+    def _on_signal(self, number: int) -> None:
+        self._signals += 1
+        name = signal.Signals(number).name
+        if self._signals == 1:
+            logger.info("signal received; shutting down", extra={"signal": name})
+            self.stop()
+            return
+        logger.warning("second signal; exiting at once", extra={"signal": name})
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+    async def _slices_changed(self, revoked: Slices | None) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        owned = set(self._consumer.assignment())
+        engine.set_owned_partitions(len(owned))
+        if revoked is None:
+            engine.open_partitions(sorted(owned))
+            return
+        gone: set[TopicPartition] = {tp for tp in revoked if tp not in owned}
+        await engine.close_partitions(gone)
+
+
+class _Listener(RebalanceListener):
+    """Creates tasks when partitions are first owned, closes them when the last slice of a
+    partition was revoked (after its records in processing finished and were committed)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def on_slices_assigned(self, slices: Slices) -> None:
+        await self._worker._slices_changed(None)
+
+    async def on_slices_revoked(self, slices: Slices) -> None:
+        await self._worker._slices_changed(slices)

@@ -1,0 +1,53 @@
+"""Targets for ``keyrange worker`` in the worker CLI tests: each records what it processed in
+the file named by ``WORKER_TEST_JOURNAL``, and blocks on the offsets ``WORKER_TEST_SLOW``
+names (one line per event, so the test reads progress without sharing memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+from client.worker import RecordObserver, WorkerTask
+
+
+def _note(event: str) -> None:
+    with open(os.environ["WORKER_TEST_JOURNAL"], "a") as journal:
+        journal.write(event + "\n")
+
+
+def _slow_seconds(offset: int) -> float:
+    slow = os.environ.get("WORKER_TEST_SLOW", "")
+    offsets, _, seconds = slow.partition("=")
+    return float(seconds) if str(offset) in offsets.split(",") else 0.0
+
+
+async def handle(record: Any) -> None:
+    _note(f"start {record.offset}")
+    await asyncio.sleep(_slow_seconds(record.offset))
+    _note(f"done {record.offset}")
+
+
+class Journaling(WorkerTask):
+    async def process(self, record: Any, observer: RecordObserver) -> None:
+        await handle(record)
+        observer.success()
+
+    def close(self) -> None:
+        _note("closed")
+
+
+def in_a_process(record: Any) -> None:
+    """A synchronous handler for ``processes``: notes the process it ran in; offset 3 fails
+    with an exception that cannot be pickled back (it holds a lock)."""
+    if record.offset == 3:
+        raise Unpicklable(threading.Lock())
+    _note(f"pid {os.getpid()} {record.offset}")
+
+
+class Unpicklable(Exception):
+    pass
+
+
+NOT_CALLABLE = 42
