@@ -66,6 +66,12 @@ OPTIONS = (
     Option("resume-ratio", "resume_ratio", float, "resume below this share of the bound"),
     Option("drain-timeout", "drain_timeout_s", float, "seconds to finish on stop or revoke"),
     Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
+    Option(
+        "coordinator-start-timeout-ms",
+        "coordinator_start_timeout_ms",
+        int,
+        "give up when the coordinator does not answer within this long at start",
+    ),
     Option("commit-interval-ms", "commit_interval_ms", int, "periodic commit interval"),
     Option("assignor", "assignor", str, "round-robin or another coordinator assignor"),
     Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),

@@ -45,6 +45,8 @@ class WorkerConfig:
     # the final commit and the leave, a stop fits Kubernetes' default 30 s grace period.
     drain_timeout_s: float = 20.0
     session_timeout_ms: int = 10_000
+    # How long start() waits for the coordinator to answer before the worker gives up.
+    coordinator_start_timeout_ms: int = 60_000
     commit_interval_ms: int = 1_000
     assignor: str = "round-robin"
     metrics_port: int | None = None
@@ -64,6 +66,7 @@ class WorkerConfig:
             processing_timeout_s=self.processing_timeout_s,
             punctuate_interval_s=self.punctuate_interval_s,
             session_timeout_ms=self.session_timeout_ms,
+            coordinator_start_timeout_ms=self.coordinator_start_timeout_ms,
             commit_interval_ms=self.commit_interval_ms,
         )
         _at_least(0, retry_backoff_s=self.retry_backoff_s, drain_timeout_s=self.drain_timeout_s)

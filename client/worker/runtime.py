@@ -81,6 +81,7 @@ class Worker:
             token=config.token,
             assignor=config.assignor,
             session_timeout_ms=config.session_timeout_ms,
+            coordinator_start_timeout_ms=config.coordinator_start_timeout_ms,
             auto_commit_interval_ms=config.commit_interval_ms,
             revoke_timeout_s=config.drain_timeout_s,
             rebalance_listener=_Listener(self),

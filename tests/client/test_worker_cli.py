@@ -168,7 +168,9 @@ async def test_bad_options_are_one_line_and_exit_code_2(
     assert len(lines) == 1 and lines[0].startswith("keyrange worker: ") and message in lines[0]
 
 
-async def test_an_unreachable_broker_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
+async def test_an_unreachable_broker_is_one_line_and_exit_code_1(
+    tmp_path: Path, coordinator_url: str
+) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -182,7 +184,7 @@ async def test_an_unreachable_broker_is_one_line_and_exit_code_1(tmp_path: Path)
         "--bootstrap",
         "127.0.0.1:1",
         "--coordinator",
-        "http://127.0.0.1:1",
+        coordinator_url,
         "--log-level",
         "CRITICAL",
         cwd=ROOT,
