@@ -36,6 +36,8 @@ SERVER_PACKAGES = (
     "pydantic",
     "pydantic_settings",
     "prometheus_client",
+    "jinja2",
+    "swagger_ui_bundle",
 )
 
 
