@@ -104,6 +104,7 @@ class PartitionView:
     processed: Span | None
     pending: Span | None
     stable_at: float | None
+    axis: OffsetAxis | None
     ic_ranges: list[OffsetMark]
     watermark_pieces: list[OffsetMark]
 
@@ -205,7 +206,7 @@ def _partition_view(
     topic, partition = key
     if offsets is None:
         return PartitionView(
-            topic, partition, segments, None, None, None, 0, None, None, None, [], []
+            topic, partition, segments, None, None, None, 0, None, None, None, None, [], []
         )
     axis = offset_axis(
         offsets.stable_offset, offsets.high_watermark, offsets.ranges, offsets.watermarks
@@ -221,6 +222,7 @@ def _partition_view(
         processed=axis.span(axis.low, offsets.stable_offset),
         pending=axis.span(offsets.stable_offset, axis.high),
         stable_at=axis.position(offsets.stable_offset),
+        axis=axis,
         ic_ranges=[_ic_mark(axis, first, last) for first, last in offsets.ranges],
         watermark_pieces=[
             _watermark_mark(axis, offsets.stable_offset, piece) for piece in offsets.watermarks

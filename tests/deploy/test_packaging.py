@@ -59,6 +59,19 @@ def test_the_wheel_requires_the_client_packages_alone_and_the_server_as_an_extra
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
 
 
+def test_the_wheel_ships_the_consoles_templates_and_assets(tmp_path: Path) -> None:
+    wheel = build_context_wheel(parse_dockerfile(DOCKERFILE.read_text()), tmp_path)
+    ui = REPO / "coordinator" / "ui"
+    shipped = {
+        path.relative_to(REPO).as_posix()
+        for folder in ("templates", "static")
+        for path in (ui / folder).iterdir()
+    }
+    assert {"coordinator/ui/templates/group.html", "coordinator/ui/static/console.js"} <= shipped
+    with zipfile.ZipFile(wheel) as archive:
+        assert shipped <= set(archive.namelist())
+
+
 def test_the_server_extra_lists_every_package_the_cli_checks_for() -> None:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
