@@ -136,3 +136,33 @@ def offset_axis(
     high = max(high, stable_offset + 1)
     margin = max(1, round((high - stable_offset) * PROCESSED_MARGIN))
     return OffsetAxis(max(0, stable_offset - margin), high)
+
+
+# The finest detail worth drawing: a thousandth of the axis, about a pixel of a bar on a
+# laptop screen. IC ranges closer than that are drawn as one band, so a partition with tens of
+# thousands of them costs the page at most a thousand shapes.
+DRAWN_RESOLUTION = 0.001
+
+
+@dataclass(frozen=True)
+class OffsetBand:
+    """IC ranges drawn together: the first offset of the first, the last of the last."""
+
+    first: int
+    last: int
+    ranges: int
+
+
+def offset_bands(
+    ic_ranges: Iterable[Sequence[int]], axis: OffsetAxis, resolution: float = DRAWN_RESOLUTION
+) -> list[OffsetBand]:
+    """The IC ranges as bands on ``axis``, merging those less than ``resolution`` apart."""
+    closest = (axis.high - axis.low) * resolution
+    bands: list[OffsetBand] = []
+    for first, last in sorted((int(first), int(last)) for first, last in ic_ranges):
+        if bands and first - bands[-1].last - 1 < closest:
+            previous = bands[-1]
+            bands[-1] = OffsetBand(previous.first, max(previous.last, last), previous.ranges + 1)
+        else:
+            bands.append(OffsetBand(first, last, 1))
+    return bands

@@ -18,10 +18,12 @@ from coordinator.groups.schemas import SliceJson
 from coordinator.ui.drawing import (
     UNOWNED_COLOUR,
     OffsetAxis,
+    OffsetBand,
     Span,
     key_range_span,
     member_colours,
     offset_axis,
+    offset_bands,
     ownership_bar,
 )
 
@@ -101,6 +103,7 @@ class PartitionView:
     high_watermark: int | None
     lag: int | None
     ic_offsets: int
+    ic_range_count: int
     processed: Span | None
     pending: Span | None
     stable_at: float | None
@@ -206,7 +209,7 @@ def _partition_view(
     topic, partition = key
     if offsets is None:
         return PartitionView(
-            topic, partition, segments, None, None, None, 0, None, None, None, None, [], []
+            topic, partition, segments, None, None, None, 0, 0, None, None, None, None, [], []
         )
     axis = offset_axis(
         offsets.stable_offset, offsets.high_watermark, offsets.ranges, offsets.watermarks
@@ -219,21 +222,23 @@ def _partition_view(
         high_watermark=offsets.high_watermark,
         lag=offsets.lag,
         ic_offsets=offsets.ic_offsets,
+        ic_range_count=len(offsets.ranges),
         processed=axis.span(axis.low, offsets.stable_offset),
         pending=axis.span(offsets.stable_offset, axis.high),
         stable_at=axis.position(offsets.stable_offset),
         axis=axis,
-        ic_ranges=[_ic_mark(axis, first, last) for first, last in offsets.ranges],
+        ic_ranges=[_ic_mark(axis, band) for band in offset_bands(offsets.ranges, axis)],
         watermark_pieces=[
             _watermark_mark(axis, offsets.stable_offset, piece) for piece in offsets.watermarks
         ],
     )
 
 
-def _ic_mark(axis: OffsetAxis, first: int, last: int) -> OffsetMark:
+def _ic_mark(axis: OffsetAxis, band: OffsetBand) -> OffsetMark:
+    where = f"[{band.first:,}, {band.last:,}]"
     return OffsetMark(
-        label=f"IC range [{first:,}, {last:,}]",
-        span=axis.span(first, last + 1),
+        label=f"IC range {where}" if band.ranges == 1 else f"{band.ranges} IC ranges in {where}",
+        span=axis.span(band.first, band.last + 1),
         hash_span=Span(0.0, 1.0),
     )
 

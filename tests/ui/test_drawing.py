@@ -12,10 +12,12 @@ from client.protocol.keyspace import HASH_MAX
 from coordinator.ui.drawing import (
     MEMBER_COLOURS,
     OffsetAxis,
+    OffsetBand,
     Span,
     key_range_span,
     member_colours,
     offset_axis,
+    offset_bands,
     ownership_bar,
 )
 
@@ -120,3 +122,21 @@ def test_spans_are_clamped_to_the_axis() -> None:
     assert axis.span(150, 175) == Span(0.5, 0.25)
     assert axis.span(0, 50) == Span(0.0, 0.0)
     assert axis.span(190, 500) == Span(0.9, pytest.approx(0.1))
+
+
+def test_ic_ranges_closer_than_the_drawn_resolution_become_one_band() -> None:
+    axis = OffsetAxis(0, 100_000)
+    ranges = [(300, 300), (100, 120), (150, 151), (50_000, 50_010)]
+    assert offset_bands(ranges, axis) == [
+        OffsetBand(100, 151, 2),
+        OffsetBand(300, 300, 1),
+        OffsetBand(50_000, 50_010, 1),
+    ]
+
+
+def test_a_partition_with_many_ic_ranges_draws_at_most_a_band_per_resolution_step() -> None:
+    axis = OffsetAxis(0, 120_000)
+    ranges = [(offset, offset) for offset in range(0, 120_000, 2)]
+    bands = offset_bands(ranges, axis)
+    assert len(bands) <= 1_000
+    assert sum(band.ranges for band in bands) == len(ranges)
