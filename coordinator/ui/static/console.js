@@ -7,6 +7,7 @@
   const base = document.body.dataset.base;
   const view = document.getElementById("view");
   const statusLine = document.getElementById("status");
+  const outcomeLine = document.getElementById("outcome");
   const tokenForm = document.getElementById("token-form");
   const tokenInput = document.getElementById("token-input");
   const tokenError = document.getElementById("token-error");
@@ -29,6 +30,12 @@
   function setStatus(text, state) {
     statusLine.textContent = text;
     statusLine.dataset.state = state;
+  }
+
+  // The last action's outcome stays on its own line until the next action.
+  function setOutcome(text, state) {
+    outcomeLine.textContent = text;
+    outcomeLine.dataset.state = state;
   }
 
   async function problemDetail(response) {
@@ -101,9 +108,8 @@
     } finally {
       acting = false;
     }
-    // Show the page as the action left it, then the action's outcome over the refresh's line.
+    setOutcome(outcome[0], outcome[1]);
     await refresh();
-    setStatus(outcome[0], outcome[1]);
   }
 
   view.addEventListener("click", (event) => {
@@ -141,7 +147,7 @@
     const raw = form.elements.to_offset.value.trim();
     const toOffset = raw === "" ? null : Number(raw);
     if (toOffset !== null && !(Number.isSafeInteger(toOffset) && toOffset >= 0)) {
-      setStatus("the offset must be a whole number, 0 or more", "refused");
+      setOutcome("the offset must be a whole number, 0 or more", "refused");
       return;
     }
     form.elements.to_offset.blur();
