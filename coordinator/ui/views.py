@@ -51,14 +51,14 @@ def group_rows(
             assignor=summary.assignor,
             members=summary.members,
             partitions=summary.partitions,
-            total_lag=total_lag(partitions),
+            total_lag=total_lag([partition.lag for partition in partitions]),
         )
         for summary, partitions in zip(summaries, offsets, strict=True)
     ]
 
 
-def total_lag(partitions: Iterable[AdminPartitionOffsets]) -> int | None:
-    lags = [partition.lag for partition in partitions]
+def total_lag(lags: Sequence[int | None]) -> int | None:
+    """The sum of the partitions' lags; unknown when any is (or there is none to sum)."""
     if not lags or any(lag is None for lag in lags):
         return None
     return sum(lag for lag in lags if lag is not None)
@@ -128,10 +128,7 @@ class GroupPage:
 
     @property
     def total_lag(self) -> int | None:
-        lags = [view.lag for view in self.partitions if view.stable_offset is not None]
-        if not lags or any(lag is None for lag in lags):
-            return None
-        return sum(lag for lag in lags if lag is not None)
+        return total_lag([view.lag for view in self.partitions if view.stable_offset is not None])
 
 
 def topics_of(description: AdminGroupDescription) -> list[str]:

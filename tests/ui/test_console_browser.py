@@ -4,6 +4,7 @@ test's output directory (the docs' screenshots are these)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def segment_owners(browser: Browser, topic: str) -> set[str]:
 
 
 async def test_the_token_is_asked_once_per_tab_and_opens_the_groups_list(
-    browser: Browser, live_console: LiveConsole
+    browser: Browser, live_console: LiveConsole, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     await browser.run(browser.open, f"{live_console.url}/ui")
     await browser.run(
         browser.wait_for, lambda _: browser.css("#token-input")[0].is_displayed(), "the prompt"
@@ -79,6 +81,26 @@ async def test_the_token_is_asked_once_per_tab_and_opens_the_groups_list(
     await browser.run(browser.wait_for, lambda _: browser.css("#members"), "the group page")
     assert not await browser.run(lambda: browser.css("#token-input")[0].is_displayed())
     assert ADMIN_TOKEN not in await browser.run(lambda: driver.current_url)
+    # The browser driver logs what it types; the coordinator's and the server's logs are
+    # what must not hold a token.
+    served = [
+        record.getMessage() + repr(record.__dict__)
+        for record in caplog.records
+        if record.name.split(".")[0] in ("coordinator", "uvicorn", "keyrange", "sqlalchemy")
+    ]
+    assert served, "the coordinator logged nothing: the check below would be empty"
+    assert not [line for line in served if ADMIN_TOKEN in line or "not-the-token" in line]
+
+
+async def test_a_deleted_group_says_so_instead_of_its_last_picture(
+    browser: Browser, live_console: LiveConsole
+) -> None:
+    await browser.run(browser.open, f"{live_console.url}/ui/groups/no-such-group")
+    await browser.run(
+        browser.wait_for,
+        lambda _: browser.shows("#view", "GROUP_ID_NOT_FOUND"),
+        "the page to say the group does not exist",
+    )
 
 
 async def test_the_group_page_draws_who_owns_which_keys_and_the_offsets(

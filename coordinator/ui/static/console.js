@@ -78,6 +78,16 @@
       askForToken(refused ? await problemDetail(response) : "");
       return;
     }
+    if (response.status === 404) {
+      // The group was deleted (or never existed): say so rather than keep drawing it.
+      const missing = document.createElement("p");
+      missing.className = "empty";
+      missing.textContent = await problemDetail(response);
+      view.replaceChildren(missing);
+      view.hidden = false;
+      setStatus("not found", "error");
+      return;
+    }
     if (!response.ok) {
       setStatus(await problemDetail(response), "error");
       return;
