@@ -95,21 +95,28 @@ class OffsetMark:
 
 
 @dataclass(frozen=True)
-class PartitionView:
-    topic: str
-    partition: int
-    segments: list[BarSegment]
-    stable_offset: int | None
+class OffsetsView:
+    """A partition's committed offsets on its offset axis."""
+
+    stable_offset: int
     high_watermark: int | None
     lag: int | None
     ic_offsets: int
     ic_range_count: int
-    processed: Span | None
-    pending: Span | None
-    stable_at: float | None
-    axis: OffsetAxis | None
-    ic_ranges: list[OffsetMark]
+    axis: OffsetAxis
+    processed: Span
+    pending: Span
+    stable_at: float
+    ic_bands: list[OffsetMark]
     watermark_pieces: list[OffsetMark]
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    topic: str
+    partition: int
+    segments: list[BarSegment]
+    offsets: OffsetsView | None  # None: nothing committed yet
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,7 @@ class GroupPage:
 
     @property
     def total_lag(self) -> int | None:
-        return total_lag([view.lag for view in self.partitions if view.stable_offset is not None])
+        return total_lag([view.offsets.lag for view in self.partitions if view.offsets])
 
 
 def topics_of(description: AdminGroupDescription) -> list[str]:
@@ -204,30 +211,26 @@ def _partition_view(
         for segment in ownership_bar(owners)
     ]
     topic, partition = key
-    if offsets is None:
-        return PartitionView(
-            topic, partition, segments, None, None, None, 0, 0, None, None, None, None, [], []
-        )
-    axis = offset_axis(
-        offsets.stable_offset, offsets.high_watermark, offsets.ranges, offsets.watermarks
-    )
     return PartitionView(
-        topic=topic,
-        partition=partition,
-        segments=segments,
-        stable_offset=offsets.stable_offset,
+        topic, partition, segments, None if offsets is None else _offsets_view(offsets)
+    )
+
+
+def _offsets_view(offsets: AdminPartitionOffsets) -> OffsetsView:
+    stable = offsets.stable_offset
+    axis = offset_axis(stable, offsets.high_watermark, offsets.ranges, offsets.watermarks)
+    return OffsetsView(
+        stable_offset=stable,
         high_watermark=offsets.high_watermark,
         lag=offsets.lag,
         ic_offsets=offsets.ic_offsets,
         ic_range_count=len(offsets.ranges),
-        processed=axis.span(axis.low, offsets.stable_offset),
-        pending=axis.span(offsets.stable_offset, axis.high),
-        stable_at=axis.position(offsets.stable_offset),
         axis=axis,
-        ic_ranges=[_ic_mark(axis, band) for band in offset_bands(offsets.ranges, axis)],
-        watermark_pieces=[
-            _watermark_mark(axis, offsets.stable_offset, piece) for piece in offsets.watermarks
-        ],
+        processed=axis.span(axis.low, stable),
+        pending=axis.span(stable, axis.high),
+        stable_at=axis.position(stable),
+        ic_bands=[_ic_mark(axis, band) for band in offset_bands(offsets.ranges, axis)],
+        watermark_pieces=[_watermark_mark(axis, stable, piece) for piece in offsets.watermarks],
     )
 
 

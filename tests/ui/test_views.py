@@ -78,11 +78,12 @@ def test_partitions_owned_or_committed_are_drawn_in_order_with_their_owners() ->
     ]
     first, second, third = page.partitions
     assert [(s.owner, s.first_hash) for s in first.segments] == [("m-a", 0), ("m-b", HALF)]
-    assert second.stable_offset is None and second.lag is None
+    assert second.offsets is None
     assert [s.colour for s in third.segments] == [UNOWNED_COLOUR]
-    assert first.lag == 4
-    assert len(first.ic_ranges) == 1
-    assert first.watermark_pieces[0].hash_span.width == 0.5
+    assert first.offsets is not None
+    assert first.offsets.lag == 4
+    assert [mark.label for mark in first.offsets.ic_bands] == ["IC range [7, 8]"]
+    assert first.offsets.watermark_pieces[0].hash_span.width == 0.5
 
 
 def test_members_are_listed_by_id_with_their_colour_and_share_of_the_keys() -> None:
