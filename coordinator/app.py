@@ -212,6 +212,7 @@ def create_app(
     from coordinator.limits import router as limits_router
     from coordinator.offsets.endpoints import router as offsets_router
     from coordinator.offsets.log_end import router as out_of_range_router
+    from coordinator.ui.router import router as ui_router
 
     loops = dict(background_loops(settings) if background is None else background)
 
@@ -247,6 +248,8 @@ def create_app(
         version="0.1.0",
         description="Cooperative key-range consumption for Apache Kafka. See docs/api.md.",
         lifespan=lifespan,
+        docs_url=None,  # served offline by coordinator/ui/docs.py
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
@@ -259,6 +262,7 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(groups_admin_router)
     app.include_router(limits_router)
+    app.include_router(ui_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(RouteMetrics)
     return app

@@ -42,11 +42,15 @@ def _bearer(header: str) -> bytes:
     return token.strip().encode()
 
 
-# Routes anyone may call: the probes and metrics (they reveal no group data) and the API's own
-# description. Every other path, unknown ones included, needs a token.
+# Routes anyone may call: the probes and metrics (they reveal no group data), the API's own
+# description, and the console's empty pages and assets (everything they show comes from
+# fragments that need the admin scope). Every other path, unknown ones included, needs a token.
 PUBLIC_PATHS = frozenset(
-    {"/livez", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    {"/livez", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/ui"}
 )
+_PUBLIC_PREFIXES = ("/docs/assets/", "/ui/static/", "/ui/groups/")
+# The console's data, rendered from the admin API's own route functions.
+_ADMIN_PREFIXES = ("/v1/admin/", "/ui/fragments/")
 _ADMIN_PREFIX = "/v1/admin/"
 _GROUP_PREFIX = "/v1/groups/"
 _PRINCIPAL = "principal"
@@ -60,10 +64,10 @@ def admit(settings: Settings, scope: Scope) -> None:
     caller without the right token is refused before any byte of its body is read or parsed,
     and never learns what the coordinator would have thought of it."""
     path = _route_path(scope)
-    if path in PUBLIC_PATHS:
+    if path in PUBLIC_PATHS or path.startswith(_PUBLIC_PREFIXES):
         return
     principal = principal_of(settings, _authorization(scope["headers"]))
-    if path.startswith(_ADMIN_PREFIX) or path == _ADMIN_PREFIX.rstrip("/"):
+    if path.startswith(_ADMIN_PREFIXES) or path == _ADMIN_PREFIX.rstrip("/"):
         if principal.scope != "admin":
             raise Forbidden("this route needs an admin token")
     elif path.startswith(_GROUP_PREFIX):

@@ -44,6 +44,8 @@ SERVER_PACKAGES = (
     "pydantic_settings",
     "prometheus_client",
     "re2",
+    "jinja2",
+    "swagger_ui_bundle",
 )
 
 

@@ -79,6 +79,8 @@ class Demo:
             started = time.monotonic()
             try:
                 for index in range(self.args.workers):
+                    if index and await self.stopped_within(self.args.join_every):
+                        break
                     worker = WorkerProcess(f"worker-{index}", self.worker_options())
                     await worker.start(stderr=worker_log)
                     self.workers.append(worker)
@@ -87,6 +89,12 @@ class Demo:
                 await self.stop_workers()
         elapsed = time.monotonic() - started
         await self.summary(elapsed, finished)
+
+    async def stopped_within(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless asked to stop first; True when asked to stop."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+        return self.stop.is_set()
 
     async def prepare(self) -> None:
         args = self.args
@@ -104,6 +112,7 @@ class Demo:
             f"starting {args.workers} workers in group {self.group}: {args.work_ms:g} ms of "
             f"work per record, up to {args.concurrency} keys at once per worker"
         )
+        say(f"  web console:      {self.stack.coordinator_url}/ui/groups/{self.group}")
         say(f"  watch the group:  {self.admin_url()}")
         say(f"  its offsets:      {self.admin_url()}/offsets")
         say(f"  API docs:         {self.stack.coordinator_url}/docs")
@@ -224,6 +233,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skew", type=float, default=0.6, help="Zipf exponent of the keys")
     parser.add_argument("--work-ms", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--join-every",
+        type=float,
+        default=0.0,
+        help="seconds between worker starts, to watch the key space split in the console",
+    )
     parser.add_argument("--data-dir", type=Path, default=Path(".keyrange/demo"))
     parser.add_argument("--port", type=int, default=8080, help="preferred coordinator port")
     return parser.parse_args()

@@ -58,7 +58,20 @@ def test_the_wheel_requires_the_client_packages_alone_and_the_server_as_an_extra
 
 
 # Distributions whose import name is not their own name.
-IMPORT_NAMES = {"google_re2": "re2"}
+IMPORT_NAMES = {"google_re2": "re2", "swagger_ui_bundle_v2": "swagger_ui_bundle"}
+
+
+def test_the_wheel_ships_the_consoles_templates_and_assets(tmp_path: Path) -> None:
+    wheel = build_context_wheel(parse_dockerfile(DOCKERFILE.read_text()), tmp_path)
+    ui = REPO / "coordinator" / "ui"
+    shipped = {
+        path.relative_to(REPO).as_posix()
+        for folder in ("templates", "static")
+        for path in (ui / folder).iterdir()
+    }
+    assert {"coordinator/ui/templates/group.html", "coordinator/ui/static/console.js"} <= shipped
+    with zipfile.ZipFile(wheel) as archive:
+        assert shipped <= set(archive.namelist())
 
 
 def test_the_server_extra_lists_every_package_the_cli_checks_for() -> None:

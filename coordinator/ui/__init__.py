@@ -1,0 +1,1 @@
+"""The web console at ``/ui`` and the offline API docs at ``/docs`` (docs/operations.md)."""

@@ -1,0 +1,114 @@
+"""The console's routes. The pages are empty shells anyone may load; everything they show
+comes from fragments that need the admin scope, fetched by the page's JavaScript with the
+token the operator entered (kept in the tab's sessionStorage, sent as a bearer header). The
+fragments are the admin API's own replies (the route functions of ``coordinator/admin``,
+called as they are) rendered to HTML, so the console shows nothing the API would not."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, HTMLResponse
+from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.exceptions import HTTPException
+
+from coordinator.admin.endpoints import admin_offsets, get_topic_config, list_groups
+from coordinator.admin.members import describe_group
+from coordinator.db.engine import transaction
+from coordinator.offsets import repository as offsets_repository
+from coordinator.ui.pages import STATIC_DIR, STATIC_FILES, templates
+from coordinator.ui.views import group_page, group_rows, topics_of
+from coordinator.validation import GroupId
+
+# How often a page fetches its fragment again: quick enough to watch a hand-off happen, slow
+# enough that an open tab costs the coordinator a few cheap reads a second at most.
+REFRESH_MS = 2_000
+
+# Nothing but this origin: no asset, font or connection elsewhere, no inline script, and the
+# console cannot be framed by another site.
+CONSOLE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+router = APIRouter(include_in_schema=False)
+# Admin scope, checked at the edge with every other route (``coordinator.auth.admit``).
+fragments = APIRouter(prefix="/ui/fragments")
+
+Connection = Annotated[AsyncConnection, Depends(transaction)]
+GroupPath = Annotated[GroupId, PathParam()]
+
+
+def _html(template: str, **values: object) -> HTMLResponse:
+    return HTMLResponse(
+        templates.get_template(template).render(**values),
+        headers={
+            "Content-Security-Policy": CONSOLE_POLICY,
+            "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+def _shell(request: Request, title: str, fragment: str) -> HTMLResponse:
+    base = request.scope.get("root_path", "")
+    return _html(
+        "shell.html", base=base, title=title, fragment=base + fragment, refresh_ms=REFRESH_MS
+    )
+
+
+@router.get("/ui", response_class=HTMLResponse)
+async def groups_page(request: Request) -> HTMLResponse:
+    return _shell(request, "Groups", "/ui/fragments/groups")
+
+
+@router.get("/ui/groups/{group_id}", response_class=HTMLResponse)
+async def group_shell(request: Request, group_id: GroupPath) -> HTMLResponse:
+    return _shell(request, f"Group {group_id}", f"/ui/fragments/groups/{group_id}")
+
+
+@router.get("/ui/static/{name}")
+async def static_file(name: str) -> FileResponse:
+    media_type = STATIC_FILES.get(name)
+    if media_type is None:
+        raise HTTPException(404, f"no console asset named '{name}'")
+    return FileResponse(
+        STATIC_DIR / name, media_type=media_type, headers={"Cache-Control": "no-cache"}
+    )
+
+
+@fragments.get("/groups", response_class=HTMLResponse)
+async def groups_fragment(request: Request, connection: Connection) -> HTMLResponse:
+    summaries = (await list_groups(connection)).groups
+    stored = [
+        await offsets_repository.read_partitions(connection, summary.group_id)
+        for summary in summaries
+    ]
+    # One high-watermark lookup for every group's partitions, then split back per group.
+    flat = await admin_offsets(request, [item for partitions in stored for item in partitions])
+    per_group = []
+    for partitions in stored:
+        per_group.append(flat[: len(partitions)])
+        flat = flat[len(partitions) :]
+    return _html(
+        "groups.html",
+        base=request.scope.get("root_path", ""),
+        groups=group_rows(summaries, per_group),
+    )
+
+
+@fragments.get("/groups/{group_id}", response_class=HTMLResponse)
+async def group_fragment(
+    request: Request, group_id: GroupPath, connection: Connection
+) -> HTMLResponse:
+    description = await describe_group(request, group_id, connection)
+    configs = [
+        await get_topic_config(request, topic, connection) for topic in topics_of(description)
+    ]
+    return _html("group.html", page=group_page(description, configs))
+
+
+router.include_router(fragments)

@@ -1,0 +1,252 @@
+"""What the console's pages show, computed from the admin API's replies: the same figures
+``keyrange admin`` and ``/v1/admin`` give, arranged for drawing. No I/O here."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from coordinator.admin.schemas import (
+    AdminGroupDescription,
+    AdminPartitionOffsets,
+    GroupSummary,
+    TopicConfigReply,
+)
+from coordinator.groups.schemas import SliceJson
+from coordinator.ui.drawing import (
+    UNOWNED_COLOUR,
+    OffsetAxis,
+    OffsetBand,
+    Span,
+    key_range_span,
+    member_colours,
+    offset_axis,
+    offset_bands,
+    ownership_bar,
+)
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group_id: str
+    state: str
+    assignor: str | None
+    members: int
+    partitions: int
+    total_lag: int | None
+
+
+def group_rows(
+    summaries: Sequence[GroupSummary], offsets: Sequence[Sequence[AdminPartitionOffsets]]
+) -> list[GroupRow]:
+    """One row per group; its total lag is known only when every partition's lag is."""
+    return [
+        GroupRow(
+            group_id=summary.group_id,
+            state=summary.state,
+            assignor=summary.assignor,
+            members=summary.members,
+            partitions=summary.partitions,
+            total_lag=total_lag([partition.lag for partition in partitions]),
+        )
+        for summary, partitions in zip(summaries, offsets, strict=True)
+    ]
+
+
+def total_lag(lags: Sequence[int | None]) -> int | None:
+    """The sum of the partitions' lags; unknown when any is (or there is none to sum)."""
+    if not lags or any(lag is None for lag in lags):
+        return None
+    return sum(lag for lag in lags if lag is not None)
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    member_id: str
+    instance_id: str | None
+    client_id: str | None
+    client_host: str | None
+    member_epoch: int
+    last_heartbeat: datetime
+    colour: str
+    key_share: float
+
+
+@dataclass(frozen=True)
+class BarSegment:
+    first_hash: int
+    last_hash: int
+    owner: str | None
+    colour: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class OffsetMark:
+    """An IC range ``[first, last]`` or a watermark piece (hash range, offset) on the axis."""
+
+    label: str
+    span: Span
+    hash_span: Span
+
+
+@dataclass(frozen=True)
+class OffsetsView:
+    """A partition's committed offsets on its offset axis."""
+
+    stable_offset: int
+    high_watermark: int | None
+    lag: int | None
+    ic_offsets: int
+    ic_range_count: int
+    axis: OffsetAxis
+    processed: Span
+    pending: Span
+    stable_at: float
+    ic_bands: list[OffsetMark]
+    watermark_pieces: list[OffsetMark]
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    topic: str
+    partition: int
+    segments: list[BarSegment]
+    offsets: OffsetsView | None  # None: nothing committed yet
+
+
+@dataclass(frozen=True)
+class GroupPage:
+    group_id: str
+    state: str
+    assignor: str | None
+    group_epoch: int
+    members: list[MemberRow]
+    partitions: list[PartitionView]
+    topics: list[TopicConfigReply]
+
+    @property
+    def empty(self) -> bool:
+        return not self.members
+
+    @property
+    def total_lag(self) -> int | None:
+        return total_lag([view.offsets.lag for view in self.partitions if view.offsets])
+
+
+def topics_of(description: AdminGroupDescription) -> list[str]:
+    """Every topic the group reads or has offsets for, for the topic-config table."""
+    topics = {partition.topic for partition in description.partitions}
+    for member in description.members:
+        topics.update(member.subscribed_topics)
+        topics.update(owned.topic for owned in member.owned)
+    return sorted(topics)
+
+
+def group_page(
+    description: AdminGroupDescription, topic_configs: Sequence[TopicConfigReply]
+) -> GroupPage:
+    colours = member_colours(member.member_id for member in description.members)
+    owned: dict[TopicPartition, dict[str, list[tuple[int, int]]]] = defaultdict(dict)
+    for member in description.members:
+        for piece in member.owned:
+            owned[(piece.topic, piece.partition)][member.member_id] = list(piece.ranges)
+    offsets = {(item.topic, item.partition): item for item in description.partitions}
+    partitions = [
+        _partition_view(key, owned.get(key, {}), offsets.get(key), colours)
+        for key in sorted(owned.keys() | offsets.keys())
+    ]
+    members = [
+        MemberRow(
+            member_id=member.member_id,
+            instance_id=member.instance_id,
+            client_id=member.client_id,
+            client_host=member.client_host,
+            member_epoch=member.member_epoch,
+            last_heartbeat=member.last_heartbeat,
+            colour=colours[member.member_id],
+            key_share=_key_share(member.owned, len(partitions)),
+        )
+        for member in sorted(description.members, key=lambda member: member.member_id)
+    ]
+    return GroupPage(
+        group_id=description.group_id,
+        state=description.state,
+        assignor=description.assignor,
+        group_epoch=description.group_epoch,
+        members=members,
+        partitions=partitions,
+        topics=list(topic_configs),
+    )
+
+
+def _key_share(owned: Iterable[SliceJson], partition_count: int) -> float:
+    """The member's share of all the group's keys (every partition weighs the same)."""
+    if partition_count == 0:
+        return 0.0
+    widths = sum(
+        key_range_span(first, last).width for piece in owned for first, last in piece.ranges
+    )
+    return widths / partition_count
+
+
+def _partition_view(
+    key: TopicPartition,
+    owners: dict[str, list[tuple[int, int]]],
+    offsets: AdminPartitionOffsets | None,
+    colours: dict[str, str],
+) -> PartitionView:
+    segments = [
+        BarSegment(
+            segment.first_hash,
+            segment.last_hash,
+            segment.owner,
+            UNOWNED_COLOUR if segment.owner is None else colours[segment.owner],
+            segment.span,
+        )
+        for segment in ownership_bar(owners)
+    ]
+    topic, partition = key
+    return PartitionView(
+        topic, partition, segments, None if offsets is None else _offsets_view(offsets)
+    )
+
+
+def _offsets_view(offsets: AdminPartitionOffsets) -> OffsetsView:
+    stable = offsets.stable_offset
+    axis = offset_axis(stable, offsets.high_watermark, offsets.ranges, offsets.watermarks)
+    return OffsetsView(
+        stable_offset=stable,
+        high_watermark=offsets.high_watermark,
+        lag=offsets.lag,
+        ic_offsets=offsets.ic_offsets,
+        ic_range_count=len(offsets.ranges),
+        axis=axis,
+        processed=axis.span(axis.low, stable),
+        pending=axis.span(stable, axis.high),
+        stable_at=axis.position(stable),
+        ic_bands=[_ic_mark(axis, band) for band in offset_bands(offsets.ranges, axis)],
+        watermark_pieces=[_watermark_mark(axis, stable, piece) for piece in offsets.watermarks],
+    )
+
+
+def _ic_mark(axis: OffsetAxis, band: OffsetBand) -> OffsetMark:
+    where = f"[{band.first:,}, {band.last:,}]"
+    return OffsetMark(
+        label=f"IC range {where}" if band.ranges == 1 else f"{band.ranges} IC ranges in {where}",
+        span=axis.span(band.first, band.last + 1),
+        hash_span=Span(0.0, 1.0),
+    )
+
+
+def _watermark_mark(axis: OffsetAxis, stable_offset: int, piece: Sequence[int]) -> OffsetMark:
+    first_hash, last_hash, offset = piece
+    return OffsetMark(
+        label=f"watermark: hashes [{first_hash}, {last_hash}] processed below offset {offset:,}",
+        span=axis.span(stable_offset, offset),
+        hash_span=key_range_span(first_hash, last_hash),
+    )
