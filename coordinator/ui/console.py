@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse
-from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.exceptions import HTTPException
 
 from coordinator.admin.endpoints import admin_offsets, get_topic_config, list_groups
 from coordinator.admin.members import describe_group
-from coordinator.db.engine import transaction
+from coordinator.db.engine import Transaction
 from coordinator.offsets import repository as offsets_repository
 from coordinator.ui.pages import STATIC_DIR, STATIC_FILES, templates
 from coordinator.ui.views import group_page, group_rows, topics_of
@@ -37,7 +36,7 @@ router = APIRouter(include_in_schema=False)
 # Admin scope, checked at the edge with every other route (``coordinator.auth.admit``).
 fragments = APIRouter(prefix="/ui/fragments")
 
-Connection = Annotated[AsyncConnection, Depends(transaction)]
+Connection = Transaction
 GroupPath = Annotated[GroupId, PathParam()]
 
 

@@ -55,6 +55,9 @@ async def test_the_token_is_asked_once_per_tab_and_opens_the_groups_list(
     browser: Browser, live_console: LiveConsole, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    # An in-process CLI test earlier in the session may have quietened the access log
+    # (coordinator.logs.configure): the requests this test makes must be logged to be checked.
+    caplog.set_level(logging.DEBUG, logger="uvicorn.access")
     await browser.run(browser.open, f"{live_console.url}/ui")
     await browser.run(
         browser.wait_for, lambda _: browser.css("#token-input")[0].is_displayed(), "the prompt"
