@@ -41,9 +41,10 @@ from typing import Any, cast
 from aiokafka.structs import TopicPartition
 
 from client.committer import Committer
+from client.consumer_source import ConsumerSource
 from client.dispatch import Dispatcher, Engine, Handler
 from client.errors import ConsumerStopped, InvalidRequest, KeyrangeClientError, NoOffsetForPartition
-from client.fetcher import Fetcher, Item, OutsideLog, Record
+from client.fetcher import Fetcher, OutsideLog, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices
 from client.log_reset import OutsideLogReset
@@ -564,58 +565,6 @@ class KeyrangeConsumer:
                 "rebalance listener failed",
                 extra={"group_id": self._group_id, "callback": callback.__name__},
             )
-
-
-class ConsumerSource:
-    """The seams an engine uses (``run()``'s dispatcher, ``client.worker``), over the
-    consumer's parts."""
-
-    def __init__(self, consumer: KeyrangeConsumer) -> None:
-        self._consumer = consumer
-        self._fetcher = consumer._fetcher
-        self._handed = consumer._handed
-        self.may_hand_out = consumer._may_hand_out
-        self.mark_processed = consumer.mark_processed
-
-    @property
-    def stopped(self) -> bool:
-        return self._consumer._closed
-
-    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
-        return await self._fetcher.next_item(None, interrupt)
-
-    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> None:
-        self._handed.hand_out(tp, record.offset, hashed)
-
-    def give_back(self, record: Record) -> None:
-        """No longer with user code and not processed: a revocation stops waiting for it and
-        the slice's next owner (or this member, after a restart) gets it again."""
-        self._handed.take(record)
-
-    def pause(self, partitions: Iterable[TopicPartition]) -> None:
-        kafka = self._fetcher.kafka()
-        assigned = kafka.assignment()
-        kafka.pause(*[tp for tp in partitions if tp in assigned])
-
-    def resume(self, partitions: Iterable[TopicPartition]) -> None:
-        kafka = self._fetcher.kafka()
-        assigned = kafka.assignment()
-        kafka.resume(*[tp for tp in partitions if tp in assigned])
-
-    def highwater(self, tp: TopicPartition) -> int | None:
-        """The partition's end as the last fetch saw it (never ListOffsets: exact)."""
-        highwater: int | None = self._fetcher.kafka().highwater(tp)
-        return highwater
-
-    def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]:
-        """Each active slice with its lowest offset not processed yet (its commit point)."""
-        tracker = self._consumer._tracker
-        return [
-            (tp, progress.keys, progress.watermark)
-            for tp in tracker.partitions()
-            for progress in tracker.slices_of(tp)
-            if progress.active
-        ]
 
 
 def _nothing() -> None:

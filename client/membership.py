@@ -97,6 +97,8 @@ class Reconciler:
         self._owner = owner
         self._on_owned_changed = on_owned_changed
         self._target: Slices = {}
+        # The last refusal that retrying cannot help, already logged.
+        self._refused: str | None = None
         self._changed = asyncio.Event()
         self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -138,12 +140,33 @@ class Reconciler:
             self._changed.clear()
             try:
                 await self._apply(self._target)
+            except KeyrangeClientError as error:
+                if error.retriable:
+                    logger.warning(
+                        "applying the assignment failed; retrying", extra={"error": str(error)}
+                    )
+                else:
+                    # Retrying cannot help (the consumer already raises it to its caller):
+                    # say it once, and try again only when the assignment next changes.
+                    if str(error) != self._refused:
+                        logger.error(
+                            "applying the assignment failed: %s",
+                            error,
+                            extra={"error": error.error},
+                        )
+                    self._refused = str(error)
+                    continue
+                self._changed.set()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                continue
             except Exception:
                 logger.exception("applying the assignment failed; retrying")
                 self._changed.set()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
                 continue
+            self._refused = None
             backoff = _BACKOFF_INITIAL_S
             if not self._changed.is_set():
                 self._settled.set()

@@ -153,14 +153,22 @@ async def test_none_raises_instead_of_skipping(
 
 
 async def test_none_without_a_committed_offset_raises(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     topic = await make_topic(1)
     options = {"auto_offset_reset": "none"}
+    caplog.set_level(logging.INFO, logger="client.membership")
     async with consumer_for(kafka_bootstrap, coordinator_url, group(), **options) as consumer:
         consumer.assign({TopicPartition(topic, 0): []})
         with pytest.raises(NoOffsetForPartition, match=topic):
             await take(consumer, 1)
+    # Said once, as one line: retrying cannot help, so the reconciler does not loop on it.
+    refusals = [r for r in caplog.records if r.name == "client.membership"]
+    assert [r.levelno for r in refusals] == [logging.ERROR], refusals
+    assert refusals[0].exc_info is None
 
 
 def _in(keys: KeyRange, key: bytes) -> bool:
