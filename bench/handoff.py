@@ -6,8 +6,11 @@ writes ``--rate`` (400) keyed records a second. Seven members stay; the eighth j
 leaves ``--rounds`` (30) times, each time once the group is stable again. Measured per round:
 
 - ``join``: from the newcomer's ``start()`` to its handler's first record;
-- ``leave``: from the newcomer's ``stop()`` (it finishes, commits and leaves) to the first
-  record of the key ranges it owned handled by one of the others (the heir).
+- ``leave``: from the newcomer's leave (``stop()`` has finished its records and committed;
+  its ``on_slices_revoked`` runs just before the leave is sent) to the first record of the
+  key ranges it owned handled by one of the others (the heir);
+- ``stop``: the same from the moment ``stop()`` is called, which adds the leaver's own
+  drain and final commit.
 
 Baseline, in the same run: the same rounds (``--baseline-rounds``, 6: each costs seconds)
 against a coordinator with prompt hand-offs off (``KEYRANGE_PROMPT_HANDOFF=false``), where a
@@ -38,7 +41,8 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from client import KeyRange, KeyrangeConsumer, key_hash
+from client import KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
+from client.http import Slices
 from coordinator.kafka import ClusterMetadata
 from examples.demo_stack import Stack, allow_range_fetch
 
@@ -89,9 +93,21 @@ class Watch:
         return self.at - self.since
 
 
+class LeaveClock(RebalanceListener):
+    """When the member is about to leave: ``stop()`` reports its slices revoked once it has
+    finished and committed them, just before the leave is sent."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    async def on_slices_revoked(self, slices: Slices) -> None:
+        self.at = time.monotonic()
+
+
 class Member:
     def __init__(self, options: dict[str, Any], topic: str, heirs: Watch | None) -> None:
-        self.consumer = KeyrangeConsumer(topic, **options)
+        self.leave_clock = LeaveClock()
+        self.consumer = KeyrangeConsumer(topic, rebalance_listener=self.leave_clock, **options)
         self.heirs = heirs
         self.first = Watch()
         self._runner: asyncio.Task[None] | None = None
@@ -159,6 +175,7 @@ async def rounds(stack: Stack, args: argparse.Namespace, count: int) -> dict[str
     stayers = [Member(options, topic, heirs) for _ in range(args.members - 1)]
     joins: list[float] = []
     leaves: list[float] = []
+    stops: list[float] = []
     try:
         for member in stayers:
             await member.start()
@@ -175,7 +192,8 @@ async def rounds(stack: Stack, args: argparse.Namespace, count: int) -> dict[str
                 ]
                 heirs.arm(owned)
                 await newcomer.stop()
-                leaves.append(await heirs.latency())
+                stops.append(await heirs.latency())
+                leaves.append(heirs.at - newcomer.leave_clock.at)
                 await until_stable(api, group_id, len(stayers))
     finally:
         producing.cancel()
@@ -183,7 +201,7 @@ async def rounds(stack: Stack, args: argparse.Namespace, count: int) -> dict[str
             await producing
         for member in stayers:
             await member.stop()
-    return {"join": joins, "leave": leaves}
+    return {"join": joins, "leave": leaves, "stop": stops}
 
 
 def summarize(prefix: str, measured: dict[str, list[float]]) -> dict[str, float]:
