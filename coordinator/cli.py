@@ -12,10 +12,12 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from importlib.util import find_spec
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -80,18 +82,37 @@ def _needs_server(command: Command) -> Command:
     return checked
 
 
+class _Terminated(Exception):
+    """SIGTERM, raised where ``serve`` is, so the embedded services it started are stopped on
+    the way out, as Ctrl-C's KeyboardInterrupt does."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def _serve(args: argparse.Namespace) -> int:
     from coordinator.embedded import EmbeddedServiceError
     from coordinator.settings import InvalidSettings
 
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
+    # found before it started. Left at the default, that killed the process there, before the
+    # embedded Postgres and broker were stopped: `kill`, systemd, Docker and Kubernetes all
+    # stop a process this way.
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return _serve_with_services(args)
+    except _Terminated:
+        print("keyrange: stopped on SIGTERM", file=sys.stderr)
+        return 0
     except InvalidSettings as exc:
         print(f"keyrange: invalid settings: {exc}", file=sys.stderr)
         return 2
     except EmbeddedServiceError as exc:
         print(f"keyrange: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _serve_with_services(args: argparse.Namespace) -> int:

@@ -1,12 +1,19 @@
 """``keyrange serve`` on a port in use fails before starting anything, naming the port; the
-embedded broker's port is a setting with a stable default the README's commands name."""
+embedded broker's port is a setting with a stable default the README's commands name; and
+SIGTERM stops it with its embedded services, as Ctrl-C does."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from coordinator.cli import main
@@ -62,3 +69,70 @@ def test_the_embedded_broker_port_is_stable_and_the_readme_names_it() -> None:
     port = Settings.model_fields["embedded_broker_port"].default
     assert port == 9092
     assert f"--bootstrap 127.0.0.1:{port}" in README
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """A zombie counts as gone: the stopped postmaster is reaped by init when it gets to it."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.db
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sigterm_stops_serve_and_its_embedded_services_as_ctrl_c_does(tmp_path: Path) -> None:
+    port, broker_port = _free_port(), _free_port()
+    environment = {
+        name: value for name, value in os.environ.items() if not name.startswith("KEYRANGE_")
+    }
+    environment.update(
+        KEYRANGE_DATA_DIR=str(tmp_path / "data"),
+        KEYRANGE_PORT=str(port),
+        KEYRANGE_EMBEDDED_BROKER_PORT=str(broker_port),
+    )
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "serve"],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(port):
+            assert serve.poll() is None, serve.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "serve was not ready in 120 s"
+            time.sleep(0.2)
+        postmaster = int(
+            (tmp_path / "data" / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0]
+        )
+
+        serve.send_signal(signal.SIGTERM)
+        _, stderr = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+    assert serve.returncode == 0, stderr[-2000:]
+    assert "stopped on SIGTERM" in stderr
+    assert not (tmp_path / "data" / "postgres" / "postmaster.pid").exists()
+    assert not _alive(postmaster)
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", broker_port)) != 0, "the broker still listens"
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
