@@ -37,7 +37,6 @@ import asyncio
 import cProfile
 import json
 import pstats
-import socket
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from bench.commit import free_port
 from client import KeyRange, KeyrangeConsumer, key_hash
 from coordinator.kafka import ClusterMetadata
 from examples.demo_stack import (
@@ -82,13 +82,6 @@ PHASE_TIMEOUT_S = 300.0
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 # --------------------------------------------------------------------------------------------

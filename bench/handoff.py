@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import tempfile
 import time
@@ -41,6 +40,7 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from bench.commit import free_port
 from client import KeyRange, KeyrangeConsumer, RebalanceListener, key_hash
 from client.http import Slices
 from coordinator.kafka import ClusterMetadata
@@ -55,12 +55,6 @@ FIRST_RECORD_TIMEOUT_S = 30.0
 
 def log(message: str) -> None:
     print(message, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -39,7 +39,6 @@ import asyncio
 import json
 import logging
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -54,6 +53,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from bench.commit import free_port
 from client.worker import RecordObserver, Worker, WorkerConfig, WorkerTask
 from coordinator.kafka import ClusterMetadata
 from examples.demo_stack import Stack, produce, uniform_keys, zipf_keys
@@ -65,13 +65,6 @@ PHASE_TIMEOUT_S = 600.0
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def work_of(offset: int, seed: int = 16) -> float:

@@ -17,7 +17,7 @@ from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres, EmbeddedServi
 from coordinator.kafka import ClusterMetadata
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Zombies count as gone: the stopped postmaster is reparented to init, which reaps it
     whenever it gets round to it."""
     try:
@@ -86,7 +86,7 @@ async def test_data_survives_stop_and_start(tmp_path: Path) -> None:
 
         server.stop()
         assert not server.running
-        assert not _alive(pid)
+        assert not process_alive(pid)
 
         assert server.start() == server.url()
         assert _postmaster_pid(data_dir) != pid
@@ -127,11 +127,11 @@ def test_broker_stops_completely_and_logs_to_its_directory(tmp_path: Path) -> No
     with EmbeddedBroker(tmp_path / "broker") as broker:
         host, port = broker.bootstrap.split(":")
         pid = broker.pid
-        assert pid is not None and _alive(pid)
+        assert pid is not None and process_alive(pid)
         with socket.create_connection((host, int(port)), timeout=2):
             pass
     assert not broker.running
-    assert not _alive(pid)
+    assert not process_alive(pid)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=2).close()
     assert "tansu" in (tmp_path / "broker" / "broker.log").read_text()
@@ -174,14 +174,14 @@ def test_broker_dies_with_a_killed_parent(tmp_path: Path) -> None:
     try:
         assert parent.stdout is not None
         broker_pid = int(parent.stdout.readline())
-        assert _alive(broker_pid)
+        assert process_alive(broker_pid)
     finally:
         parent.kill()
         parent.wait()
     deadline = time.monotonic() + 10
-    while _alive(broker_pid) and time.monotonic() < deadline:
+    while process_alive(broker_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(broker_pid)
+    assert not process_alive(broker_pid)
 
 
 @pytest.mark.kafka
@@ -200,4 +200,4 @@ def test_a_crashed_broker_can_be_started_again(tmp_path: Path) -> None:
         assert broker.running and broker.pid != first_pid
     finally:
         broker.stop()
-    assert not _alive(first_pid)
+    assert not process_alive(first_pid)

@@ -18,6 +18,8 @@ import pytest
 
 from coordinator.cli import main
 from coordinator.settings import Settings
+from tests.fixtures.coordinator import free_port
+from tests.test_embedded import process_alive
 
 README = (Path(__file__).parent.parent.parent / "README.md").read_text()
 
@@ -71,27 +73,11 @@ def test_the_embedded_broker_port_is_stable_and_the_readme_names_it() -> None:
     assert f"--bootstrap 127.0.0.1:{port}" in README
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _alive(pid: int) -> bool:
-    """A zombie counts as gone: the stopped postmaster is reaped by init when it gets to it."""
-    try:
-        os.kill(pid, 0)
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-    return state != "Z"
-
-
 @pytest.mark.db
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_sigterm_stops_serve_and_its_embedded_services_as_ctrl_c_does(tmp_path: Path) -> None:
-    port, broker_port = _free_port(), _free_port()
+    port, broker_port = free_port(), free_port()
     environment = {
         name: value for name, value in os.environ.items() if not name.startswith("KEYRANGE_")
     }
@@ -126,7 +112,7 @@ def test_sigterm_stops_serve_and_its_embedded_services_as_ctrl_c_does(tmp_path: 
     assert serve.returncode == 0, stderr[-2000:]
     assert "stopped on SIGTERM" in stderr
     assert not (tmp_path / "data" / "postgres" / "postmaster.pid").exists()
-    assert not _alive(postmaster)
+    assert not process_alive(postmaster)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", broker_port)) != 0, "the broker still listens"
 
