@@ -69,10 +69,13 @@ async def heartbeat(
             held = stack.enter_context(watch.holding(group_id, body.member_id))
         stable = await membership.stable_heartbeat(engine, group_id, body, settings)
         if stable is not None:
-            interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
-            now = held is not None and await _waited(held, _STABLE, body, interval_ms)
+            if held is not None:
+                interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
+                await _wait_for_change(held, _STABLE, body, interval_ms)
+            # A reply that waited took the place of the member's sleep: it heartbeats again
+            # at once, whether the wait ended on a change or ran out.
             return Response(
-                membership.stable_reply(body, stable, settings, heartbeat_now=now),
+                membership.stable_reply(body, stable, settings, heartbeat_now=held is not None),
                 media_type="application/json",
             )
         client_host = request.client.host if request.client is not None else None
@@ -82,17 +85,16 @@ async def heartbeat(
                 connection, group_id, body, settings, client_host, scope
             )
         if held is not None and hold is not None:
-            reply.heartbeat_now = await _waited(held, hold, body, reply.heartbeat_interval_ms)
+            await _wait_for_change(held, hold, body, reply.heartbeat_interval_ms)
+            reply.heartbeat_now = True
         return reply
 
 
-async def _waited(
+async def _wait_for_change(
     held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int
-) -> bool:
-    """Wait as the member offered, at most its interval; either way the member should send
-    its next heartbeat at once (the wait took the place of its sleep)."""
+) -> None:
+    """Wait as the member offered, at most its interval."""
     assert body.wait_ms is not None
     with metrics.HEARTBEATS_WAITING.track_inprogress():
         changed = await held.wait(hold, min(body.wait_ms, interval_ms) / 1000)
     metrics.HELD_HEARTBEATS.labels("changed" if changed else "waited").inc()
-    return True
