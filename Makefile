@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-workers bench clean
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,16 @@ bench-client: $(STAMP)
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
 
-.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-workers bench clean
+bench-handoff: $(STAMP)
+	$(PY) -m bench.handoff
+
+bench-stall: $(STAMP)
+	$(PY) -m bench.commit_stall
+
+bench-workers: $(STAMP)
+	$(PY) -m bench.workers
+
+bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers
 
 clean:
 	rm -rf $(VENV) .keyrange .pytest_cache .mypy_cache .ruff_cache

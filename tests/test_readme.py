@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 from client import KeyrangeConsumer
@@ -30,3 +31,18 @@ def test_readme_states_the_consumers_offset_reset_default() -> None:
     """It differs from aiokafka's, so a Kafka user would otherwise assume the wrong one."""
     default = inspect.signature(KeyrangeConsumer).parameters["auto_offset_reset"].default
     assert f"`auto_offset_reset` defaults to `{default}`" in README
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    """A merge once dropped two bench targets the docs still told users to run."""
+    root = Path(__file__).parent.parent
+    makefile = (root / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.MULTILINE))
+    texts = [root / "README.md", root / "bench" / "README.md", *sorted((root / "docs").glob("*.md"))]
+    named = {
+        target
+        for text in texts
+        for target in re.findall(r"`make ([a-z][a-z-]*)", text.read_text())
+    }
+    assert named, "the docs name no make target: the pattern no longer matches them"
+    assert named - targets == set()
