@@ -29,6 +29,7 @@ from coordinator.core.offsets import ic_offset_count, reset_offsets
 from coordinator.db.engine import Transaction, driver_connection
 from coordinator.db.switches import read_switches
 from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest, ServiceUnavailable
+from coordinator.groups import repository as groups_repository
 from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository as offsets_repository
 from coordinator.offsets.repository import StoredPartition
@@ -273,11 +274,29 @@ async def get_topic_config(
     "/topics/{topic}/config", response_model=TopicConfigReply, responses=problem_responses(400, 503)
 )
 async def put_topic_config(
-    topic: Annotated[TopicName, Path()], body: TopicConfigBody, connection: Connection
+    request: Request,
+    topic: Annotated[TopicName, Path()],
+    body: TopicConfigBody,
+    connection: Connection,
 ) -> TopicConfigReply:
+    before = await get_topic_config(request, topic, connection)
     await repository.set_topic_config(connection, topic, body.accept_range_fetch)
+    # A member left idle by the switch (or sharing a partition it closes) must not wait for
+    # the next join or leave to see it: its group recomputes on the next heartbeat.
+    flagged = (
+        await groups_repository.rebalance_subscribers(
+            connection, [topic], "accept.range.fetch changed"
+        )
+        if before.accept_range_fetch != body.accept_range_fetch
+        else []
+    )
     log.info(
-        "topic config set", extra={"topic": topic, "accept_range_fetch": body.accept_range_fetch}
+        "topic config set",
+        extra={
+            "topic": topic,
+            "accept_range_fetch": body.accept_range_fetch,
+            "groups_rebalanced": flagged,
+        },
     )
     return TopicConfigReply(topic=topic, accept_range_fetch=body.accept_range_fetch, explicit=True)
 
@@ -302,9 +321,24 @@ async def put_config(
     if body.default_accept_range_fetch is not None:
         default = body.default_accept_range_fetch
     await repository.set_switches(connection, accept, default)
+    changed = (accept, default) != (
+        switches.accept_individual_commit,
+        switches.default_accept_range_fetch,
+    )
+    flagged = (
+        await groups_repository.rebalance_subscribers(
+            connection, None, "coordinator switches changed"
+        )
+        if changed
+        else []
+    )
     log.info(
         "coordinator switches set",
-        extra={"accept_individual_commit": accept, "default_accept_range_fetch": default},
+        extra={
+            "accept_individual_commit": accept,
+            "default_accept_range_fetch": default,
+            "groups_rebalanced": flagged,
+        },
     )
     return CoordinatorConfigReply(
         accept_individual_commit=accept, default_accept_range_fetch=default

@@ -75,12 +75,7 @@ async def refresh_metadata_once(
     changes.update({t: None for t in wanted if t in known and t not in counts})
     if not changes:
         return {}
-    affected = {
-        s.group_id
-        for s in subscriptions
-        if any(t in changes for t in s.topics)
-        or (s.regex is not None and bool(matching_topics(s.regex, changes)))
-    }
+    affected = {s.group_id for s in subscriptions if s.covers(changes)}
     async with engine.begin() as connection:
         await metadata_repository.write_partition_counts(
             connection, {t: c for t, c in changes.items() if c is not None}

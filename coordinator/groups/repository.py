@@ -28,6 +28,7 @@ from sqlalchemy.types import Boolean, Integer, Text
 
 from coordinator.core.assignment import Slice, slices_from_wire, slices_to_wire
 from coordinator.core.membership import GroupRecord, MemberRecord
+from coordinator.core.topic_pattern import matching_topics
 from coordinator.db.models import (
     Group,
     Member,
@@ -188,6 +189,13 @@ class Subscription:
     group_id: str
     topics: list[str]
     regex: str | None
+
+    def covers(self, topics: Collection[str]) -> bool:
+        """Whether a change to any of ``topics`` (their partition counts, their switches)
+        changes what this subscription's group may be assigned."""
+        return any(t in topics for t in self.topics) or (
+            self.regex is not None and bool(matching_topics(self.regex, topics))
+        )
 
 
 _MEMBER_COLUMNS = (
@@ -493,6 +501,22 @@ async def request_rebalances(
         await connection.execute(
             _REBALANCE_GROUPS, {"group_ids": sorted(group_ids), "reason": reason}
         )
+
+
+async def rebalance_subscribers(
+    connection: AsyncConnection, topics: Collection[str] | None, reason: str
+) -> list[str]:
+    """Flag every group with a live member subscribed to any of ``topics`` (None: every group
+    with a live member); returns the groups flagged. Their next heartbeat recomputes targets."""
+    subscribers = sorted(
+        {
+            s.group_id
+            for s in await live_subscriptions(connection)
+            if topics is None or s.covers(topics)
+        }
+    )
+    await request_rebalances(connection, subscribers, reason)
+    return subscribers
 
 
 async def lock_groups_to_reap(connection: AsyncConnection, limit: int) -> list[str]:

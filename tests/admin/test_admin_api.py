@@ -94,3 +94,37 @@ async def test_coordinator_switches_round_trip(api: httpx.AsyncClient) -> None:
     ] is True
     await api.put("/v1/admin/config", json={"default_accept_range_fetch": False})
     assert (await api.get("/v1/admin/config")).json()["default_accept_range_fetch"] is False
+
+
+async def test_a_switch_change_flags_the_groups_it_concerns_for_rebalance(
+    api: httpx.AsyncClient, database_url: str
+) -> None:
+    """Members the switch left idle (or whose shared partition it closes) see it on their next
+    heartbeat, not at the next join or leave. Unchanged values and other topics flag nothing."""
+    await _commit(api, "adm-switch", {"topic": "t", "partition": 0, "ranges": [[0, 0]]})
+    await _commit(api, "adm-other", {"topic": "other", "partition": 0, "ranges": [[0, 0]]})
+    await insert_live_member(database_url, "adm-switch", "m-1")  # subscribed to "t"
+
+    async def flagged(group: str) -> tuple[bool, str | None]:
+        reply = (await api.get(f"/v1/admin/groups/{group}")).json()
+        return reply["rebalance_requested"], reply["rebalance_reason"]
+
+    current = (await api.get("/v1/admin/topics/t/config")).json()["accept_range_fetch"]
+    await api.put("/v1/admin/topics/t/config", json={"accept_range_fetch": current})
+    assert await flagged("adm-switch") == (False, None)
+    await api.put("/v1/admin/topics/t/config", json={"accept_range_fetch": not current})
+    assert await flagged("adm-switch") == (True, "accept.range.fetch changed")
+    assert (await flagged("adm-other"))[0] is False
+
+    engine = create_async_engine(database_url)
+    async with engine.begin() as connection:
+        await connection.execute(
+            text("UPDATE groups SET rebalance_requested = false WHERE group_id = 'adm-switch'")
+        )
+    await engine.dispose()
+    switches = (await api.get("/v1/admin/config")).json()
+    flipped = not switches["default_accept_range_fetch"]
+    await api.put("/v1/admin/config", json={"default_accept_range_fetch": flipped})
+    await api.put("/v1/admin/config", json=switches)
+    assert await flagged("adm-switch") == (True, "coordinator switches changed")
+    await api.put("/v1/admin/topics/t/config", json={"accept_range_fetch": current})

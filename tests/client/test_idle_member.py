@@ -1,5 +1,5 @@
 """A member that a switch leaves without records says so once, naming the switch and how to
-turn it on, and the SDK offers the call that does."""
+turn it on, and the SDK offers the call that does, which the running group sees at once."""
 
 from __future__ import annotations
 
@@ -50,3 +50,10 @@ async def test_an_idle_member_logs_the_switch_once_and_the_sdk_can_turn_it_on(
         async with httpx.AsyncClient(base_url=coordinator_url) as api:
             config = (await api.get(f"/v1/admin/topics/{topic}/config")).json()
         assert config["accept_range_fetch"] is True
+
+        # The switch reaches the running group without waiting for a join or a leave.
+        await until(
+            lambda: bool(first.assignment()) and bool(second.assignment()),
+            30,
+            "both members sharing the partition after the switch",
+        )
