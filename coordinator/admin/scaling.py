@@ -19,6 +19,7 @@ from coordinator.core.scaling import (
 from coordinator.db.engine import Transaction
 from coordinator.errors import GroupIdNotFound, InvalidRequest, ServiceUnavailable
 from coordinator.groups import metadata_repository, operations
+from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository as offsets_repository
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId
@@ -102,7 +103,7 @@ async def _high_watermarks(
         raise ServiceUnavailable("no Kafka cluster configured: the group's lag is unknown")
     try:
         marks: dict[tuple[str, int], int] = await cluster.high_watermarks(partitions)
-    except Exception as exc:
+    except KafkaClusterError as exc:
         raise ServiceUnavailable(
             f"cannot read the group's log ends from Kafka ({type(exc).__name__}); retry"
         ) from None

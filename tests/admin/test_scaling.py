@@ -15,7 +15,7 @@ import pytest_asyncio
 from tests.client.test_consumer import produce
 from tests.fixtures.coordinator import RunningCoordinator
 from tests.fixtures.services import MakeTopic
-from tests.groups.test_heartbeat_api import Member
+from tests.groups.test_heartbeat_api import Member, given_topics
 
 StartCoordinator = Callable[..., Awaitable[RunningCoordinator]]
 
@@ -139,3 +139,21 @@ async def test_the_figure_needs_an_admin_token_and_sane_bounds(
 
     missing = await api.get("/v1/admin/groups/no-such-group/scaling")
     assert missing.status_code == 404
+
+
+async def test_without_log_ends_the_figure_is_refused_not_guessed(
+    start_coordinator: StartCoordinator, database_url: str
+) -> None:
+    """No Kafka, no lag: a 503 lets KEDA keep the current count (or its fallback), where a
+    figure from a lag that only looks like zero would scale the workers to the minimum."""
+    offline = await start_coordinator(database_url, admin_tokens=[ADMIN_TOKEN])
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with httpx.AsyncClient(base_url=offline.url, headers=headers) as api:
+        group_id = f"scale-{uuid.uuid4().hex[:10]}"
+        topic = f"offline-{uuid.uuid4().hex[:8]}"
+        await given_topics(offline.app, **{topic: 1})
+        member = await owning_member(api, group_id, topic)
+        await commit(api, member, topic, 5)
+        reply = await api.get(f"/v1/admin/groups/{group_id}/scaling")
+    assert reply.status_code == 503, reply.text
+    assert "lag is unknown" in reply.json()["detail"]
