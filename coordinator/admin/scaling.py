@@ -3,6 +3,7 @@ workers"): read by KEDA's metrics-api scaler, and exported as a Prometheus gauge
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated
 
@@ -17,12 +18,14 @@ from coordinator.core.scaling import (
     group_progress,
 )
 from coordinator.db.engine import Transaction
-from coordinator.errors import GroupIdNotFound, InvalidRequest, ServiceUnavailable
+from coordinator.errors import GroupIdNotFound, InvalidRequest
 from coordinator.groups import metadata_repository, operations
 from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository as offsets_repository
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId
+
+log = logging.getLogger(__name__)
 
 # Four polls at KEDA's default 30 s interval: long enough to smooth one commit interval
 # landing or not, short enough to follow a change of pace within a couple of minutes.
@@ -94,17 +97,15 @@ async def group_scaling(
 async def _high_watermarks(
     request: Request, partitions: list[tuple[str, int]]
 ) -> dict[tuple[str, int], int]:
-    """Without log ends there is no lag to scale on: refuse, so KEDA applies its fallback
-    instead of scaling to the minimum on a lag that only looks like zero."""
-    if not partitions:
-        return {}
+    """Log ends when a Kafka cluster is configured and answers; without them the lag is
+    unknown and the figure holds the current count, which is also what a Kafka outage calls
+    for (the workers cannot fetch either)."""
     cluster = getattr(request.app.state, "cluster", None)
-    if cluster is None:
-        raise ServiceUnavailable("no Kafka cluster configured: the group's lag is unknown")
+    if cluster is None or not partitions:
+        return {}
     try:
         marks: dict[tuple[str, int], int] = await cluster.high_watermarks(partitions)
     except KafkaClusterError as exc:
-        raise ServiceUnavailable(
-            f"cannot read the group's log ends from Kafka ({type(exc).__name__}); retry"
-        ) from None
+        log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
+        return {}
     return marks

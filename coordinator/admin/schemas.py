@@ -90,7 +90,8 @@ class ScalingReply(BaseModel):
     desired_members: int
     reason: str
     members: int
-    lag: int
+    # None while a partition's log end cannot be read from Kafka: the figure then holds.
+    lag: int | None
     processing_rate: float | None
     member_rate: float | None
     catch_up_seconds: float

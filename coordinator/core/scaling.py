@@ -24,17 +24,18 @@ from coordinator.core.offsets import ic_offset_count
 # A rate over less than a second is mostly the noise of one commit interval landing or not.
 MIN_RATE_SPAN_S = 1.0
 
-Reason = Literal["caught-up", "measuring", "stalled", "lag"]
+Reason = Literal["caught-up", "measuring", "stalled", "lag-unknown", "lag"]
 
 
 @dataclass(frozen=True)
 class ProgressSample:
     """One reading of a group: ``processed`` counts every offset committed as processed over
-    all its partitions (stable offsets plus IC-range offsets), ``lag`` what is left to read."""
+    all its partitions (stable offsets plus IC-range offsets), ``lag`` what is left to read,
+    None when a partition's log end could not be read."""
 
     at_s: float
     processed: int
-    lag: int
+    lag: int | None
     members: int
 
 
@@ -53,14 +54,15 @@ def group_progress(
     Lag counts records not processed yet: IC-range offsets are processed, so they are not lag
     even though the stable offset is below them. A subscribed partition with nothing committed
     is read from its start, as is one whose stored offset lies past its log end (the log was
-    truncated or recreated); both lag by the whole log. Partitions whose log end is unknown
-    count for neither.
+    truncated or recreated); both lag by the whole log. One partition whose log end is unknown
+    (no Kafka, a leaderless partition) makes the lag unknown rather than smaller.
     """
     processed = sum(state.stable_offset + ic_offset_count(state) for state in committed.values())
-    lag = 0
+    lag: int | None = 0
     for partition in set(committed) | set(subscribed):
         high = high_watermarks.get(partition)
-        if high is None:
+        if high is None or lag is None:
+            lag = None
             continue
         state = committed.get(partition)
         if state is None or past_log_end(state, high):
@@ -97,7 +99,7 @@ class ScalingFigure:
     desired_members: int
     reason: Reason
     members: int
-    lag: int
+    lag: int | None
     # Records per second over the whole group, and per live member; None until measured.
     processing_rate: float | None
     member_rate: float | None
@@ -142,9 +144,10 @@ def desired_members(
     """Members to work the lag off within ``policy.catch_up_s`` at the measured per-member
     rate, within the policy's bounds.
 
-    Without evidence the figure holds: no rate measured yet, or members that committed nothing
-    over the span (stuck on slow records, or just joined), keep the current count (at least
-    one while there is lag, so a group scaled to zero wakes up). No lag means the minimum.
+    Without evidence the figure holds: an unknown lag, no rate measured yet, or members that
+    committed nothing over the span (stuck on slow records, or just joined), keep the current
+    count (at least one while there is lag, so a group scaled to zero wakes up). No lag means
+    the minimum.
     """
     member_rate = (
         processing_rate / latest.members
@@ -162,6 +165,8 @@ def desired_members(
             member_rate=member_rate,
         )
 
+    if latest.lag is None:
+        return figure(latest.members, "lag-unknown")
     if latest.lag <= 0:
         return figure(policy.min_members, "caught-up")
     holding = max(latest.members, 1)

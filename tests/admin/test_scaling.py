@@ -141,19 +141,21 @@ async def test_the_figure_needs_an_admin_token_and_sane_bounds(
     assert missing.status_code == 404
 
 
-async def test_without_log_ends_the_figure_is_refused_not_guessed(
+async def test_without_log_ends_the_figure_holds_the_current_members(
     start_coordinator: StartCoordinator, database_url: str
 ) -> None:
-    """No Kafka, no lag: a 503 lets KEDA keep the current count (or its fallback), where a
-    figure from a lag that only looks like zero would scale the workers to the minimum."""
+    """No Kafka, no lag: the figure keeps the members there are, where a figure from a lag that
+    only looks like zero would scale the workers down to the minimum."""
     offline = await start_coordinator(database_url, admin_tokens=[ADMIN_TOKEN])
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=offline.url, headers=headers) as api:
         group_id = f"scale-{uuid.uuid4().hex[:10]}"
         topic = f"offline-{uuid.uuid4().hex[:8]}"
         await given_topics(offline.app, **{topic: 1})
-        member = await owning_member(api, group_id, topic)
-        await commit(api, member, topic, 5)
-        reply = await api.get(f"/v1/admin/groups/{group_id}/scaling")
-    assert reply.status_code == 503, reply.text
-    assert "lag is unknown" in reply.json()["detail"]
+        members = [await owning_member(api, group_id, topic)]
+        members.append(Member(api, group_id))
+        await members[1].join([topic])
+        await commit(api, members[0], topic, 5)
+        figure = await scaling(api, group_id, min_members=1, max_members=10)
+    assert (figure["reason"], figure["lag"], figure["members"]) == ("lag-unknown", None, 2)
+    assert figure["desired_members"] == 2

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from client.protocol.committed import CommittedOffsets
 from coordinator.core.scaling import (
     ProgressHistory,
     ProgressSample,
     ScalingPolicy,
     desired_members,
+    group_progress,
 )
 
 POLICY = ScalingPolicy(catch_up_s=60, min_members=1, max_members=50)
 
 
-def sample(at_s: float, processed: int, lag: int = 0, members: int = 2) -> ProgressSample:
+def sample(at_s: float, processed: int, lag: int | None = 0, members: int = 2) -> ProgressSample:
     return ProgressSample(at_s=at_s, processed=processed, lag=lag, members=members)
 
 
@@ -60,6 +62,42 @@ def test_progress_that_went_backwards_starts_the_history_again() -> None:
     assert history.processing_rate() == pytest.approx(40.0)
 
 
+# --- the reading -------------------------------------------------------------------------------
+
+
+def committed(stable: int, *ranges: tuple[int, int]) -> CommittedOffsets:
+    return CommittedOffsets(stable_offset=stable, ranges=ranges)
+
+
+def test_progress_counts_ic_ranges_as_processed_and_not_as_lag() -> None:
+    reading = group_progress(
+        5.0,
+        3,
+        {("t", 0): committed(100, (110, 119)), ("t", 1): committed(40)},
+        {("t", 0): 150, ("t", 1): 40},
+    )
+    assert reading == ProgressSample(at_s=5.0, processed=100 + 10 + 40, lag=40, members=3)
+
+
+def test_a_subscribed_partition_with_nothing_committed_lags_by_its_whole_log() -> None:
+    reading = group_progress(
+        0.0, 1, {("t", 0): committed(10)}, {("t", 0): 10, ("t", 1): 70}, [("t", 0), ("t", 1)]
+    )
+    assert (reading.processed, reading.lag) == (10, 70)
+
+
+def test_an_offset_past_the_log_end_lags_by_the_whole_log() -> None:
+    reading = group_progress(0.0, 1, {("t", 0): committed(500)}, {("t", 0): 30})
+    assert reading.lag == 30
+
+
+def test_one_unknown_log_end_makes_the_lag_unknown_not_smaller() -> None:
+    reading = group_progress(
+        0.0, 1, {("t", 0): committed(0), ("t", 1): committed(0)}, {("t", 0): 1_000}
+    )
+    assert reading.lag is None
+
+
 # --- the figure -------------------------------------------------------------------------------
 
 
@@ -68,6 +106,13 @@ def test_zero_lag_asks_for_the_minimum_whatever_the_rate() -> None:
     assert (figure.desired_members, figure.reason) == (1, "caught-up")
     to_zero = ScalingPolicy(catch_up_s=60, min_members=0, max_members=50)
     assert desired_members(sample(0, 0, lag=0, members=8), None, to_zero).desired_members == 0
+
+
+def test_an_unknown_lag_holds_the_current_members_even_at_zero() -> None:
+    figure = desired_members(sample(0, 0, lag=None, members=6), 300.0, POLICY)
+    assert (figure.desired_members, figure.reason) == (6, "lag-unknown")
+    to_zero = ScalingPolicy(catch_up_s=60, min_members=0, max_members=50)
+    assert desired_members(sample(0, 0, lag=None, members=0), None, to_zero).desired_members == 0
 
 
 def test_no_rate_yet_holds_the_current_members() -> None:
