@@ -168,6 +168,13 @@ def test_strict_lint_reports_no_warning_or_error(values_file: Path) -> None:
         assert report["errors"] == [] and problems == [], report
 
 
+def test_strict_lint_passes_with_workers_scaled_by_keda() -> None:
+    for values in (with_values(worker=WORKER_ON_KEDA), {**ONE_VALUE, "worker": WORKER_ON_KEDA}):
+        report = helm.lint(CHART_DIR, values, strict=True, namespace=NAMESPACE)
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], report
+
+
 def every_values_set() -> list[Any]:
     """The CI values files plus one with every optional object switched on."""
     sets = [
