@@ -206,6 +206,7 @@ def create_app(
 ) -> FastAPI:
     from coordinator.admin.endpoints import router as admin_router
     from coordinator.admin.members import router as groups_admin_router
+    from coordinator.admin.scaling import router as scaling_router
     from coordinator.groups.endpoints import router as groups_router
     from coordinator.groups.loops import background_loops
     from coordinator.health.endpoints import router as health_router
@@ -253,6 +254,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
+    app.state.scaling_histories = {}
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)
@@ -261,6 +263,7 @@ def create_app(
     app.include_router(groups_router)
     app.include_router(admin_router)
     app.include_router(groups_admin_router)
+    app.include_router(scaling_router)
     app.include_router(limits_router)
     app.include_router(ui_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)

@@ -83,7 +83,14 @@ PARTITION_LAG = Gauge(
     ["group_id", "topic", "partition"],
     registry=TENANT_REGISTRY,
 )
-_GROUP_SERIES = (GROUP_MEMBERS, MEMBER_LOAD, PARTITION_LAG)
+GROUP_DESIRED_MEMBERS = Gauge(
+    "keyrange_group_desired_members",
+    "Members the group's lag asks for at its measured processing rate (docs/scaling.md), "
+    "set each time GET /v1/admin/groups/{group}/scaling computes it",
+    ["group_id"],
+    registry=TENANT_REGISTRY,
+)
+_GROUP_SERIES = (GROUP_MEMBERS, MEMBER_LOAD, PARTITION_LAG, GROUP_DESIRED_MEMBERS)
 
 
 def forget_groups(group_ids: Collection[str]) -> None:

@@ -80,3 +80,20 @@ class AdminGroupDescription(GroupDescription):
     """A group's membership (from the membership service) with its offsets and lag."""
 
     partitions: list[AdminPartitionOffsets]
+
+
+class ScalingReply(BaseModel):
+    """The desired-members figure KEDA's metrics-api scaler reads (valueLocation
+    ``desired_members``), with what it was computed from."""
+
+    group_id: str
+    desired_members: int
+    reason: str
+    members: int
+    # None while a partition's log end cannot be read from Kafka: the figure then holds.
+    lag: int | None
+    processing_rate: float | None
+    member_rate: float | None
+    catch_up_seconds: float
+    min_members: int
+    max_members: int

@@ -8,15 +8,20 @@ OpenAPI schemas shipped with kubernetes-validate (offline, strict: unknown field
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
+import hashlib
 import json
 import os
+import re
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -27,6 +32,7 @@ from coordinator.settings import Settings
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "keyrange"
 CI_VALUES_FILES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
+PRODUCTION_VALUES_FILES = [path for path in CI_VALUES_FILES if path.stem != "one-value-values"]
 RELEASE = "kr"
 NAMESPACE = "streaming"
 FULLNAME = "kr-keyrange"
@@ -34,9 +40,36 @@ FULLNAME = "kr-keyrange"
 # kubernetes-validate ships: an API removed or added in between shows up in one of the two.
 KUBE_VERSIONS = ("1.25.0", latest_version())
 # Custom resources: their schemas live in the operator's CRDs, not in Kubernetes.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("keda.sh/v1alpha1", "TriggerAuthentication"),
+}
 
 Manifest = dict[str, Any]
+
+
+# `helm install k helm/keyrange --set kafka.bootstrapServers=kafka:9092` (issue 18 item 5).
+ONE_VALUE: dict[str, Any] = {"kafka": {"bootstrapServers": "kafka:9092"}}
+
+WORKER_ON_KEDA: dict[str, Any] = {
+    "enabled": True,
+    "target": "billing:Billing",
+    "topics": ["orders", "refunds"],
+    "group": "billing",
+    "tokenSecret": {"name": "billing-token", "key": "token"},
+    "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 40},
+}
+
+SASL_SSL: dict[str, Any] = {
+    "securityProtocol": "SASL_SSL",
+    "tls": {"existingSecret": "kafka-ca", "caKey": "ca.crt", "certKey": "", "keyKey": ""},
+    "sasl": {
+        "mechanism": "SCRAM-SHA-512",
+        "username": "keyrange",
+        "existingSecret": {"name": "kafka-user", "passwordKey": "password"},
+    },
+}
 
 
 def minimal_values() -> dict[str, Any]:
@@ -109,6 +142,12 @@ def env_of(pod_owner: Manifest) -> dict[str, Manifest]:
     return {entry["name"]: entry for entry in container(pod_owner).get("env", [])}
 
 
+def named(objects: list[Manifest], kind: str, name: str) -> Manifest:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
 def render_error(chart: helm.Chart, values: dict[str, Any]) -> str:
     with pytest.raises(helm.HelmError) as caught:
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
@@ -125,6 +164,13 @@ def test_strict_lint_reports_no_warning_or_error(values_file: Path) -> None:
         report = helm.lint(
             CHART_DIR, values, strict=True, namespace=NAMESPACE, kube_version=f"v{kube_version}"
         )
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], report
+
+
+def test_strict_lint_passes_with_workers_scaled_by_keda() -> None:
+    for values in (with_values(worker=WORKER_ON_KEDA), {**ONE_VALUE, "worker": WORKER_ON_KEDA}):
+        report = helm.lint(CHART_DIR, values, strict=True, namespace=NAMESPACE)
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         assert report["errors"] == [] and problems == [], report
 
@@ -164,6 +210,19 @@ def every_values_set() -> list[Any]:
         priorityClassName="high",
     )
     sets.append(pytest.param(everything, id="everything-on"))
+    sets.append(pytest.param(ONE_VALUE, id="one-value"))
+    sets.append(pytest.param(with_values(worker=WORKER_ON_KEDA), id="worker-on-keda"))
+    locked_down = {
+        **ONE_VALUE,
+        "networkPolicy": {
+            "allowExternal": False,
+            "allowExternalEgress": False,
+            "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}],
+        },
+        "worker": WORKER_ON_KEDA,
+        "kafka": {**SASL_SSL, "bootstrapServers": "kafka:9093"},
+    }
+    sets.append(pytest.param(locked_down, id="one-value-locked-down-with-workers"))
     return sets
 
 
@@ -477,10 +536,16 @@ def test_secret_parts_compose_the_url_from_a_cloudnativepg_app_secret(chart: hel
 def container_environment(
     objects: list[Manifest], kind: str, secrets: dict[str, dict[str, str]]
 ) -> dict[str, str]:
+    return owner_environment(objects, one(objects, kind), secrets)
+
+
+def owner_environment(
+    objects: list[Manifest], owner: Manifest, secrets: dict[str, dict[str, str]]
+) -> dict[str, str]:
     """The environment Kubernetes would give the container: envFrom ConfigMaps, then env with
     secret references resolved and $(VAR) references expanded, in order."""
     config_maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
-    spec = container(one(objects, kind))
+    spec = container(owner)
     environment: dict[str, str] = {}
     for source in spec.get("envFrom", []):
         environment.update(config_maps[source["configMapRef"]["name"]])
@@ -659,7 +724,6 @@ def test_helm_test_pod_asks_readyz_through_the_service(chart: helm.Chart) -> Non
         (with_values(config={"logLevel": "LOUD"}), "/config/logLevel"),
         (with_values(auth={"adminTokens": ["short"]}), "/auth/adminTokens/0"),
         (with_values(service={"port": 0}), "/service/port"),
-        (with_values(database={"url": ""}), "database: no database configured"),
         (
             with_values(database={"url": "postgres://keyrange@db/keyrange"}),
             "database.url: must start with postgresql+asyncpg://",
@@ -669,7 +733,6 @@ def test_helm_test_pod_asks_readyz_through_the_service(chart: helm.Chart) -> Non
             "database: set only one of",
         ),
         (with_values(kafka={"bootstrapServers": ""}), "kafka.bootstrapServers: required"),
-        (with_values(auth={"adminTokens": []}), "auth: the coordinator refuses to listen"),
         (
             with_values(auth={"existingSecret": {"name": "tokens"}}),
             "auth: set either auth.existingSecret.name",
@@ -701,10 +764,24 @@ def test_bad_values_fail_with_a_message_naming_the_key(
     assert expected in render_error(chart, values)
 
 
-def test_defaults_alone_fail_with_every_missing_setting_at_once(chart: helm.Chart) -> None:
+def test_defaults_alone_fail_asking_only_for_the_kafka_address(chart: helm.Chart) -> None:
+    """The database and the tokens have defaults (a bundled Postgres, generated tokens); the
+    Kafka cluster cannot be guessed."""
     message = render_error(chart, {})
     assert message.count("VALUES VALIDATION") == 1
-    for expected in ("database: no database configured", "kafka.bootstrapServers", "auth:"):
+    assert "kafka.bootstrapServers: required" in message
+    assert "database" not in message and "auth" not in message
+
+
+def test_bad_values_are_all_reported_at_once(chart: helm.Chart) -> None:
+    values = with_values(
+        kafka={"bootstrapServers": ""},
+        database={"existingSecret": {"name": "pg", "key": "uri"}},
+        pdb={"minAvailable": 1},
+    )
+    message = render_error(chart, values)
+    assert message.count("VALUES VALIDATION") == 1
+    for expected in ("kafka.bootstrapServers", "database: set only one of", "pdb: set only one"):
         assert expected in message
 
 
@@ -720,17 +797,6 @@ def test_schema_rejects_what_validate_values_would_miss(chart: helm.Chart) -> No
 
 def kafka_values(**kafka: Any) -> dict[str, Any]:
     return with_values(kafka={"bootstrapServers": "kafka:9093", **kafka})
-
-
-SASL_SSL = {
-    "securityProtocol": "SASL_SSL",
-    "tls": {"existingSecret": "kafka-ca", "caKey": "ca.crt", "certKey": "", "keyKey": ""},
-    "sasl": {
-        "mechanism": "SCRAM-SHA-512",
-        "username": "keyrange",
-        "existingSecret": {"name": "kafka-user", "passwordKey": "password"},
-    },
-}
 
 
 def test_kafka_sasl_ssl_takes_the_password_from_a_secret_and_mounts_the_ca(
@@ -843,3 +909,572 @@ def test_a_metrics_token_secret_reaches_the_coordinator_and_the_service_monitor(
 def test_per_group_metrics_for_everyone_is_an_explicit_choice(chart: helm.Chart) -> None:
     config = one(render(chart, with_values(metrics={"groupLabels": True})), "ConfigMap")["data"]
     assert config["KEYRANGE_METRICS_GROUP_LABELS"] == "true"
+
+
+# --- one value: a bundled Postgres and generated tokens (issue 18 item 5) ---------------------
+
+POSTGRES = f"{FULLNAME}-postgresql"
+
+
+def decoded(secret: Manifest) -> dict[str, str]:
+    return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
+
+def rendered_secrets(objects: list[Manifest]) -> dict[str, dict[str, str]]:
+    return {o["metadata"]["name"]: decoded(o) for o in objects if o["kind"] == "Secret"}
+
+
+def test_one_value_runs_a_single_postgres_with_a_volume_beside_the_coordinator(
+    chart: helm.Chart,
+) -> None:
+    objects = render(chart, ONE_VALUE)
+    statefulset = named(objects, "StatefulSet", POSTGRES)
+    assert statefulset["spec"]["replicas"] == 1
+    assert statefulset["spec"]["serviceName"] == POSTGRES
+    postgres = container(statefulset)
+    assert postgres["image"] == "postgres:17"
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    mounts = {m["mountPath"]: m["name"] for m in postgres["volumeMounts"]}
+    assert mounts["/var/lib/postgresql/data"] == claim["metadata"]["name"]
+    env = {entry["name"]: entry for entry in postgres["env"]}
+    assert env["PGDATA"]["value"].startswith("/var/lib/postgresql/data/")
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": POSTGRES,
+        "key": "password",
+    }
+    service = named(objects, "Service", POSTGRES)
+    assert service["spec"]["selector"].items() <= (
+        statefulset["spec"]["template"]["metadata"]["labels"].items()
+    )
+    # The coordinator's Service and PDB never select the database pod.
+    coordinator_selector = named(objects, "Service", FULLNAME)["spec"]["selector"]
+    assert not coordinator_selector.items() <= (
+        statefulset["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def test_the_bundled_postgres_runs_non_root_with_a_read_only_root_filesystem(
+    chart: helm.Chart,
+) -> None:
+    statefulset = named(render(chart, ONE_VALUE), "StatefulSet", POSTGRES)
+    pod_security = pod_spec(statefulset)["securityContext"]
+    assert pod_security["runAsNonRoot"] is True and pod_security["fsGroup"] == 999
+    security = container(statefulset)["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    writable = {m["mountPath"] for m in container(statefulset)["volumeMounts"]}
+    assert {"/var/run/postgresql", "/tmp"} <= writable
+
+
+def test_the_coordinator_and_the_job_connect_to_the_bundled_postgres(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = render(chart, ONE_VALUE)
+    secrets = rendered_secrets(objects)
+    password = secrets[POSTGRES]["password"]
+    assert len(password) == 32 and password.isalnum()
+    for kind in ("Deployment", "Job"):
+        settings = coordinator_settings(container_environment(objects, kind, secrets), monkeypatch)
+        url = make_url(settings.database_url.get_secret_value())
+        assert url.drivername == "postgresql+asyncpg"
+        assert (url.username, url.password, url.host, url.port, url.database) == (
+            "keyrange",
+            password,
+            POSTGRES,
+            5432,
+            "keyrange",
+        )
+    settings = coordinator_settings(
+        container_environment(objects, "Deployment", secrets), monkeypatch
+    )
+    settings.check_bind_address()
+    admin_token = secrets[FULLNAME]["admin-token"]
+    assert [t.get_secret_value() for t in settings.admin_tokens] == [admin_token]
+    (worker_token,) = settings.client_tokens
+    assert worker_token.token.get_secret_value() == secrets[FULLNAME]["worker-token"]
+    assert worker_token.allows_group("any-group")
+
+
+def test_generated_secrets_are_random_and_consistent_within_a_release(chart: helm.Chart) -> None:
+    first, second = render(chart, ONE_VALUE), render(chart, ONE_VALUE)
+    tokens = rendered_secrets(first)[FULLNAME]
+    assert len(tokens["admin-token"]) == 40 and tokens["admin-token"].isalnum()
+    assert json.loads(tokens["admin-tokens"]) == [tokens["admin-token"]]
+    assert tokens["worker-token"] != tokens["admin-token"]
+    # Never a value baked into the chart: another install gets other secrets.
+    again = rendered_secrets(second)
+    assert again[FULLNAME]["admin-token"] != tokens["admin-token"]
+    assert again[POSTGRES]["password"] != rendered_secrets(first)[POSTGRES]["password"]
+
+
+def test_the_pods_checksum_is_of_the_secret_actually_rendered(chart: helm.Chart) -> None:
+    """Generated values are drawn once per render: were the checksum annotation computed over
+    other random values than the Secret's, the first upgrade would roll every pod for nothing."""
+    manifests = chart.render(ONE_VALUE, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    secret_text = manifests["keyrange/templates/secret.yaml"]
+    deployment = next(
+        doc for doc in yaml.safe_load_all(manifests["keyrange/templates/deployment.yaml"]) if doc
+    )
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/secret"] == hashlib.sha256(secret_text.encode()).hexdigest()
+
+
+def test_generated_secrets_are_looked_up_before_being_generated(chart: helm.Chart) -> None:
+    """`lookup` needs a cluster, so offline rendering cannot show a value surviving an
+    upgrade; what can be checked is that every generated value is read back from the very
+    Secret and key it is written to, and that the database password outlives an uninstall
+    (its volume does)."""
+    helpers = (CHART_DIR / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "v1" "Secret"' in helpers
+    calls = re.findall(
+        r'persistentRandom" \(list \. (\$name|\(include "keyrange\.secretName" \.\)) "([a-z-]+)"',
+        helpers + (CHART_DIR / "templates" / "postgresql.yaml").read_text(),
+    )
+    written = {(POSTGRES if source == "$name" else FULLNAME, key) for source, key in calls}
+    assert written == {
+        (FULLNAME, "admin-token"),
+        (FULLNAME, "worker-token"),
+        (POSTGRES, "password"),
+    }
+    secrets = rendered_secrets(render(chart, ONE_VALUE))
+    for name, key in written:
+        assert key in secrets[name]
+    annotations = named(render(chart, ONE_VALUE), "Secret", POSTGRES)["metadata"]["annotations"]
+    assert annotations["helm.sh/resource-policy"] == "keep"
+
+
+def test_notes_flag_the_bundled_database_and_show_the_token_and_the_console(
+    chart: helm.Chart,
+) -> None:
+    notes = render_notes(chart, ONE_VALUE)
+    assert "FOR TRYING IT OUT ONLY" in notes
+    assert (
+        f"kubectl --namespace {NAMESPACE} get secret {FULLNAME} "
+        "-o jsonpath='{.data.admin-token}' | base64 -d" in notes
+    )
+    assert f"port-forward svc/{FULLNAME} 8080:8080" in notes
+    assert "http://127.0.0.1:8080/ui" in notes
+    assert "generated an admin token" in notes
+
+
+def test_the_one_value_install_is_a_chart_testing_case() -> None:
+    assert yaml.safe_load((CHART_DIR / "ci" / "one-value-values.yaml").read_text()) == ONE_VALUE
+
+
+@pytest.mark.parametrize("values_file", PRODUCTION_VALUES_FILES, ids=lambda p: p.stem)
+def test_production_values_bring_no_bundled_database_and_no_generated_token(
+    chart: helm.Chart, values_file: Path
+) -> None:
+    values = yaml.safe_load(values_file.read_text())
+    objects = render(chart, values)
+    assert "StatefulSet" not in kinds(objects)
+    secrets = rendered_secrets(objects)
+    assert POSTGRES not in secrets
+    assert "worker-token" not in secrets.get(FULLNAME, {})
+    notes = render_notes(chart, values)
+    assert "FOR TRYING IT OUT" not in notes and "generated" not in notes
+
+
+def test_listed_admin_tokens_are_not_replaced_and_the_first_is_readable_alone(
+    chart: helm.Chart,
+) -> None:
+    values = with_values(auth={"adminTokens": ["admin-token-aaaaaaaaaa", "admin-token-bbbbbbbbbb"]})
+    secret = rendered_secrets(render(chart, values))[FULLNAME]
+    assert json.loads(secret["admin-tokens"]) == [
+        "admin-token-aaaaaaaaaa",
+        "admin-token-bbbbbbbbbb",
+    ]
+    assert secret["admin-token"] == "admin-token-aaaaaaaaaa"
+    assert "worker-token" not in secret
+
+
+def test_only_the_coordinator_and_the_migrations_reach_the_bundled_postgres(
+    chart: helm.Chart,
+) -> None:
+    values = {
+        **ONE_VALUE,
+        "networkPolicy": {
+            "allowExternalEgress": False,
+            "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}],
+        },
+    }
+    objects = render(chart, values)
+    policy = named(objects, "NetworkPolicy", POSTGRES)["spec"]
+    (rule,) = policy["ingress"]
+    (peer,) = rule["from"]
+
+    def admitted(labels: dict[str, str]) -> bool:
+        selector = peer["podSelector"]
+        (expression,) = selector["matchExpressions"]
+        return selector["matchLabels"].items() <= labels.items() and (
+            labels.get(expression["key"]) in expression["values"]
+        )
+
+    def labels_of(owner: Manifest) -> dict[str, str]:
+        return owner["spec"]["template"]["metadata"]["labels"]  # type: ignore[no-any-return]
+
+    assert admitted(labels_of(named(objects, "Deployment", FULLNAME)))
+    assert admitted(labels_of(one(objects, "Job")))
+    assert not admitted(one(objects, "Pod")["metadata"]["labels"])
+    egress = named(objects, "NetworkPolicy", FULLNAME)["spec"]["egress"]
+    statefulset_labels = labels_of(named(objects, "StatefulSet", POSTGRES))
+    assert any(
+        peer_rule.get("podSelector", {}).get("matchLabels", {}).items()
+        <= statefulset_labels.items()
+        and {"port": 5432, "protocol": "TCP"} in rule_["ports"]
+        for rule_ in egress
+        for peer_rule in rule_.get("to", [])
+        if "podSelector" in peer_rule
+    )
+
+
+# --- workers and KEDA (issue 18 item 6) -------------------------------------------------------
+
+WORKER = f"{FULLNAME}-worker"
+
+
+def test_the_worker_runs_keyrange_worker_against_this_release(
+    chart: helm.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from client.worker.command import add_parser, settings
+
+    worker_values = {**WORKER_ON_KEDA, "args": ["--failure-policy", "retry"]}
+    worker_values["autoscaling"] = {"enabled": False}
+    objects = render(chart, with_values(worker=worker_values))
+    deployment = named(objects, "Deployment", WORKER)
+    assert deployment["spec"]["replicas"] == 1
+    spec = container(deployment)
+    assert spec["command"] == ["keyrange"]
+    assert spec["args"] == ["worker", "billing:Billing", "--failure-policy", "retry"]
+    environment = owner_environment(
+        objects, deployment, {"billing-token": {"token": "client-token-billing-0001"}}
+    )
+    # The variables are the ones `keyrange worker` reads, and they make a complete config.
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(spec["args"])
+    chosen = settings(args, environment)
+    assert chosen["topics"] == ["orders", "refunds"]
+    assert chosen["group_id"] == "billing"
+    assert chosen["bootstrap_servers"] == "kafka:9092"
+    assert chosen["coordinator_url"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8080"
+    assert chosen["token"] == "client-token-billing-0001"
+    assert chosen["failure_policy"] == "retry"
+    # The worker passes a NetworkPolicy that admits only labelled clients.
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[f"{FULLNAME}-client"] == "true"
+    selector = named(objects, "Service", FULLNAME)["spec"]["selector"]
+    assert not selector.items() <= labels.items()
+
+
+def test_the_worker_uses_the_generated_client_token_on_a_one_value_install(
+    chart: helm.Chart,
+) -> None:
+    worker_values = {key: WORKER_ON_KEDA[key] for key in ("enabled", "target", "topics", "group")}
+    objects = render(chart, {**ONE_VALUE, "worker": worker_values})
+    token = env_of(named(objects, "Deployment", WORKER))["KEYRANGE_WORKER_TOKEN"]
+    assert token["valueFrom"]["secretKeyRef"] == {"name": FULLNAME, "key": "worker-token"}
+    assert "ScaledObject" not in kinds(objects)
+
+
+def test_keda_scales_the_worker_on_the_coordinator_figure(chart: helm.Chart) -> None:
+    from coordinator.admin.scaling import router
+    from coordinator.admin.schemas import ScalingReply
+
+    objects = render(chart, with_values(worker=WORKER_ON_KEDA))
+    scaled = named(objects, "ScaledObject", WORKER)["spec"]
+    assert "replicas" not in named(objects, "Deployment", WORKER)["spec"]
+    assert scaled["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": WORKER,
+    }
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (0, 40)
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "metrics-api"
+    # AverageValue with a target of 1: the HPA asks for ceil(figure / 1) replicas.
+    assert trigger["metricType"] == "AverageValue"
+    metadata = trigger["metadata"]
+    assert metadata["targetValue"] == "1"
+    assert metadata["valueLocation"] in ScalingReply.model_fields
+    assert metadata["authMode"] == "bearer"
+
+    url = urllib.parse.urlsplit(metadata["url"])
+    assert f"{url.scheme}://{url.netloc}" == f"http://{FULLNAME}.{NAMESPACE}.svc:8080"
+    (route,) = [r for r in router.routes if getattr(r, "path", "").endswith("/scaling")]
+    assert re.fullmatch(route.path.replace("{group_id}", "[^/]+"), url.path)  # type: ignore[attr-defined]
+    assert url.path == "/v1/admin/groups/billing/scaling"
+    query = dict(urllib.parse.parse_qsl(url.query))
+    route_parameters = {p.name for p in route.dependant.query_params}  # type: ignore[attr-defined]
+    assert set(query) <= route_parameters
+    assert query == {"catch_up_seconds": "60", "min_members": "0", "max_members": "40"}
+
+    authentication = named(objects, "TriggerAuthentication", WORKER)["spec"]
+    assert trigger["authenticationRef"] == {"name": WORKER}
+    # The listed admin token, as plain text in the chart's Secret.
+    assert authentication["secretTargetRef"] == [
+        {"parameter": "token", "name": FULLNAME, "key": "admin-token"}
+    ]
+    assert rendered_secrets(objects)[FULLNAME]["admin-token"] == "admin-token-0123456789"
+
+
+# No KEDA CRD schema ships in a package the suite can load offline (cloudcoil-models-keda has
+# one, but registers a pytest plugin that breaks collection), so the KEDA objects are checked
+# by their fields: the ScaledObject and TriggerAuthentication fields of keda.sh/v1alpha1 (KEDA
+# 2.x) and the metadata the metrics-api scaler reads, with their types. Unknown fields fail,
+# as with the API server's strict field validation.
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_OBJECT_META = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+        "namespace": {"type": "string"},
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+_METRICS_API_METADATA = {
+    "type": "object",
+    "properties": {
+        key: {"type": "string"}
+        for key in (
+            "url",
+            "valueLocation",
+            "targetValue",
+            "activationTargetValue",
+            "format",
+            "authMode",
+            "method",
+            "unsafeSsl",
+            "aggregateFromKubeServiceEndpoints",
+            "aggregationType",
+        )
+    },
+    "required": ["url", "valueLocation", "targetValue"],
+    "additionalProperties": False,
+}
+KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ScaledObject": {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "kind": {"const": "ScaledObject"},
+            "metadata": _OBJECT_META,
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "scaleTargetRef": {
+                        "type": "object",
+                        "properties": {
+                            "apiVersion": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "name": {"type": "string"},
+                            "envSourceContainerName": {"type": "string"},
+                        },
+                        "required": ["name"],
+                        "additionalProperties": False,
+                    },
+                    **{
+                        field: {"type": "integer", "minimum": 0}
+                        for field in (
+                            "pollingInterval",
+                            "cooldownPeriod",
+                            "initialCooldownPeriod",
+                            "idleReplicaCount",
+                            "minReplicaCount",
+                            "maxReplicaCount",
+                        )
+                    },
+                    "advanced": {"type": "object"},
+                    "fallback": {"type": "object"},
+                    "triggers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "type": {"const": "metrics-api"},
+                                "name": {"type": "string"},
+                                "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                                "useCachedMetrics": {"type": "boolean"},
+                                "metadata": _METRICS_API_METADATA,
+                                "authenticationRef": {
+                                    "type": "object",
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "kind": {
+                                            "enum": [
+                                                "TriggerAuthentication",
+                                                "ClusterTriggerAuthentication",
+                                            ]
+                                        },
+                                    },
+                                    "required": ["name"],
+                                    "additionalProperties": False,
+                                },
+                            },
+                            "required": ["type", "metadata"],
+                            "additionalProperties": False,
+                        },
+                    },
+                },
+                "required": ["scaleTargetRef", "triggers"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+    },
+    "TriggerAuthentication": {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "kind": {"const": "TriggerAuthentication"},
+            "metadata": _OBJECT_META,
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "secretTargetRef": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "parameter": {"type": "string"},
+                                "name": {"type": "string"},
+                                "key": {"type": "string"},
+                            },
+                            "required": ["parameter", "name", "key"],
+                            "additionalProperties": False,
+                        },
+                    }
+                },
+                "additionalProperties": False,
+            },
+        },
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_keda_objects_have_only_keda_fields_of_the_right_types(chart: helm.Chart) -> None:
+    values_sets = (with_values(worker=WORKER_ON_KEDA), {**ONE_VALUE, "worker": WORKER_ON_KEDA})
+    for values in values_sets:
+        custom = [o for o in render(chart, values) if o["apiVersion"] == "keda.sh/v1alpha1"]
+        assert sorted(o["kind"] for o in custom) == ["ScaledObject", "TriggerAuthentication"]
+        for obj in custom:
+            jsonschema.validate(obj, KEDA_SCHEMAS[obj["kind"]])
+    # The check has teeth: a number where KEDA's metadata map wants a string fails.
+    scaled = named(render(chart, values_sets[0]), "ScaledObject", WORKER)
+    scaled["spec"]["triggers"][0]["metadata"]["targetValue"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(scaled, KEDA_SCHEMAS["ScaledObject"])
+
+
+def test_keda_presents_the_generated_admin_token_on_a_one_value_install(
+    chart: helm.Chart,
+) -> None:
+    worker_values = {**WORKER_ON_KEDA, "tokenSecret": {"name": "", "key": "token"}}
+    objects = render(chart, {**ONE_VALUE, "worker": worker_values})
+    authentication = named(objects, "TriggerAuthentication", WORKER)["spec"]
+    assert authentication["secretTargetRef"] == [
+        {"parameter": "token", "name": FULLNAME, "key": "admin-token"}
+    ]
+    notes = render_notes(chart, {**ONE_VALUE, "worker": worker_values})
+    assert "not capped at the partition count" in notes
+
+
+def test_keda_with_tokens_in_your_own_secret_reads_the_token_you_name(chart: helm.Chart) -> None:
+    values = yaml.safe_load((CHART_DIR / "ci" / "existing-secrets-values.yaml").read_text())
+    autoscaling = {
+        **WORKER_ON_KEDA["autoscaling"],
+        "tokenSecret": {"name": "keda-admin", "key": "token"},
+    }
+    values["worker"] = {**WORKER_ON_KEDA, "autoscaling": autoscaling}
+    authentication = named(render(chart, values), "TriggerAuthentication", WORKER)["spec"]
+    assert authentication["secretTargetRef"] == [
+        {"parameter": "token", "name": "keda-admin", "key": "token"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("worker", "expected"),
+    [
+        ({"enabled": True}, "worker.target: required"),
+        ({"enabled": True}, "worker.topics: required"),
+        ({"enabled": True}, "worker.group: required"),
+        (
+            {"enabled": True, "target": "a:B", "topics": ["t"], "group": "g"},
+            "worker.tokenSecret.name: required when tokens are given",
+        ),
+        (
+            {
+                **WORKER_ON_KEDA,
+                "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2},
+            },
+            "worker.autoscaling.minReplicas: must not exceed",
+        ),
+    ],
+    ids=["target", "topics", "group", "token", "bounds"],
+)
+def test_bad_worker_values_name_the_key(
+    chart: helm.Chart, worker: dict[str, Any], expected: str
+) -> None:
+    assert expected in render_error(chart, with_values(worker=worker))
+
+
+def test_keda_without_a_plain_admin_token_is_refused(chart: helm.Chart) -> None:
+    values = yaml.safe_load((CHART_DIR / "ci" / "existing-secrets-values.yaml").read_text())
+    values["worker"] = WORKER_ON_KEDA
+    assert "worker.autoscaling.tokenSecret.name: required" in render_error(chart, values)
+
+
+def test_schema_rejects_worker_values_the_command_would_refuse(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError, match="/worker/group"):
+        chart.validate_schema(with_values(worker={"enabled": True, "group": "a/b"}))
+    with pytest.raises(helm.HelmValuesError, match="/worker/target"):
+        chart.validate_schema(with_values(worker={"enabled": True, "target": "no-colon"}))
+    with pytest.raises(helm.HelmValuesError, match="/worker/autoscaling/catchUpSeconds"):
+        chart.validate_schema(
+            with_values(
+                worker={"enabled": True, "autoscaling": {"enabled": True, "catchUpSeconds": 0}}
+            )
+        )
+
+
+# --- Kafka TLS and SASL for the workers (issue 18 item 7) -------------------------------------
+
+
+def test_the_worker_gets_the_same_kafka_security_as_the_coordinator(chart: helm.Chart) -> None:
+    objects = render(
+        chart,
+        {
+            **with_values(worker=WORKER_ON_KEDA),
+            "kafka": {**SASL_SSL, "bootstrapServers": "kafka:9093"},
+        },
+    )
+    coordinator_config = one(objects, "ConfigMap")["data"]
+    worker = named(objects, "Deployment", WORKER)
+    worker_env = env_of(worker)
+    for name, value in coordinator_config.items():
+        if name.startswith("KEYRANGE_KAFKA_") and name != "KEYRANGE_KAFKA_BOOTSTRAP":
+            worker_name = name.replace("KEYRANGE_KAFKA_", "KEYRANGE_WORKER_KAFKA_")
+            assert worker_env[worker_name]["value"] == value
+    assert worker_env["KEYRANGE_WORKER_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
+    assert worker_env["KEYRANGE_WORKER_KAFKA_SASL_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": "kafka-user", "key": "password"}
+    }
+    assert worker_env["KEYRANGE_WORKER_BOOTSTRAP"]["value"] == "kafka:9093"
+    mounts = {m["name"]: m for m in container(worker)["volumeMounts"]}
+    assert mounts["kafka-tls"]["mountPath"] == "/etc/keyrange/kafka-tls"
+    volumes = {v["name"]: v for v in pod_spec(worker)["volumes"]}
+    assert volumes["kafka-tls"]["secret"]["secretName"] == "kafka-ca"
+
+
+def test_plaintext_workers_carry_no_kafka_security_variables(chart: helm.Chart) -> None:
+    worker = named(render(chart, with_values(worker=WORKER_ON_KEDA)), "Deployment", WORKER)
+    assert not [name for name in env_of(worker) if name.startswith("KEYRANGE_WORKER_KAFKA_")]
+    assert "kafka-tls" not in {v["name"] for v in pod_spec(worker)["volumes"]}

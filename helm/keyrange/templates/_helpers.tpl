@@ -84,7 +84,7 @@ The label a client pod carries to pass the NetworkPolicy when networkPolicy.allo
 
 {{/*
 Whether the chart makes its own Secret: for a database URL given in values, or for tokens
-given in values. "true" or "".
+given in values or generated. "true" or "".
 */}}
 {{- define "keyrange.createSecret" -}}
 {{- if or .Values.database.url (not .Values.auth.existingSecret.name) -}}
@@ -93,7 +93,135 @@ true
 {{- end -}}
 
 {{/*
-KEYRANGE_DATABASE_URL from one of three sources:
+A random value that outlives upgrades: the one stored under key in the named Secret when the
+cluster has it (`lookup`), a new one otherwise. Remembered for the rest of the render, so the
+Secret and the checksum annotation of the pods that read it see the same value.
+Called with (list $ secretName key length).
+*/}}
+{{- define "keyrange.persistentRandom" -}}
+{{- $root := index . 0 -}}
+{{- $secretName := index . 1 -}}
+{{- $key := index . 2 -}}
+{{- $cacheKey := printf "%s/%s" $secretName $key -}}
+{{- if not (hasKey $root.Values "keyrangeGenerated") -}}
+{{- $_ := set $root.Values "keyrangeGenerated" dict -}}
+{{- end -}}
+{{- $cache := $root.Values.keyrangeGenerated -}}
+{{- if not (hasKey $cache $cacheKey) -}}
+{{- $existing := lookup "v1" "Secret" (include "keyrange.namespace" $root) $secretName -}}
+{{- $stored := "" -}}
+{{- if and $existing (hasKey ($existing.data | default dict) $key) -}}
+{{- $stored = index $existing.data $key | b64dec -}}
+{{- end -}}
+{{- $_ := set $cache $cacheKey ($stored | default (randAlphaNum (index . 3))) -}}
+{{- end -}}
+{{- index $cache $cacheKey -}}
+{{- end -}}
+
+{{/*
+Whether the chart generates the tokens: none listed and no Secret of yours. "true" or "".
+*/}}
+{{- define "keyrange.generateTokens" -}}
+{{- $auth := .Values.auth -}}
+{{- if not (or $auth.existingSecret.name $auth.adminTokens $auth.clientTokens) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+The admin tokens the chart's Secret holds: the listed ones, or one generated and kept.
+*/}}
+{{- define "keyrange.adminTokensJson" -}}
+{{- if include "keyrange.generateTokens" . -}}
+{{- list (include "keyrange.persistentRandom" (list . (include "keyrange.secretName" .) "admin-token" 40)) | toJson -}}
+{{- else -}}
+{{- .Values.auth.adminTokens | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Where a plain admin token lives (for KEDA's TriggerAuthentication and NOTES.txt): the chart's
+Secret under admin-token when the chart holds admin tokens, else worker.autoscaling.tokenSecret.
+Returns "name/key", or "" when there is none.
+*/}}
+{{- define "keyrange.adminTokenRef" -}}
+{{- $own := .Values.worker.autoscaling.tokenSecret -}}
+{{- if $own.name -}}
+{{- printf "%s/%s" $own.name $own.key -}}
+{{- else if and (not .Values.auth.existingSecret.name) (or .Values.auth.adminTokens (include "keyrange.generateTokens" .)) -}}
+{{- printf "%s/admin-token" (include "keyrange.secretName" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Where the worker's client token lives: worker.tokenSecret, or the client token the chart
+generated. Returns "name/key", or "" when there is none.
+*/}}
+{{- define "keyrange.workerTokenRef" -}}
+{{- $own := .Values.worker.tokenSecret -}}
+{{- if $own.name -}}
+{{- printf "%s/%s" $own.name $own.key -}}
+{{- else if include "keyrange.generateTokens" . -}}
+{{- printf "%s/worker-token" (include "keyrange.secretName" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The client tokens the chart's Secret holds: the listed ones, or, with generated tokens, one
+for the worker Deployment (any group).
+*/}}
+{{- define "keyrange.clientTokensValue" -}}
+{{- if include "keyrange.generateTokens" . -}}
+{{- list (dict "token" (include "keyrange.persistentRandom" (list . (include "keyrange.secretName" .) "worker-token" 40)) "group_prefixes" list) | toJson -}}
+{{- else -}}
+{{- include "keyrange.clientTokensJson" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+No database given: the chart runs a single-replica Postgres beside the coordinator, for
+trying Keyrange out (templates/postgresql.yaml). "true" or "".
+*/}}
+{{- define "keyrange.bundledPostgres" -}}
+{{- $db := .Values.database -}}
+{{- if not (or $db.url $db.existingSecret.name $db.secretParts.name) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.workerName" -}}
+{{- printf "%s-worker" (include "keyrange.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "keyrange.workerSelectorLabels" -}}
+{{ include "keyrange.selectorLabels" . }}
+app.kubernetes.io/component: worker
+{{- end -}}
+
+{{/* The worker image: worker.image.repository, or the coordinator's image (it has the SDK). */}}
+{{- define "keyrange.workerImage" -}}
+{{- $image := .Values.worker.image -}}
+{{- if not $image.repository -}}
+{{- include "keyrange.image" . -}}
+{{- else if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.postgresqlName" -}}
+{{- printf "%s-postgresql" (include "keyrange.fullname" . | trunc 52 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "keyrange.postgresqlSelectorLabels" -}}
+{{ include "keyrange.selectorLabels" . }}
+app.kubernetes.io/component: postgresql
+{{- end -}}
+
+{{/*
+KEYRANGE_DATABASE_URL from one of four sources:
+- none given: the bundled Postgres, its generated password in a Secret of its own;
 - database.url: a key of the chart's Secret;
 - database.existingSecret: a key of a Secret you manage (a managed database, Vault, ...);
 - database.secretParts: fields of a Secret such as CloudNativePG's "<cluster>-app", composed
@@ -102,7 +230,16 @@ KEYRANGE_DATABASE_URL from one of three sources:
 */}}
 {{- define "keyrange.databaseEnv" -}}
 {{- $db := .Values.database -}}
-{{- if $db.url }}
+{{- if include "keyrange.bundledPostgres" . }}
+{{- $pg := .Values.postgresql }}
+- name: PGPASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "keyrange.postgresqlName" . }}
+      key: password
+- name: KEYRANGE_DATABASE_URL
+  value: {{ printf "postgresql+asyncpg://%s:$(PGPASSWORD)@%s:5432/%s" $pg.username (include "keyrange.postgresqlName" .) $pg.database | quote }}
+{{- else if $db.url }}
 - name: KEYRANGE_DATABASE_URL
   valueFrom:
     secretKeyRef:
@@ -196,6 +333,7 @@ failure, so a broken values file is fixed in one pass instead of one error per `
 {{- $messages = append $messages (include "keyrange.validateValues.autoscaling" .) -}}
 {{- $messages = append $messages (include "keyrange.validateValues.networkPolicy" .) -}}
 {{- $messages = append $messages (include "keyrange.validateValues.shutdown" .) -}}
+{{- $messages = append $messages (include "keyrange.validateValues.worker" .) -}}
 {{- $messages = without $messages "" -}}
 {{- if $messages -}}
 {{- printf "\nVALUES VALIDATION:\n%s" (join "\n" $messages) | fail -}}
@@ -208,9 +346,7 @@ failure, so a broken values file is fixed in one pass instead of one error per `
 {{- range (list $db.url $db.existingSecret.name $db.secretParts.name) -}}
 {{- if . -}}{{- $sources = add1 $sources -}}{{- end -}}
 {{- end -}}
-{{- if eq $sources 0 -}}
-database: no database configured. Set database.url (postgresql+asyncpg://...), or database.existingSecret.name (a Secret holding that URL under database.existingSecret.key), or database.secretParts.name (e.g. CloudNativePG's "<cluster>-app" Secret).
-{{- else if gt $sources 1 -}}
+{{- if gt $sources 1 -}}
 database: set only one of database.url, database.existingSecret.name and database.secretParts.name.
 {{- else if and $db.url (not (hasPrefix "postgresql+asyncpg://" $db.url)) -}}
 database.url: must start with postgresql+asyncpg:// (the coordinator uses the asyncpg driver).
@@ -240,6 +376,74 @@ database.url: must start with postgresql+asyncpg:// (the coordinator uses the as
 {{- join "\n" $messages -}}
 {{- end -}}
 
+{{/*
+The Kafka security settings (docs/kafka-security.md) as "NAME: value" lines, each name the
+given prefix plus the coordinator's setting name: KEYRANGE_KAFKA_ for the coordinator's
+ConfigMap, KEYRANGE_WORKER_KAFKA_ for the worker. Only what differs from the defaults
+(PLAINTEXT); the SASL password never appears here, it comes from its Secret.
+Called with (list $ prefix).
+*/}}
+{{- define "keyrange.kafkaSecuritySettings" -}}
+{{- $root := index . 0 -}}
+{{- $prefix := index . 1 -}}
+{{- $kafka := $root.Values.kafka -}}
+{{- $dir := include "keyrange.kafkaTlsDir" $root -}}
+{{- $settings := dict -}}
+{{- if ne $kafka.securityProtocol "PLAINTEXT" -}}
+{{- $_ := set $settings "SECURITY_PROTOCOL" $kafka.securityProtocol -}}
+{{- end -}}
+{{- if has $kafka.securityProtocol (list "SSL" "SASL_SSL") -}}
+{{- with $kafka.tls -}}
+{{- if and .existingSecret .caKey -}}
+{{- $_ := set $settings "SSL_CAFILE" (printf "%s/%s" $dir .caKey) -}}
+{{- end -}}
+{{- if and .existingSecret .certKey -}}
+{{- $_ := set $settings "SSL_CERTFILE" (printf "%s/%s" $dir .certKey) -}}
+{{- $_ := set $settings "SSL_KEYFILE" (printf "%s/%s" $dir .keyKey) -}}
+{{- end -}}
+{{- $_ := set $settings "SSL_CHECK_HOSTNAME" (toString .checkHostname) -}}
+{{- end -}}
+{{- end -}}
+{{- if $kafka.sasl.mechanism -}}
+{{- $_ := set $settings "SASL_MECHANISM" $kafka.sasl.mechanism -}}
+{{- $_ := set $settings "SASL_USERNAME" $kafka.sasl.username -}}
+{{- end -}}
+{{- range $name, $value := $settings }}
+{{ printf "%s%s" $prefix $name }}: {{ $value | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* The SASL password from its Secret, as <prefix>SASL_PASSWORD. Called with (list $ prefix). */}}
+{{- define "keyrange.kafkaSaslPasswordEnv" -}}
+{{- with (index . 0).Values.kafka.sasl.existingSecret -}}
+{{- if .name -}}
+- name: {{ printf "%sSASL_PASSWORD" (index $ 1) }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .passwordKey }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Kafka TLS Secret as a pod volume and its read-only mount. */}}
+{{- define "keyrange.kafkaTlsVolume" -}}
+{{- with .Values.kafka.tls.existingSecret -}}
+- name: kafka-tls
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrange.kafkaTlsVolumeMount" -}}
+{{- if .Values.kafka.tls.existingSecret -}}
+- name: kafka-tls
+  mountPath: {{ include "keyrange.kafkaTlsDir" . }}
+  readOnly: true
+{{- end -}}
+{{- end -}}
+
 {{/* Where the Kafka TLS Secret is mounted. */}}
 {{- define "keyrange.kafkaTlsDir" -}}
 /etc/keyrange/kafka-tls
@@ -250,8 +454,6 @@ database.url: must start with postgresql+asyncpg:// (the coordinator uses the as
 {{- $listed := or $auth.adminTokens $auth.clientTokens -}}
 {{- if and $auth.existingSecret.name $listed -}}
 auth: set either auth.existingSecret.name or auth.adminTokens/auth.clientTokens, not both.
-{{- else if not (or $auth.existingSecret.name $listed) -}}
-auth: the coordinator refuses to listen on 0.0.0.0 without tokens. Set auth.adminTokens and/or auth.clientTokens, or auth.existingSecret.name.
 {{- end -}}
 {{- end -}}
 
@@ -293,4 +495,33 @@ networkPolicy.extraEgress: with allowExternalEgress false, add egress rules for 
 {{- if le (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds) -}}
 terminationGracePeriodSeconds: must exceed preStopSleepSeconds, or pods are killed before uvicorn can finish in-flight requests.
 {{- end -}}
+{{- end -}}
+
+{{- define "keyrange.validateValues.worker" -}}
+{{- $worker := .Values.worker -}}
+{{- $messages := list -}}
+{{- if $worker.enabled -}}
+{{- if not $worker.target -}}
+{{- $messages = append $messages "worker.target: required with worker.enabled (module:Name of a WorkerTask class or a handler, as `keyrange worker` takes it)." -}}
+{{- end -}}
+{{- if not $worker.topics -}}
+{{- $messages = append $messages "worker.topics: required with worker.enabled." -}}
+{{- end -}}
+{{- if not $worker.group -}}
+{{- $messages = append $messages "worker.group: required with worker.enabled." -}}
+{{- end -}}
+{{- if not (include "keyrange.workerTokenRef" .) -}}
+{{- $messages = append $messages "worker.tokenSecret.name: required when tokens are given: a Secret holding a client token allowed for worker.group." -}}
+{{- end -}}
+{{- $scaling := $worker.autoscaling -}}
+{{- if $scaling.enabled -}}
+{{- if gt (int $scaling.minReplicas) (int $scaling.maxReplicas) -}}
+{{- $messages = append $messages "worker.autoscaling.minReplicas: must not exceed worker.autoscaling.maxReplicas." -}}
+{{- end -}}
+{{- if not (include "keyrange.adminTokenRef" .) -}}
+{{- $messages = append $messages "worker.autoscaling.tokenSecret.name: required with auth.existingSecret or without admin tokens: a Secret holding one plain admin token, which KEDA presents to the coordinator." -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $messages -}}
 {{- end -}}
