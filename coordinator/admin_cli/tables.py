@@ -19,10 +19,7 @@ def cell_text(value: Cell) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
     """The rows under their headers; a number column is right-aligned so digits line up."""
     texts = [[cell_text(value) for value in row] for row in rows]
-    numeric = [
-        bool(rows) and all(isinstance(row[i], int | float) or row[i] is None for row in rows)
-        for i in range(len(headers))
-    ]
+    numeric = [_is_number_column([row[i] for row in rows]) for i in range(len(headers))]
     widths = [
         max([len(header), *(len(row[i]) for row in texts)]) for i, header in enumerate(headers)
     ]
@@ -34,3 +31,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def _is_number_column(values: Sequence[Cell]) -> bool:
+    """Numbers, some perhaps unknown; a column of unknowns only is not one."""
+    known = [value for value in values if value is not None]
+    return bool(known) and all(
+        isinstance(value, int | float) and not isinstance(value, bool) for value in known
+    )
