@@ -134,8 +134,8 @@ async def _log_facts(
         ends = await cluster.high_watermarks(present)
         starts = await cluster.log_start_offsets(present) if target.mode in NEEDS_LOG_START else {}
         at_time = (
-            await cluster.offsets_for_time(present, target.value or 0)
-            if target.mode is ResetMode.TO_DATETIME
+            await cluster.offsets_for_time(present, target.value)
+            if target.mode is ResetMode.TO_DATETIME and target.value is not None
             else {}
         )
     except KafkaClusterError as exc:

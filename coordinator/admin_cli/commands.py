@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import httpx
+
 from coordinator.admin_cli import views
 from coordinator.admin_cli.api import AdminApi, AdminError
 
@@ -191,6 +193,19 @@ def _boolean(value: str) -> bool:
     raise argparse.ArgumentTypeError("expected true or false")
 
 
+def _coordinator_url(value: str) -> str:
+    """An http(s) URL with a host, checked before anything is asked of it."""
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a URL: {exc}") from None
+    if url.scheme not in {"http", "https"} or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a coordinator URL such as http://127.0.0.1:8080"
+        )
+    return value
+
+
 def _local_or_zoned_time(value: str) -> datetime:
     """An ISO 8601 time; without a zone it is local time, as kafka-consumer-groups reads it."""
     try:
@@ -213,6 +228,7 @@ def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
     parser.add_argument(
         "--url",
         default=default(os.environ.get("KEYRANGE_URL", "http://127.0.0.1:8080")),
+        type=_coordinator_url,
         help="coordinator URL (KEYRANGE_URL)",
     )
     parser.add_argument(

@@ -208,6 +208,17 @@ async def test_a_wrong_token_is_named(
     assert capsys.readouterr().err.startswith(f"keyrange: {cli_cluster.url} answered UNAUTHORIZED")
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:8080", "ftp://coordinator", "http://[::1"])
+def test_a_url_that_is_no_coordinator_url_is_refused_before_asking(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["admin", "--url", url, "groups"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument --url: {url!r} is not" in error and "Traceback" not in error
+
+
 async def test_an_unreachable_coordinator_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
     code = await run_cli("admin", "groups", "--url", nowhere)
