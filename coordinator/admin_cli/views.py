@@ -5,6 +5,7 @@ owns, the way ``kafka-consumer-groups --describe --members --verbose`` lists ass
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -49,16 +50,21 @@ def group(body: Body) -> str:
         ],
     )
     owned = _owned_ranges(body["members"])
-    sections = [header, partitions(body["partitions"], owned.keys()), key_ranges(owned)]
-    sections.append(members(body["members"]))
-    return "\n\n".join(sections)
+    return "\n\n".join(
+        [
+            header,
+            partitions(body["partitions"], owned.keys()),
+            key_ranges(owned),
+            members(body["members"]),
+        ]
+    )
 
 
 def offsets(body: Body) -> str:
     return partitions(body["partitions"], ())
 
 
-def partitions(entries: list[Body], also: Any) -> str:
+def partitions(entries: list[Body], also: Iterable[tuple[str, int]]) -> str:
     """One row per partition with stored offsets, and one with "-" for each partition in
     ``also`` (owned by a member) that has none yet, as Kafka shows a partition never committed."""
     stored = {(e["topic"], e["partition"]): e for e in entries}
