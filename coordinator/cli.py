@@ -101,7 +101,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         return _serve_with_services(args)
     except _Terminated:
-        print("keyrange: stopped on SIGTERM", file=sys.stderr)
+        if logging.getLogger().handlers:
+            # In the logs' format: a container's collector reads JSON to the last line.
+            log.info("stopped on SIGTERM")
+        else:  # stopped before the logs were set up
+            print("keyrange: stopped on SIGTERM", file=sys.stderr)
         return 0
     except InvalidSettings as exc:
         print(f"keyrange: invalid settings: {exc}", file=sys.stderr)
