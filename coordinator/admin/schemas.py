@@ -46,7 +46,8 @@ class ResetRequest(StrictModel):
     """At most one target; none drops the IC ranges and watermarks only (docs/api.md)."""
 
     topic: TopicName
-    partitions: list[PartitionId] | None = None
+    # None: the partitions the group has offsets for; an empty list would read as that too.
+    partitions: Annotated[list[PartitionId], Field(min_length=1)] | None = None
     to_offset: Offset | None = None
     to_earliest: bool = False
     to_latest: bool = False

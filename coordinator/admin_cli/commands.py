@@ -179,9 +179,12 @@ def _outside_log(body: Any) -> list[str]:
 
 def _partitions(value: str) -> list[int]:
     try:
-        return [int(part) for part in value.split(",") if part.strip()]
+        partitions = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError("partitions are comma-separated integers") from None
+        partitions = []
+    if not partitions:
+        raise argparse.ArgumentTypeError("expected comma-separated partition numbers, e.g. 0,1,2")
+    return partitions
 
 
 def _boolean(value: str) -> bool:

@@ -178,6 +178,7 @@ async def _leave(api: httpx.AsyncClient, group: str, member_id: str) -> None:
         (["--to-earliest", "--to-latest"], "not allowed with argument"),
         (["--dry-run", "--execute"], "not allowed with argument"),
         (["--to-datetime", "yesterday"], "expected an ISO 8601 time"),
+        (["--partitions", ","], "expected comma-separated partition numbers"),
     ],
 )
 def test_arguments_that_cannot_go_together_are_refused_before_asking(
@@ -188,3 +189,13 @@ def test_arguments_that_cannot_go_together_are_refused_before_asking(
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert message in error and "Traceback" not in error
+
+
+async def test_an_empty_partition_list_is_refused_not_read_as_all(cli_cluster: CliCluster) -> None:
+    group = await idle_group(cli_cluster)
+    refused = await cli_cluster.api.post(
+        f"/v1/admin/groups/{group}/offsets/reset",
+        json={"topic": cli_cluster.topic, "partitions": [], "to_earliest": True},
+    )
+    assert (refused.status_code, refused.json()["error"]) == (400, "INVALID_REQUEST")
+    assert await cli_cluster.stable_offsets(group) == STORED
