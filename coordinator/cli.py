@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -20,10 +19,9 @@ from importlib.util import find_spec
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from client.worker import command as worker_command
 from coordinator import logs
+from coordinator.admin_cli import commands as admin_commands
 
 if TYPE_CHECKING:
     from coordinator.settings import Settings
@@ -103,7 +101,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         return _serve_with_services(args)
     except _Terminated:
-        print("keyrange: stopped on SIGTERM", file=sys.stderr)
+        if logging.getLogger().handlers:
+            # In the logs' format: a container's collector reads JSON to the last line.
+            log.info("stopped on SIGTERM")
+        else:  # stopped before the logs were set up
+            print("keyrange: stopped on SIGTERM", file=sys.stderr)
         return 0
     except InvalidSettings as exc:
         print(f"keyrange: invalid settings: {exc}", file=sys.stderr)
@@ -132,7 +134,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     if args.no_migrate:
         overrides["migrate_on_start"] = False
     settings = load_settings(**overrides)
-    logs.configure(settings.log_level, settings.log_format)
+    output = logs.configure(settings.log_level, settings.log_format)
     try:
         settings.check_bind_address()
     except ValueError as exc:
@@ -164,12 +166,15 @@ def _serve_with_services(args: argparse.Namespace) -> int:
         if settings.migrate_on_start:
             migrate.upgrade(database_url)
         app = create_app(settings, database_url)
-        print(
-            f"Keyrange coordinator on http://{settings.host}:{settings.port} "
-            f"(API docs: http://{settings.host}:{settings.port}/docs; "
-            f"Kafka: {settings.kafka_bootstrap})",
-            file=sys.stderr,
-            flush=True,
+        base = f"http://{settings.host}:{settings.port}"
+        output.announce(
+            "Keyrange coordinator starting",
+            {
+                "url": base,
+                "console": f"{base}/ui",
+                "docs": f"{base}/docs",
+                "kafka": str(settings.kafka_bootstrap),
+            },
         )
         uvicorn.Server(server_config(app, settings)).run()
     return 0
@@ -226,92 +231,6 @@ def _version(_: argparse.Namespace) -> int:
     return 0
 
 
-class AdminApi:
-    """A thin caller of the admin routes that prints replies as JSON and problems as one line
-    naming the coordinator it asked, so a wrong ``--url`` or ``KEYRANGE_URL`` shows at once."""
-
-    def __init__(self, url: str, token: str | None) -> None:
-        self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        notice: Callable[[Any], list[str]] | None = None,
-        **kwargs: Any,
-    ) -> int:
-        """``notice`` picks lines from a success reply worth a warning on stderr."""
-        try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            print(f"keyrange: cannot reach the coordinator at {self.url}: {exc}", file=sys.stderr)
-            return 1
-        if response.is_success:
-            body = response.json()
-            print(json.dumps(body, indent=2))
-            for line in notice(body) if notice is not None else ():
-                print(f"keyrange: warning: {line}", file=sys.stderr)
-            return 0
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and "error" in body:
-            message = f"{body['error']}: {_problem_detail(body)}"
-        else:
-            message = f"HTTP {response.status_code}"
-        print(f"keyrange: {self.url} answered {message}", file=sys.stderr)
-        return 1
-
-
-# Where in the request a validation error sits: the CLI user typed an argument, not a path.
-_REQUEST_PARTS = {"path", "query", "body", "header"}
-
-
-def _problem_detail(body: dict[str, Any]) -> str:
-    """The problem's detail, with a validation error's field named as the argument it came
-    from (``group_id``, not ``path.group_id``)."""
-    errors = body.get("errors")
-    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
-        parts = str(errors[0].get("loc", "")).split(".")
-        field = ".".join(parts[1:] if parts[0] in _REQUEST_PARTS else parts)
-        message = str(errors[0].get("msg", ""))
-        return f"{field}: {message}" if field else message
-    return str(body.get("detail"))
-
-
-def _outside_log(body: Any) -> list[str]:
-    """The partitions whose stored offsets are past the log end, each as one line."""
-    partitions = body.get("partitions", []) if isinstance(body, dict) else []
-    return [
-        f"{entry['topic']}[{entry['partition']}]: stored offset {entry['stable_offset']} is "
-        f"past the log end {entry['high_watermark']}; consumers apply auto_offset_reset, or "
-        f"reset it with: keyrange admin reset {body.get('group_id')} --topic {entry['topic']} "
-        f"--partitions {entry['partition']} --to-offset 0"
-        for entry in partitions
-        if entry.get("offset_out_of_range")
-    ]
-
-
-def _partitions(value: str) -> list[int]:
-    try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("partitions are comma-separated integers") from None
-
-
-def _boolean(value: str) -> bool:
-    lowered = value.lower()
-    if lowered in {"true", "on", "yes", "1"}:
-        return True
-    if lowered in {"false", "off", "no", "0"}:
-        return False
-    raise argparse.ArgumentTypeError("expected true or false")
-
-
 def _worker(args: argparse.Namespace) -> int:
     level, fmt = worker_command.logging_settings(args, os.environ)
     if not isinstance(logging.getLevelName(level), int) or fmt not in {"text", "json"}:
@@ -319,76 +238,6 @@ def _worker(args: argparse.Namespace) -> int:
         return 2
     logs.configure(level, fmt)
     return worker_command.run(args)
-
-
-def _admin(args: argparse.Namespace) -> int:
-    api = AdminApi(args.url, args.token)
-    commands: dict[str, Callable[[], int]] = {
-        "groups": lambda: api.call("GET", "/v1/admin/groups"),
-        "describe": lambda: api.call("GET", f"/v1/admin/groups/{args.group}", notice=_outside_log),
-        "offsets": lambda: api.call(
-            "GET", f"/v1/admin/groups/{args.group}/offsets", notice=_outside_log
-        ),
-        "reset": lambda: api.call(
-            "POST",
-            f"/v1/admin/groups/{args.group}/offsets/reset",
-            json={
-                "topic": args.topic,
-                "partitions": args.partitions,
-                "to_offset": args.to_offset,
-                "force": args.force,
-            },
-        ),
-        "delete-offsets": lambda: api.call(
-            "DELETE",
-            f"/v1/admin/groups/{args.group}/offsets",
-            params={"topic": args.topic} if args.topic else None,
-        ),
-        "delete-group": lambda: api.call("DELETE", f"/v1/admin/groups/{args.group}"),
-        "rebalance": lambda: api.call("POST", f"/v1/admin/groups/{args.group}/rebalance"),
-        "remove-member": lambda: api.call(
-            "DELETE", f"/v1/admin/groups/{args.group}/members/{args.member}"
-        ),
-        "topic-config": lambda: (
-            api.call("GET", f"/v1/admin/topics/{args.topic}/config")
-            if args.accept_range_fetch is None
-            else api.call(
-                "PUT",
-                f"/v1/admin/topics/{args.topic}/config",
-                json={"accept_range_fetch": args.accept_range_fetch},
-            )
-        ),
-        "config": lambda: (
-            api.call("GET", "/v1/admin/config")
-            if args.accept_individual_commit is None and args.default_accept_range_fetch is None
-            else api.call(
-                "PUT",
-                "/v1/admin/config",
-                json={
-                    "accept_individual_commit": args.accept_individual_commit,
-                    "default_accept_range_fetch": args.default_accept_range_fetch,
-                },
-            )
-        ),
-    }
-    return commands[args.admin_command]()
-
-
-def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
-    """``--url`` and ``--token``; only the ``admin`` level sets defaults, so a value given
-    after the subcommand is not overwritten by one the subcommand never saw."""
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("KEYRANGE_URL", "http://127.0.0.1:8080")
-        if defaults
-        else argparse.SUPPRESS,
-        help="coordinator URL (KEYRANGE_URL)",
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("KEYRANGE_TOKEN") if defaults else argparse.SUPPRESS,
-        help="admin bearer token (KEYRANGE_TOKEN; prefer the variable: arguments show in ps)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -421,50 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=_version)
 
-    admin = commands.add_parser("admin", help="administer groups and offsets over the admin API")
-    _add_connection_options(admin, defaults=True)
-    # Accepted after the subcommand too (``keyrange admin groups --url ...``), as users type it.
-    connection = argparse.ArgumentParser(add_help=False)
-    _add_connection_options(connection, defaults=False)
-    admin_commands = admin.add_subparsers(dest="admin_command", required=True)
-
-    def admin_command(name: str, text: str) -> argparse.ArgumentParser:
-        return admin_commands.add_parser(name, help=text, parents=[connection])
-
-    admin_command("groups", "list groups")
-    for name, text in (
-        ("describe", "describe a group: members, assignment, offsets, lag"),
-        ("offsets", "show a group's offsets with lag"),
-        ("delete-group", "delete an empty group and its offsets"),
-        ("rebalance", "recompute a group's target assignment now"),
-    ):
-        admin_command(name, text).add_argument("group")
-    reset = admin_command(
-        "reset", "reset offsets (to an offset, or drop IC ranges) of an empty group"
-    )
-    reset.add_argument("group")
-    reset.add_argument("--topic", required=True)
-    reset.add_argument("--partitions", type=_partitions, help="e.g. 0,1,2 (default: all)")
-    reset.add_argument("--to-offset", type=int, help="new stable offset; omit to drop IC ranges")
-    reset.add_argument(
-        "--force",
-        action="store_true",
-        help="reset even past the log end or on a partition the topic does not have",
-    )
-    delete_offsets = admin_command("delete-offsets", "delete a group's offsets")
-    delete_offsets.add_argument("group")
-    delete_offsets.add_argument("--topic", help="only this topic")
-    remove = admin_command("remove-member", "remove a member from a group")
-    remove.add_argument("group")
-    remove.add_argument("member")
-    topic_config = admin_command("topic-config", "show or set a topic's accept.range.fetch")
-    topic_config.add_argument("topic")
-    topic_config.add_argument("--accept-range-fetch", type=_boolean)
-    config = admin_command("config", "show or set coordinator-wide switches")
-    config.add_argument("--accept-individual-commit", type=_boolean)
-    config.add_argument("--default-accept-range-fetch", type=_boolean)
-    admin.set_defaults(handler=_admin)
-
+    admin_commands.add_parser(commands).set_defaults(handler=admin_commands.run)
     worker_command.add_parser(commands).set_defaults(handler=_worker)
     return parser
 

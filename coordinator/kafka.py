@@ -1,5 +1,6 @@
 """What the coordinator reads from the Kafka cluster: partition counts (to size assignments),
-topic names (for pattern subscriptions) and high watermarks (for lag and progress).
+topic names (for pattern subscriptions), high watermarks (for lag and progress), and log start
+offsets and offsets by time (for admin resets).
 
 Three choices matter here:
 - Metadata requests never create topics. aiokafka's admin ``describe_topics`` asks with
@@ -155,6 +156,24 @@ class ClusterMetadata:
         async with self._bounded("reading high watermarks"):
             return await self._high_watermarks(wanted)
 
+    async def log_start_offsets(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """First offset still in each partition's log; unknown partitions are absent."""
+        async with self._bounded("reading log start offsets"):
+            found = await self._list_offsets(set(partitions), _EARLIEST_TIMESTAMP)
+        return {tp: offset for tp, offset in found.items() if offset is not None}
+
+    async def offsets_for_time(
+        self, partitions: Iterable[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """Per partition, the first offset whose record's timestamp is at or after
+        ``timestamp_ms``, None when no record is that late; unknown partitions are absent."""
+        if timestamp_ms < 0:
+            raise ValueError(f"a record timestamp is not negative, not {timestamp_ms}")
+        async with self._bounded("looking up offsets by time"):
+            return await self._list_offsets(set(partitions), timestamp_ms)
+
     async def create_topic(
         self,
         name: str,
@@ -287,17 +306,44 @@ class ClusterMetadata:
     async def _log_start_offsets(
         self, node: int, partitions: set[TopicPartition]
     ) -> dict[TopicPartition, int]:
+        found = await self._offsets_from(node, partitions, _EARLIEST_TIMESTAMP)
+        return {tp: offset for tp, offset in found.items() if offset is not None}
+
+    async def _list_offsets(
+        self, wanted: set[TopicPartition], timestamp: int
+    ) -> dict[TopicPartition, int | None]:
+        """ListOffsets for ``timestamp`` (or the earliest marker), each partition asked of its
+        leader; partitions without a leader or unknown to the cluster are absent."""
+        if not wanted:
+            return {}
+        layout = await self._layout(sorted({topic for topic, _ in wanted}))
+        by_leader: dict[int, set[TopicPartition]] = defaultdict(set)
+        for tp in wanted:
+            leader = layout.leaders.get(tp)
+            if leader is not None and leader >= 0:
+                by_leader[leader].add(tp)
+        replies = await asyncio.gather(
+            *(self._offsets_from(node, tps, timestamp) for node, tps in by_leader.items())
+        )
+        return {tp: offset for reply in replies for tp, offset in reply.items()}
+
+    async def _offsets_from(
+        self, node: int, partitions: set[TopicPartition], timestamp: int
+    ) -> dict[TopicPartition, int | None]:
+        """One ListOffsets to one broker; an offset of -1 (no record at or after the time)
+        becomes None."""
         by_topic: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for topic, partition in sorted(partitions):
-            by_topic[topic].append((partition, _EARLIEST_TIMESTAMP))
+            by_topic[topic].append((partition, timestamp))
         reply = await self._send(node, OffsetRequest(-1, _READ_UNCOMMITTED, list(by_topic.items())))
-        starts: dict[TopicPartition, int] = {}
+        offsets: dict[TopicPartition, int | None] = {}
         for topic, partition_replies in reply.topics:
             for partition, error_code, *info in partition_replies:
                 if error_code == 0:
                     # v0 answers a list of offsets; v1+ answers (timestamp, offset, ...).
-                    starts[(topic, partition)] = info[0][0] if reply.API_VERSION == 0 else info[1]
-        return starts
+                    offset = info[0][0] if reply.API_VERSION == 0 else info[1]
+                    offsets[(topic, partition)] = offset if offset >= 0 else None
+        return offsets
 
     async def _until_visible(self, name: str) -> None:
         """Kafka creates topics asynchronously; wait until metadata shows this one."""

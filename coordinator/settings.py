@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=1, le=65535)
     migrate_on_start: bool = True
     log_level: str = "INFO"
-    log_format: Literal["json", "text"] = "json"
+    # "auto": text on a terminal, JSON otherwise (coordinator/logs.py).
+    log_format: Literal["auto", "json", "text"] = "auto"
 
     admin_tokens: list[SecretStr] = Field(default_factory=list)
     client_tokens: list[ClientToken] = Field(default_factory=list)

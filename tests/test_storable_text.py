@@ -45,7 +45,7 @@ EXAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/admin/groups/{group_id}/offsets/reset"): {
         "topic": "orders",
         "partitions": [0],
-        "to_offset": 0,
+        "to_datetime": "2026-01-01T00:00:00Z",
     },
     ("post", "/v1/groups/{group_id}/offsets/out-of-range-reset"): {
         "member_id": "m-1",

@@ -9,11 +9,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from client.protocol.log_bounds import past_log_end
 from coordinator.admin import repository
+from coordinator.admin.lag import admin_offsets
+from coordinator.admin.reset import reset_group
 from coordinator.admin.schemas import (
     AdminOffsets,
-    AdminPartitionOffsets,
     CoordinatorConfigBody,
     CoordinatorConfigReply,
     DeletedReply,
@@ -24,15 +24,11 @@ from coordinator.admin.schemas import (
     TopicConfigBody,
     TopicConfigReply,
 )
-from coordinator.core.log_end import reset_refusal
-from coordinator.core.offsets import ic_offset_count, reset_offsets
-from coordinator.db.engine import Transaction, driver_connection
+from coordinator.db.engine import Transaction
 from coordinator.db.switches import read_switches
-from coordinator.errors import GroupIdNotFound, GroupNotEmpty, InvalidRequest, ServiceUnavailable
+from coordinator.errors import GroupIdNotFound, GroupNotEmpty
 from coordinator.groups import repository as groups_repository
-from coordinator.kafka import KafkaClusterError
 from coordinator.offsets import repository as offsets_repository
-from coordinator.offsets.repository import StoredPartition
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId, TopicName
 
@@ -45,56 +41,6 @@ router = APIRouter(
 
 Connection = Transaction
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
-
-
-async def _high_watermarks(
-    request: Request, stored: list[StoredPartition]
-) -> dict[tuple[str, int], int]:
-    """High watermarks when a Kafka cluster is configured and reachable; lag is optional."""
-    cluster = getattr(request.app.state, "cluster", None)
-    if cluster is None or not stored:
-        return {}
-    try:
-        marks: dict[tuple[str, int], int] = await cluster.high_watermarks(
-            [(item.topic, item.partition) for item in stored]
-        )
-    except Exception as exc:
-        log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
-        return {}
-    return marks
-
-
-async def admin_offsets(
-    request: Request, stored: list[StoredPartition]
-) -> list[AdminPartitionOffsets]:
-    marks = await _high_watermarks(request, stored)
-    result = []
-    for item in stored:
-        high = marks.get((item.topic, item.partition))
-        past_end = high is not None and past_log_end(item.state, high)
-        if high is None:
-            lag = None
-        elif past_end:
-            # Every record of the log is unread by this group: what a reader reset to the log
-            # start reads (exact for a log that starts at 0, as after a broker lost its data).
-            lag = high
-        else:
-            lag = max(0, high - item.state.stable_offset)
-        result.append(
-            AdminPartitionOffsets(
-                topic=item.topic,
-                partition=item.partition,
-                stable_offset=item.state.stable_offset,
-                ranges=list(item.state.ranges),
-                watermarks=list(item.state.pieces),
-                metadata=item.state.metadata,
-                ic_offsets=ic_offset_count(item.state),
-                high_watermark=high,
-                lag=lag,
-                offset_out_of_range=past_end,
-            )
-        )
-    return result
 
 
 async def _require_group(connection: AsyncConnection, group_id: str, *, lock: bool) -> None:
@@ -168,76 +114,11 @@ async def describe_offsets(
 async def reset_group_offsets(
     request: Request, group_id: GroupPath, body: ResetRequest, connection: Connection
 ) -> ResetReply:
-    """Move stable offsets (backwards too) or drop IC ranges; only while the group is empty."""
+    """Move stable offsets (backwards too) or drop IC ranges; only while the group is empty.
+    With ``dry_run``, the same checks and the reply, nothing stored."""
     await _require_group(connection, group_id, lock=True)
     await _require_empty(connection, group_id, "reset offsets")
-    if body.to_offset is not None and body.partitions is None:
-        stored = await offsets_repository.lock_existing_partitions(
-            connection, group_id, body.topic, None
-        )
-        if not stored:
-            raise InvalidRequest(
-                f"group '{group_id}' has no offsets for topic '{body.topic}'; name the "
-                "partitions to reset explicitly"
-            )
-        keys = sorted(stored)
-    elif body.to_offset is not None and body.partitions is not None:
-        keys = [(body.topic, p) for p in sorted(set(body.partitions))]
-        locked = await offsets_repository.lock_partitions(
-            await driver_connection(connection), [(group_id, t, p) for t, p in keys]
-        )
-        stored = {(topic, partition): state for (_, topic, partition), state in locked.items()}
-    else:
-        stored = await offsets_repository.lock_existing_partitions(
-            connection, group_id, body.topic, body.partitions
-        )
-        keys = sorted(stored)
-    if body.to_offset is not None and not body.force:
-        await _check_reset_target(request, body.topic, [p for _, p in keys], body.to_offset)
-    new_states = {key: reset_offsets(stored[key], body.to_offset) for key in keys}
-    await offsets_repository.write_partitions(
-        await driver_connection(connection),
-        {(group_id, topic, partition): state for (topic, partition), state in new_states.items()},
-    )
-    log.info(
-        "offsets reset",
-        extra={"group_id": group_id, "topic": body.topic, "to_offset": body.to_offset},
-    )
-    result = [
-        StoredPartition(topic, partition, new_states[(topic, partition)])
-        for topic, partition in keys
-    ]
-    return ResetReply(group_id=group_id, partitions=await admin_offsets(request, result))
-
-
-async def _check_reset_target(
-    request: Request, topic: str, partitions: list[int], to_offset: int
-) -> None:
-    """Refuse a reset no reader could fetch from. A coordinator run without a Kafka cluster
-    (tests, offset storage only) has nothing to check against; one whose cluster does not
-    answer refuses, since the check is the point."""
-    cluster = getattr(request.app.state, "cluster", None)
-    if cluster is None:
-        return
-    try:
-        counts = await cluster.partition_counts([topic])
-        marks = await cluster.high_watermarks(
-            [(topic, partition) for partition in partitions if partition < counts.get(topic, 0)]
-        )
-    except KafkaClusterError as exc:
-        raise ServiceUnavailable(
-            f"cannot read the log ends of '{topic}' to check the reset offset ({exc}); "
-            "retry, or pass force to reset anyway"
-        ) from None
-    refused = reset_refusal(
-        topic,
-        partitions,
-        to_offset,
-        counts.get(topic),
-        {partition: end for (_, partition), end in marks.items()},
-    )
-    if refused is not None:
-        raise refused
+    return await reset_group(request, connection, group_id, body)
 
 
 @router.delete(

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 
-from coordinator.admin.endpoints import admin_offsets
+from coordinator.admin.lag import admin_offsets
 from coordinator.admin.schemas import AdminGroupDescription
 from coordinator.db.engine import Transaction
 from coordinator.groups import operations

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from client.protocol.committed import OFFSET_MAX
 from coordinator.groups.schemas import GroupDescription
 from coordinator.offsets.schemas import PartitionOffsetsReply
 from coordinator.validation import Offset, PartitionId, TopicName
@@ -41,15 +43,31 @@ class AdminOffsets(BaseModel):
 
 
 class ResetRequest(StrictModel):
+    """At most one target; none drops the IC ranges and watermarks only (docs/api.md)."""
+
     topic: TopicName
-    partitions: list[PartitionId] | None = None
+    # None: the partitions the group has offsets for; an empty list would read as that too.
+    partitions: Annotated[list[PartitionId], Field(min_length=1)] | None = None
     to_offset: Offset | None = None
+    to_earliest: bool = False
+    to_latest: bool = False
+    to_datetime: AwareDatetime | None = None
+    shift_by: Annotated[int, Field(ge=-OFFSET_MAX, le=OFFSET_MAX, strict=True)] | None = None
     force: bool = False
+    dry_run: bool = False
+
+
+class ResetPartition(AdminPartitionOffsets):
+    """A partition's state after the reset (planned, on a dry run), with the stable offset it
+    had before: None where the group had none stored."""
+
+    previous_offset: int | None
 
 
 class ResetReply(BaseModel):
     group_id: str
-    partitions: list[AdminPartitionOffsets]
+    dry_run: bool
+    partitions: list[ResetPartition]
 
 
 class DeletedReply(BaseModel):

@@ -13,7 +13,8 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse
 from starlette.exceptions import HTTPException
 
-from coordinator.admin.endpoints import admin_offsets, get_topic_config, list_groups
+from coordinator.admin.endpoints import get_topic_config, list_groups
+from coordinator.admin.lag import admin_offsets
 from coordinator.admin.members import describe_group
 from coordinator.db.engine import Transaction
 from coordinator.offsets import repository as offsets_repository

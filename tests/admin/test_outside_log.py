@@ -125,7 +125,7 @@ async def test_the_cli_warns_of_offsets_past_the_end_and_needs_force_to_set_one(
     reset = ("admin", "--url", coordinator.url, "reset", group_id, "--topic", topic)
     assert await run_cli(*reset, "--to-offset", "500") == 1
     assert "answered OFFSET_OUT_OF_RANGE: offset 500 is past the log end" in capsys.readouterr().err
-    assert await run_cli(*reset, "--to-offset", "500", "--force") == 0
+    assert await run_cli(*reset, "--to-offset", "500", "--force", "--execute") == 0
 
 
 async def test_a_readers_reset_moves_only_a_state_past_the_end_and_is_fenced(
