@@ -233,7 +233,7 @@ def _version(_: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     level, fmt = worker_command.logging_settings(args, os.environ)
-    if not isinstance(logging.getLevelName(level), int) or fmt not in {"text", "json"}:
+    if not isinstance(logging.getLevelName(level), int) or fmt not in {"auto", "text", "json"}:
         print(f"keyrange worker: invalid log level {level!r} or format {fmt!r}", file=sys.stderr)
         return 2
     logs.configure(level, fmt)

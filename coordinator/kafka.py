@@ -33,7 +33,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.protocol.offset import OffsetRequest
 
-from coordinator.kafka_security import KafkaSecurity
+from client.kafka_security import KafkaSecurity
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from sqlalchemy.engine import make_url
 
-from coordinator.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
+from client.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
 
 ENV_PREFIX = "KEYRANGE_"
 
@@ -190,11 +190,11 @@ class Settings(BaseSettings):
             ssl_cafile=self.kafka_ssl_cafile,
             ssl_certfile=self.kafka_ssl_certfile,
             ssl_keyfile=self.kafka_ssl_keyfile,
-            ssl_key_password=self.kafka_ssl_key_password,
+            ssl_key_password=_revealed(self.kafka_ssl_key_password),
             ssl_check_hostname=self.kafka_ssl_check_hostname,
             sasl_mechanism=self.kafka_sasl_mechanism,
             sasl_username=self.kafka_sasl_username,
-            sasl_password=self.kafka_sasl_password,
+            sasl_password=_revealed(self.kafka_sasl_password),
             sasl_oauth_token_file=self.kafka_sasl_oauth_token_file,
         )
 
@@ -223,6 +223,10 @@ class InvalidSettings(Exception):
     """Settings the coordinator cannot start with. The message names each variable at fault
     and what is wrong with it, and never its value: a token or a database password in a
     malformed variable must not reach a terminal or a log collector."""
+
+
+def _revealed(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
 
 
 def load_settings(**overrides: object) -> Settings:

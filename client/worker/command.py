@@ -21,9 +21,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from client.kafka_security import KafkaSecurity
+
 ENV_PREFIX = "KEYRANGE_WORKER_"
 
 log = logging.getLogger("keyrange.worker")
+
+
+def _boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in {"true", "1", "yes", "on"}:
+        return True
+    if lowered in {"false", "0", "no", "off"}:
+        return False
+    raise ValueError("expected true or false")
 
 
 def _topics(value: str) -> list[str]:
@@ -75,6 +86,35 @@ OPTIONS = (
     Option("commit-interval-ms", "commit_interval_ms", int, "periodic commit interval"),
     Option("assignor", "assignor", str, "round-robin or another coordinator assignor"),
     Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),
+    # The coordinator's KEYRANGE_KAFKA_* settings under the worker's prefix (the chart sets
+    # both from the same values); docs/kafka-security.md.
+    Option(
+        "kafka-security-protocol",
+        "kafka_security_protocol",
+        str,
+        "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
+    ),
+    Option("kafka-ssl-cafile", "kafka_ssl_cafile", str, "CA bundle to verify the brokers"),
+    Option("kafka-ssl-certfile", "kafka_ssl_certfile", str, "client certificate (mutual TLS)"),
+    Option("kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "the client certificate's key"),
+    Option("kafka-ssl-key-password", "kafka_ssl_key_password", str, "the key's password"),
+    Option("kafka-ssl-check-hostname", "kafka_ssl_check_hostname", _boolean, "true (default)"),
+    Option(
+        "kafka-sasl-mechanism",
+        "kafka_sasl_mechanism",
+        str,
+        "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER",
+    ),
+    Option("kafka-sasl-username", "kafka_sasl_username", str, "SASL user"),
+    Option(
+        "kafka-sasl-password", "kafka_sasl_password", str, "SASL password (prefer the variable)"
+    ),
+    Option(
+        "kafka-sasl-oauth-token-file",
+        "kafka_sasl_oauth_token_file",
+        str,
+        "OAUTHBEARER token file, read at every connection",
+    ),
 )
 _REQUIRED = ("topics", "group_id", "bootstrap_servers", "coordinator_url")
 
@@ -103,7 +143,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--log-level", default=None, help=f"log level, default INFO ({ENV_PREFIX}LOG_LEVEL)"
     )
     parser.add_argument(
-        "--log-format", default=None, help=f"text or json, default text ({ENV_PREFIX}LOG_FORMAT)"
+        "--log-format",
+        default=None,
+        help="auto (text on a terminal, JSON elsewhere; the default), text or json "
+        f"({ENV_PREFIX}LOG_FORMAT)",
     )
     return parser
 
@@ -123,6 +166,12 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
             chosen[option.field] = option.parse(raw)
         except ValueError:
             raise UsageError(f"{source}: invalid value {raw!r}") from None
+    security = {
+        name.removeprefix("kafka_").replace("security_protocol", "protocol"): chosen.pop(name)
+        for name in [name for name in chosen if name.startswith("kafka_")]
+    }
+    if security:
+        chosen["kafka_security"] = KafkaSecurity(**security)
     missing = [name for name in _REQUIRED if name not in chosen]
     if missing:
         flags = {option.field: option for option in OPTIONS}
@@ -190,5 +239,5 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
 
 def logging_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
     level = args.log_level or environ.get(f"{ENV_PREFIX}LOG_LEVEL") or "INFO"
-    fmt = args.log_format or environ.get(f"{ENV_PREFIX}LOG_FORMAT") or "text"
+    fmt = args.log_format or environ.get(f"{ENV_PREFIX}LOG_FORMAT") or "auto"
     return level.upper(), fmt

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from client.kafka_security import KafkaSecurity
+
 FailurePolicy = Literal["at_least_once", "skip", "retry"]
 FAILURE_POLICIES: tuple[str, ...] = get_args(FailurePolicy)
 
@@ -51,6 +53,8 @@ class WorkerConfig:
     assignor: str = "round-robin"
     metrics_port: int | None = None
     consumer_options: Mapping[str, Any] = field(default_factory=dict)
+    # TLS and SASL for the consumer and the dead-letter producer alike (docs/kafka-security.md).
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
     def __post_init__(self) -> None:
         if not self.topics:
@@ -78,6 +82,9 @@ class WorkerConfig:
             raise ValueError("resume_ratio must be in (0, 1]")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError("metrics_port must be in 0..65535")
+        problems = self.kafka_security.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def threads(self) -> int:

@@ -65,10 +65,15 @@ class Worker:
         self._handler = handler
         self._partitioner = partitioner
         self._calls = Calls(config.threads, config.processes)
+        security = config.kafka_security.aiokafka_options()
         self._dead_letters = (
             DeadLetters(
                 config.dead_letters,
-                {"bootstrap_servers": config.bootstrap_servers, **(producer_options or {})},
+                {
+                    "bootstrap_servers": config.bootstrap_servers,
+                    **security,
+                    **(producer_options or {}),
+                },
             )
             if config.failure_policy == "retry"
             else None
@@ -85,7 +90,7 @@ class Worker:
             auto_commit_interval_ms=config.commit_interval_ms,
             revoke_timeout_s=config.drain_timeout_s,
             rebalance_listener=_Listener(self),
-            **config.consumer_options,
+            **{**security, **config.consumer_options},
         )
         self.engine: WorkerEngine | None = None
         self._stop_requested = asyncio.Event()

@@ -1472,6 +1472,26 @@ def test_the_worker_gets_the_same_kafka_security_as_the_coordinator(chart: helm.
     assert mounts["kafka-tls"]["mountPath"] == "/etc/keyrange/kafka-tls"
     volumes = {v["name"]: v for v in pod_spec(worker)["volumes"]}
     assert volumes["kafka-tls"]["secret"]["secretName"] == "kafka-ca"
+    # `keyrange worker` reads those variables into the same security the coordinator uses.
+    from client.kafka_security import KafkaSecurity
+    from client.worker.command import add_parser, settings
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    environment = owner_environment(
+        objects,
+        worker,
+        {"kafka-user": {"password": "s3cret"}, "billing-token": {"token": "t" * 32}},
+    )
+    chosen = settings(parser.parse_args(container(worker)["args"]), environment)
+    assert chosen["kafka_security"] == KafkaSecurity(
+        protocol="SASL_SSL",
+        ssl_cafile="/etc/keyrange/kafka-tls/ca.crt",
+        ssl_check_hostname=True,
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="keyrange",
+        sasl_password="s3cret",
+    )
 
 
 def test_plaintext_workers_carry_no_kafka_security_variables(chart: helm.Chart) -> None:

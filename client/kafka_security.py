@@ -1,23 +1,24 @@
-"""How the coordinator authenticates to Kafka and encrypts its connection (docs/kafka-security.md).
+"""How Keyrange's processes authenticate to Kafka and encrypt their connections
+(docs/kafka-security.md): the coordinator's ``KEYRANGE_KAFKA_*`` settings and the worker's
+``KEYRANGE_WORKER_KAFKA_*`` options become aiokafka's client options here, and nowhere else.
 
-The ``KEYRANGE_KAFKA_*`` security settings become aiokafka's client options here, and
-nowhere else. Combinations aiokafka would only refuse at the first connection (SASL without
-a mechanism, TLS files that do not exist or do not load) are found when the settings are
-read, so a misconfigured coordinator stops at start with one message naming every problem
-instead of logging connection errors for ever.
+Combinations aiokafka would only refuse at the first connection (SASL without a mechanism,
+TLS files that do not exist or do not load) are found when the settings are read, so a
+misconfigured process stops at start with one message naming every problem instead of
+logging connection errors for ever. It lives in the client because workers need it and may
+not depend on the server's packages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.helpers import create_ssl_context
-from pydantic import SecretStr
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
@@ -40,17 +41,18 @@ class TokenFile(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka ships 
 
 @dataclass(frozen=True)
 class KafkaSecurity:
-    """The security part of the coordinator's Kafka connection."""
+    """The security part of a Kafka connection. The secrets stay out of ``repr``, so a
+    settings object that holds one can be logged."""
 
     protocol: SecurityProtocol = "PLAINTEXT"
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    ssl_key_password: SecretStr | None = None
+    ssl_key_password: str | None = field(default=None, repr=False)
     ssl_check_hostname: bool = True
     sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_password: str | None = field(default=None, repr=False)
     sasl_oauth_token_file: str | None = None
 
     @property
@@ -63,6 +65,16 @@ class KafkaSecurity:
 
     def problems(self) -> list[str]:
         """Everything wrong with this combination, for one settings error; empty when none."""
+        if self.protocol not in get_args(SecurityProtocol):
+            return [
+                f"kafka_security_protocol {self.protocol!r} is not one of "
+                + ", ".join(get_args(SecurityProtocol))
+            ]
+        if self.sasl_mechanism is not None and self.sasl_mechanism not in get_args(SaslMechanism):
+            return [
+                f"kafka_sasl_mechanism {self.sasl_mechanism!r} is not one of "
+                + ", ".join(get_args(SaslMechanism))
+            ]
         return [*self._tls_problems(), *self._sasl_problems()]
 
     def _tls_problems(self) -> list[str]:
@@ -135,12 +147,11 @@ class KafkaSecurity:
 
     def ssl_context(self) -> ssl.SSLContext:
         """A verifying client context: the system's CAs unless a CA file is given."""
-        password = self.ssl_key_password
         context: ssl.SSLContext = create_ssl_context(
             cafile=self.ssl_cafile,
             certfile=self.ssl_certfile,
             keyfile=self.ssl_keyfile,
-            password=None if password is None else password.get_secret_value(),
+            password=self.ssl_key_password,
         )
         context.check_hostname = self.ssl_check_hostname
         return context
@@ -160,5 +171,5 @@ class KafkaSecurity:
                 assert self.sasl_password is not None  # problems() requires it
                 # aiokafka takes SCRAM credentials under the PLAIN names too.
                 options["sasl_plain_username"] = self.sasl_username
-                options["sasl_plain_password"] = self.sasl_password.get_secret_value()
+                options["sasl_plain_password"] = self.sasl_password
         return options
