@@ -20,7 +20,15 @@ process); every ratio is against a baseline measured in the same run.
    process, paired back to back ``--rounds`` times; ``cpu_speedup`` is the median ratio.
    ``cpu_pool_ceiling`` is what two processes give the machine at that time (the same work
    in large batches on a bare process pool, no Kafka, no per-record cost): on a shared
-   machine it is well under 2, and ``cpu_speedup`` can be read against it.
+   machine it is well under 2, and ``cpu_speedup`` can be read against it
+   (``cpu_of_ceiling``, per round). Where the CPU went, from the first outcome to the last:
+   ``cpu_parent_ms_per_record`` (the worker's process: fetching, the engine, feeding the
+   pool), ``cpu_children_ms_per_record`` (the handler and the children's side of the pipe),
+   ``cpu_stack_ms_per_record`` (broker, coordinator, Postgres), ``cpu_children_busy`` (the
+   share of the time a child worked), ``cpu_foreign_cores`` (other programs), and
+   ``cpu_in_order_ms_per_record`` (the baseline's process). ``cpu_speedup_by_cpu_time = 2
+   x in-order / (parent + children)`` is what those costs give two idle cores: unlike the
+   rates it hardly moves with the machine's other load.
 3. Memory under backpressure: a backlog of ``--backlog-mb`` (1,024) MB and a slow handler in
    a worker process with ``max_buffered_bytes`` of ``--bound-mb`` (64); its peak RSS while
    it runs for ``--memory-seconds`` (20); ``rss_over_bound_mb = peak - bound``.
@@ -244,7 +252,9 @@ async def cpu_bound(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.rounds):
         # Paired back to back: on a shared machine the speed of both sides drifts together.
         ceilings.append(await asyncio.to_thread(pool_ceiling, records))
+        started = time.process_time()
         baseline = await in_order_rate(stack, topic, records, cpu=True)
+        in_order_ms = 1000 * (time.process_time() - started) / records
         counter = Counter(records)
         settings = config(stack, topic, processes=2, max_concurrency=args.cpu_concurrency)
         worker = Worker(settings, handler=burn)
@@ -255,6 +265,11 @@ async def cpu_bound(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         marks.cancel()
         rate = records / (counter.last - counter.first)
         ratios.append(rate / baseline)
+        # What the same CPU per record would give on two idle cores with children that
+        # never wait: a rate's ratio that the machine's other load does not move.
+        spent = sum(meter.figures[f"{name}_ms_per_record"] for name in ("parent", "children"))
+        meter.figures["in_order_ms_per_record"] = in_order_ms
+        meter.figures["speedup_by_cpu_time"] = 2 * in_order_ms / spent
         accounts.append(meter.figures)
         log(
             f"cpu-bound: in order {baseline:.0f} records/s, process pool of 2 {rate:.0f}; "
