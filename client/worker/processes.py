@@ -140,6 +140,11 @@ class _Child:
         return self._outstanding
 
     def send(self, records: list[Record], outcomes: list[asyncio.Future[None]]) -> None:
+        if not self._open:
+            # It died while this turn's batches went out.
+            for outcome in outcomes:
+                _settle(outcome, ProcessDied(f"the pool process {self._process.pid} died"))
+            return
         payload = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
         self._batches.append(outcomes)
         self._outstanding += len(outcomes)
@@ -214,7 +219,7 @@ class _Child:
             _settle(outcome, error)
 
     def _died(self) -> None:
-        self._process.join(timeout=1.0)
+        # Not joined: the loop does not wait for a process that is still on its way out.
         code = self._process.exitcode
         logger.error("a pool process died", extra={"pid": self._process.pid, "exitcode": code})
         self.close(ProcessDied(f"the pool process {self._process.pid} died (exit code {code})"))
