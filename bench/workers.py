@@ -25,7 +25,8 @@ process); every ratio is against a baseline measured in the same run.
    ``cpu_parent_ms_per_record`` (the worker's process: fetching, the engine, feeding the
    pool), ``cpu_children_ms_per_record`` (the handler and the children's side of the pipe),
    ``cpu_stack_ms_per_record`` (broker, coordinator, Postgres), ``cpu_children_busy`` (the
-   share of the time a child worked), ``cpu_foreign_cores`` (other programs), and
+   share of the time a child worked), ``cpu_children_waiting`` (the share a child waited for
+   records, as the children measure it), ``cpu_foreign_cores`` (other programs), and
    ``cpu_in_order_ms_per_record`` (the baseline's process). ``cpu_speedup_by_cpu_time = 2
    x in-order / (parent + children)`` is what those costs give two idle cores: unlike the
    rates it hardly moves with the machine's other load.
@@ -302,6 +303,7 @@ class CpuAccount:
         self._before = {process.pid for process in me.children(recursive=True)}
         self._meter: CpuMeter | None = None
         self._first_count = 0
+        self._first_waited_s = 0.0
         self._started = 0.0
         self.figures: dict[str, float] = {}
 
@@ -311,25 +313,31 @@ class CpuAccount:
     def _stack(self) -> list[psutil.Process]:
         return [p for p in self._me.children(recursive=True) if p.pid in self._before]
 
-    def start(self, count: int) -> None:
+    def start(self, count: int, waited_s: float) -> None:
         self._first_count = count
+        self._first_waited_s = waited_s
         self._started = time.perf_counter()
         self._meter = CpuMeter(
             {"parent": lambda: [self._me], "children": self._pool, "stack": self._stack}
         )
         self._meter.start()
 
-    def stop(self, count: int) -> None:
+    def stop(self, count: int, waited_s: float) -> None:
         assert self._meter is not None
         children = len(self._meter.processes["children"])
         cores = self._meter.stop()
-        rate = (count - self._first_count) / (time.perf_counter() - self._started)
+        wall = time.perf_counter() - self._started
+        rate = (count - self._first_count) / wall
         self.figures = {
             f"{name}_ms_per_record": 1000 * cores[name] / rate
             for name in ("parent", "children", "stack")
         }
         # Of the children's time, the share they spent working.
         self.figures["children_busy"] = cores["children"] / max(children, 1)
+        # Of the children's time, the share they waited for records (as they measured it).
+        self.figures["children_waiting"] = (waited_s - self._first_waited_s) / (
+            max(children, 1) * wall
+        )
         self.figures["foreign_cores"] = foreign_load(cores)
 
 
@@ -357,12 +365,12 @@ async def _count_marks(worker: Worker, counter: Counter, account: CpuAccount) ->
     while True:
         processed = worker.stats.processed
         if processed and not seen:
-            account.start(processed)
+            account.start(processed, worker.process_wait_s)
         for _ in range(processed - seen):
             counter.count_one()
         seen = processed
         if counter.done.is_set():
-            account.stop(processed)
+            account.stop(processed, worker.process_wait_s)
             return
         await asyncio.sleep(0.005)
 

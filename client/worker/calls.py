@@ -65,6 +65,10 @@ class Calls:
 
         return process
 
+    @property
+    def process_wait_s(self) -> float:
+        return 0.0 if self._processes is None else self._processes.waited_s
+
     def close(self) -> None:
         """Stop the pools without waiting: a call still running in a thread cannot be
         interrupted, and its record was given back (it is not committed)."""

@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -59,6 +60,13 @@ class ProcessPool:
         self._children: list[_Child] = []
         self._pending: list[tuple[Record, asyncio.Future[None]]] = []
         self._closed = False
+        self._waited_by_replaced = 0.0
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds the processes waited for records, together: with the pool's share of the
+        cores, whether ``max_concurrency`` keeps them fed (or the loop falls behind)."""
+        return self._waited_by_replaced + sum(child.waited_s for child in self._children)
 
     async def run(self, record: Record) -> None:
         if self._closed:
@@ -79,6 +87,7 @@ class ProcessPool:
         self._pending = []
         for child in self._children:
             child.close(PoolClosed("the process pool was shut down"))
+        self._waited_by_replaced = self.waited_s
         self._children = []
 
     def _send(self) -> None:
@@ -87,6 +96,7 @@ class ProcessPool:
             return
         # Started on first use; a process that died (its records failed) is replaced.
         alive = [child for child in self._children if child.alive]
+        self._waited_by_replaced += sum(c.waited_s for c in self._children if not c.alive)
         if len(alive) < self._count:
             loop = asyncio.get_running_loop()
             while len(alive) < self._count:
@@ -129,6 +139,8 @@ class _Child:
         self._received = bytearray()
         self._batches: deque[list[asyncio.Future[None]]] = deque()
         self._outstanding = 0
+        # Seconds the child waited with nothing to do, as it reported with its outcomes.
+        self.waited_s = 0.0
         self._open = True
         loop.add_reader(self._outbox.fileno(), self._read)
 
@@ -202,8 +214,10 @@ class _Child:
             end = start + _HEADER.size + length
             if len(received) < end:
                 break
-            errors: Outcomes = pickle.loads(received[start + _HEADER.size : end])
+            errors: Outcomes
+            errors, waited = pickle.loads(received[start + _HEADER.size : end])
             start = end
+            self.waited_s += waited
             self._settle_batch(errors)
         del received[:start]
 
@@ -248,14 +262,16 @@ def _serve(
         end.close()
     reading, writing = inbox.fileno(), outbox.fileno()
     while True:
+        waiting_since = time.perf_counter()
         header = _read_exactly(reading, _HEADER.size)
         if header is None:
             return
+        waited = time.perf_counter() - waiting_since
         payload = _read_exactly(reading, _HEADER.unpack(header)[0])
         if payload is None:
             return
         outcomes = _run_batch(handler, pickle.loads(payload))
-        reply = pickle.dumps(outcomes, protocol=pickle.HIGHEST_PROTOCOL)
+        reply = pickle.dumps((outcomes, waited), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             _write_all(writing, _HEADER.pack(len(reply)) + reply)
         except BrokenPipeError:

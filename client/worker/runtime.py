@@ -100,6 +100,11 @@ class Worker:
     def stats(self) -> Stats:
         return Stats() if self.engine is None else self.engine.stats
 
+    @property
+    def process_wait_s(self) -> float:
+        """Seconds the ``processes`` waited for records, summed over them (0 without)."""
+        return self._calls.process_wait_s
+
     def stop(self) -> None:
         """Ask the worker to shut down (finish, commit, leave); ``run`` returns after."""
         self._stop_requested.set()

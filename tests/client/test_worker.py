@@ -656,6 +656,36 @@ async def test_records_larger_than_a_pipe_buffer_reach_the_pool_processes(
     ]
 
 
+async def test_the_pool_reports_how_long_its_processes_waited_for_records(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:4])
+    group_id = group()
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(tmp_path / "journal"))
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, processes=1),
+        handler=worker_targets.dies_once,
+    )
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 4), 60, "first committed")
+        # A gap with nothing to process: the process waits through it, and says so with
+        # the outcomes of its next batch.
+        await asyncio.sleep(0.5)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, key=KEYS[4], value=b"v4")
+        finally:
+            await producer.stop()
+        await until(all_committed(coordinator_url, group_id, topic, 5), 60, "all committed")
+        assert worker.process_wait_s >= 0.5
+
+
 def test_processes_need_a_plain_handler() -> None:
     settings = config("t", "b", "http://c", "g", processes=2)
 
