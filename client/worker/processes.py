@@ -79,8 +79,9 @@ class ProcessPool:
         await outcome
 
     def close(self) -> None:
-        """Close the children's pipes (each exits after its current record) and fail what
-        is outstanding: its records were given back, not committed."""
+        """Close the children's pipes (each exits once its current batch is done, when its
+        outcomes find the pipe closed) and fail what is outstanding: its records were given
+        back, not committed."""
         self._closed = True
         for record_outcome in self._pending:
             _settle(record_outcome[1], PoolClosed("the process pool was shut down"))
