@@ -9,10 +9,10 @@ the pipe does not take is written when it is writable again) and an outcome list
 a loop reader, with no thread in between.
 
 Each child works through its pipe in order, so outcomes come back in the order batches went
-out. Records handed out in the same turn of the event loop go together, split into two
-batches per process, each sent to the process with the fewest records outstanding: a process
-then has its next batch waiting while it works, and does not sit idle while the loop hands
-out more records.
+out. Records handed out in the same turn of the event loop go together, in batches of half
+a process's share of the most records the pool has had at once, each sent to the process
+with the fewest records outstanding: a process then has its next batch waiting while it
+works, and does not sit idle while the loop hands out more records.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class ProcessPool:
         self._pending: list[tuple[Record, asyncio.Future[None]]] = []
         self._closed = False
         self._waited_by_replaced = 0.0
+        self._most_outstanding = 0
 
     @property
     def waited_s(self) -> float:
@@ -103,7 +104,13 @@ class ProcessPool:
             while len(alive) < self._count:
                 alive.append(_Child(self._handler, loop, alive))
         self._children = alive
-        size = -(-len(pending) // (2 * self._count))
+        # A batch is a share of the most records the pool has had at once: two per process
+        # (outcomes of one batch free as many records, which go out again as one batch), so
+        # a process has its next batch waiting while it works, and the batches do not shrink
+        # to a record each (a write, a wake-up and a reply per record).
+        outstanding = sum(child.load() for child in alive) + len(pending)
+        self._most_outstanding = max(self._most_outstanding, outstanding)
+        size = -(-self._most_outstanding // (2 * self._count))
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
             child = min(self._children, key=_Child.load)
