@@ -99,11 +99,18 @@ class ProcessPool:
         # Started on first use; a process that died (its records failed) is replaced.
         alive = [child for child in self._children if child.alive]
         self._waited_by_replaced += sum(c.waited_s for c in self._children if not c.alive)
-        if len(alive) < self._count:
+        try:
             loop = asyncio.get_running_loop()
             while len(alive) < self._count:
                 alive.append(_Child(self._handler, loop, alive))
-        self._children = alive
+        except Exception as error:
+            # Nothing can run them; their failure goes to the policy like a handler's.
+            logger.exception("a pool process could not be started")
+            for _, outcome in pending:
+                _settle(outcome, error)
+            return
+        finally:
+            self._children = alive
         # A batch is a share of the most records the pool has had at once: two per process
         # (outcomes of one batch free as many records, which go out again as one batch), so
         # a process has its next batch waiting while it works, and the batches do not shrink
@@ -114,7 +121,12 @@ class ProcessPool:
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
             child = min(self._children, key=_Child.load)
-            child.send([record for record, _ in batch], [outcome for _, outcome in batch])
+            outcomes = [outcome for _, outcome in batch]
+            try:
+                child.send([record for record, _ in batch], outcomes)
+            except Exception as error:  # a record that cannot be pickled
+                for outcome in outcomes:
+                    _settle(outcome, error)
 
 
 class _Child:
@@ -137,9 +149,14 @@ class _Child:
         self._process: BaseProcess = context.Process(
             target=_serve, args=(handler, to_child, from_child, parents_ends), daemon=True
         )
-        self._process.start()
-        to_child.close()
-        from_child.close()
+        try:
+            self._process.start()
+        finally:
+            to_child.close()
+            from_child.close()
+            if self._process.pid is None:
+                self._inbox.close()
+                self._outbox.close()
         os.set_blocking(self._inbox.fileno(), False)
         os.set_blocking(self._outbox.fileno(), False)
         self._unsent = bytearray()
