@@ -281,6 +281,7 @@ async def cpu_bound(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         "cpu_round_speedups": [round(ratio, 3) for ratio in ratios],
         "cpu_pool_ceiling": round(statistics.median(ceilings), 3),
         "cpu_round_ceilings": [round(ceiling, 3) for ceiling in ceilings],
+        "cpu_round_foreign_cores": [round(a["foreign_cores"], 2) for a in accounts],
         "cpu_of_ceiling": round(
             statistics.median(r / c for r, c in zip(ratios, ceilings, strict=True)), 3
         ),
