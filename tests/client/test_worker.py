@@ -623,6 +623,13 @@ async def test_a_pool_process_that_dies_fails_its_records_and_is_replaced(
     # Offset 5 was tried again in the process that replaced the dead one.
     assert [line[1] for line in lines if line[2] == "5"] != [died]
     assert died not in {line[1] for line in lines if int(line[2]) > 5}
+    # Per-key order held across the processes and the retry: the journal (appended to by
+    # every process as each record finished) has each key's offsets in increasing order.
+    by_key: dict[bytes, list[int]] = defaultdict(list)
+    for line in lines:
+        by_key[KEYS[int(line[2])]].append(int(line[2]))
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())
+    assert by_key[KEYS[5]] == [o for o in range(40) if KEYS[o] == KEYS[5]]
 
 
 async def test_records_larger_than_a_pipe_buffer_reach_the_pool_processes(
