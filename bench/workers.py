@@ -20,7 +20,16 @@ process); every ratio is against a baseline measured in the same run.
    process, paired back to back ``--rounds`` times; ``cpu_speedup`` is the median ratio.
    ``cpu_pool_ceiling`` is what two processes give the machine at that time (the same work
    in large batches on a bare process pool, no Kafka, no per-record cost): on a shared
-   machine it is well under 2, and ``cpu_speedup`` can be read against it.
+   machine it is well under 2, and ``cpu_speedup`` can be read against it
+   (``cpu_of_ceiling``, per round). Where the CPU went, from the first outcome to the last:
+   ``cpu_parent_ms_per_record`` (the worker's process: fetching, the engine, feeding the
+   pool), ``cpu_children_ms_per_record`` (the handler and the children's side of the pipe),
+   ``cpu_stack_ms_per_record`` (broker, coordinator, Postgres), ``cpu_children_busy`` (the
+   share of the time a child worked), ``cpu_children_waiting`` (the share a child waited for
+   records, as the children measure it), ``cpu_foreign_cores`` (other programs), and
+   ``cpu_in_order_ms_per_record`` (the baseline's process). ``cpu_speedup_by_cpu_time = 2
+   x in-order / (parent + children)`` is what those costs give two idle cores: unlike the
+   rates it hardly moves with the machine's other load.
 3. Memory under backpressure: a backlog of ``--backlog-mb`` (1,024) MB and a slow handler in
    a worker process with ``max_buffered_bytes`` of ``--bound-mb`` (64); its peak RSS while
    it runs for ``--memory-seconds`` (20); ``rss_over_bound_mb = peak - bound``.
@@ -53,7 +62,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from bench.commit import free_port
+from bench.commit import CpuMeter, foreign_load, free_port
 from client.worker import RecordObserver, Worker, WorkerConfig, WorkerTask
 from coordinator.kafka import ClusterMetadata
 from examples.demo_stack import Stack, produce, uniform_keys, zipf_keys
@@ -240,25 +249,97 @@ async def cpu_bound(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     topic = await new_topic(stack, uniform_keys(records, 10_000, seed=3))
     ratios: list[float] = []
     ceilings: list[float] = []
+    accounts: list[dict[str, float]] = []
     for _ in range(args.rounds):
         # Paired back to back: on a shared machine the speed of both sides drifts together.
         ceilings.append(await asyncio.to_thread(pool_ceiling, records))
+        started = time.process_time()
         baseline = await in_order_rate(stack, topic, records, cpu=True)
+        in_order_ms = 1000 * (time.process_time() - started) / records
         counter = Counter(records)
         settings = config(stack, topic, processes=2, max_concurrency=args.cpu_concurrency)
         worker = Worker(settings, handler=burn)
+        meter = CpuAccount(psutil.Process())
         # The pool's outcomes are counted as the engine marks them.
-        marks = asyncio.create_task(_count_marks(worker, counter))
+        marks = asyncio.create_task(_count_marks(worker, counter, meter))
         await run_until(worker, counter.done)
         marks.cancel()
         rate = records / (counter.last - counter.first)
         ratios.append(rate / baseline)
-        log(f"cpu-bound: in order {baseline:.0f} records/s, process pool of 2 {rate:.0f}")
-    return {
+        # What the same CPU per record would give on two idle cores with children that
+        # never wait: a rate's ratio that the machine's other load does not move.
+        spent = sum(meter.figures[f"{name}_ms_per_record"] for name in ("parent", "children"))
+        meter.figures["in_order_ms_per_record"] = in_order_ms
+        meter.figures["speedup_by_cpu_time"] = 2 * in_order_ms / spent
+        accounts.append(meter.figures)
+        log(
+            f"cpu-bound: in order {baseline:.0f} records/s, process pool of 2 {rate:.0f}; "
+            + ", ".join(f"{name} {value:.3f}" for name, value in meter.figures.items())
+        )
+    summary: dict[str, Any] = {
         "cpu_speedup": round(statistics.median(ratios), 3),
         "cpu_round_speedups": [round(ratio, 3) for ratio in ratios],
         "cpu_pool_ceiling": round(statistics.median(ceilings), 3),
+        "cpu_round_ceilings": [round(ceiling, 3) for ceiling in ceilings],
+        "cpu_round_foreign_cores": [round(a["foreign_cores"], 2) for a in accounts],
+        "cpu_of_ceiling": round(
+            statistics.median(r / c for r, c in zip(ratios, ceilings, strict=True)), 3
+        ),
     }
+    for name in accounts[0]:
+        summary[f"cpu_{name}"] = round(statistics.median(a[name] for a in accounts), 3)
+    return summary
+
+
+class CpuAccount:
+    """Where the CPU went while the pool's records were processed, from the first outcome
+    to the last: the worker's process (fetching, the engine, feeding the pool), its pool's
+    children, the stack (broker, coordinator, Postgres), other programs on the machine.
+    Unlike rates these hardly depend on how busy the machine is, so they say what the
+    runtime costs per record whatever the load."""
+
+    def __init__(self, me: psutil.Process) -> None:
+        self._me = me
+        # Processes that existed before the worker: the stack's (and its Postgres backends).
+        self._before = {process.pid for process in me.children(recursive=True)}
+        self._meter: CpuMeter | None = None
+        self._first_count = 0
+        self._first_waited_s = 0.0
+        self._started = 0.0
+        self.figures: dict[str, float] = {}
+
+    def _pool(self) -> list[psutil.Process]:
+        return [p for p in self._me.children(recursive=True) if p.pid not in self._before]
+
+    def _stack(self) -> list[psutil.Process]:
+        return [p for p in self._me.children(recursive=True) if p.pid in self._before]
+
+    def start(self, count: int, waited_s: float) -> None:
+        self._first_count = count
+        self._first_waited_s = waited_s
+        self._started = time.perf_counter()
+        self._meter = CpuMeter(
+            {"parent": lambda: [self._me], "children": self._pool, "stack": self._stack}
+        )
+        self._meter.start()
+
+    def stop(self, count: int, waited_s: float) -> None:
+        assert self._meter is not None
+        children = len(self._meter.processes["children"])
+        cores = self._meter.stop()
+        wall = time.perf_counter() - self._started
+        rate = (count - self._first_count) / wall
+        self.figures = {
+            f"{name}_ms_per_record": 1000 * cores[name] / rate
+            for name in ("parent", "children", "stack")
+        }
+        # Of the children's time, the share they spent working.
+        self.figures["children_busy"] = cores["children"] / max(children, 1)
+        # Of the children's time, the share they waited for records (as they measured it).
+        self.figures["children_waiting"] = (waited_s - self._first_waited_s) / (
+            max(children, 1) * wall
+        )
+        self.figures["foreign_cores"] = foreign_load(cores)
 
 
 def _burn_many(count: int) -> None:
@@ -280,13 +361,18 @@ def pool_ceiling(records: int) -> float:
     return serial / parallel
 
 
-async def _count_marks(worker: Worker, counter: Counter) -> None:
+async def _count_marks(worker: Worker, counter: Counter, account: CpuAccount) -> None:
     seen = 0
     while True:
         processed = worker.stats.processed
+        if processed and not seen:
+            account.start(processed, worker.process_wait_s)
         for _ in range(processed - seen):
             counter.count_one()
         seen = processed
+        if counter.done.is_set():
+            account.stop(processed, worker.process_wait_s)
+            return
         await asyncio.sleep(0.005)
 
 

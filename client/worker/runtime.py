@@ -17,11 +17,12 @@ from aiokafka.structs import TopicPartition
 
 from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.http import Slices
-from client.worker.calls import Calls, Handler, is_async
+from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
 from client.worker.engine import Stats, WorkerEngine
 from client.worker.metrics import MetricsServer
+from client.worker.processes import Handler
 from client.worker.source import WorkerSource
 from client.worker.task import Partitioner, WorkerTask
 
@@ -103,6 +104,11 @@ class Worker:
     @property
     def stats(self) -> Stats:
         return Stats() if self.engine is None else self.engine.stats
+
+    @property
+    def process_wait_s(self) -> float:
+        """Seconds the ``processes`` waited for records, summed over them (0 without)."""
+        return self._calls.process_wait_s
 
     def stop(self) -> None:
         """Ask the worker to shut down (finish, commit, leave); ``run`` returns after."""

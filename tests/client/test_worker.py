@@ -591,6 +591,108 @@ async def test_a_plain_handler_runs_on_the_process_pool_with_acks_and_commits(
     assert str(os.getpid()) not in {line.split()[1] for line in lines}
 
 
+async def test_a_pool_process_that_dies_fails_its_records_and_is_replaced(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:40])
+    group_id = group()
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    settings = config(
+        topic,
+        kafka_bootstrap,
+        coordinator_url,
+        group_id,
+        processes=2,
+        failure_policy="retry",
+        max_attempts=3,
+        retry_backoff_s=0.01,
+    )
+    worker = Worker(settings, handler=worker_targets.dies_once)
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 40), 60, "all committed")
+        assert worker.stats.retried >= 1
+    died = (tmp_path / "journal.died").read_text()
+    lines = [line.split() for line in journal.read_text().split("\n")[:-1]]
+    assert {int(line[2]) for line in lines} == set(range(40))
+    # Offset 5 was tried again in the process that replaced the dead one.
+    assert [line[1] for line in lines if line[2] == "5"] != [died]
+    assert died not in {line[1] for line in lines if int(line[2]) > 5}
+    # Per-key order held across the processes and the retry: the journal (appended to by
+    # every process as each record finished) has each key's offsets in increasing order.
+    by_key: dict[bytes, list[int]] = defaultdict(list)
+    for line in lines:
+        by_key[KEYS[int(line[2])]].append(int(line[2]))
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())
+    assert by_key[KEYS[5]] == [o for o in range(40) if KEYS[o] == KEYS[5]]
+
+
+async def test_records_larger_than_a_pipe_buffer_reach_the_pool_processes(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = await make_topic(1)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for index in range(5):
+            await producer.send(topic, key=KEYS[index], value=bytes([index]) * 200_000)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    group_id = group()
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, processes=2),
+        handler=worker_targets.dies_once,
+    )
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 5), 60, "all committed")
+    lines = [line.split() for line in journal.read_text().split("\n")[:-1]]
+    assert sorted((int(line[2]), int(line[3])) for line in lines) == [
+        (offset, 200_000) for offset in range(5)
+    ]
+
+
+async def test_the_pool_reports_how_long_its_processes_waited_for_records(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = await make_topic(1)
+    await produce(kafka_bootstrap, topic, KEYS[:4])
+    group_id = group()
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(tmp_path / "journal"))
+    worker = Worker(
+        config(topic, kafka_bootstrap, coordinator_url, group_id, processes=1),
+        handler=worker_targets.dies_once,
+    )
+    async with running(worker):
+        await until(all_committed(coordinator_url, group_id, topic, 4), 60, "first committed")
+        # A gap with nothing to process: the process waits through it, and says so with
+        # the outcomes of its next batch.
+        await asyncio.sleep(0.5)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, key=KEYS[4], value=b"v4")
+        finally:
+            await producer.stop()
+        await until(all_committed(coordinator_url, group_id, topic, 5), 60, "all committed")
+        assert worker.process_wait_s >= 0.5
+
+
 def test_processes_need_a_plain_handler() -> None:
     settings = config("t", "b", "http://c", "g", processes=2)
 

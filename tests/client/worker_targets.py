@@ -51,3 +51,14 @@ class Unpicklable(Exception):
 
 
 NOT_CALLABLE = 42
+
+
+def dies_once(record: Any) -> None:
+    """A synchronous handler for ``processes`` whose process exits at offset 5 the first
+    time, as a crash or an out-of-memory kill would end it; notes sizes and processes."""
+    marker = os.environ["WORKER_TEST_JOURNAL"] + ".died"
+    if record.offset == 5 and not os.path.exists(marker):
+        with open(marker, "w") as died:
+            died.write(str(os.getpid()))
+        os._exit(3)
+    _note(f"pid {os.getpid()} {record.offset} {len(record.value)}")
