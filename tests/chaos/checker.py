@@ -1,0 +1,281 @@
+"""The invariants, judged from the ledger and the faults as they happened (no I/O here, so the
+checker itself is tested on hand-made ledgers).
+
+- nothing lost: every produced offset was processed (a handler returned) at least once;
+- no key in two places at once: no two handler runs of one key overlap in time unless the
+  earlier one was already in its handler when its process froze (``frozen_in_handler``);
+- no zombie hand-out: after a fault outlasting the session, the member hands out nothing
+  until it lost its slices and rejoined (its loss count moved on);
+- per-key order within each member's run of a key;
+- duplicates (records handed out again) per fault, and recovery time per fault.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from tests.chaos.faults import (
+    COORDINATOR_LINK,
+    EVERYONE,
+    FREEZING,
+    MEMBER_KILL,
+    OF_A_MEMBER,
+    FaultRecord,
+)
+from tests.chaos.ledger import KILLED, HandlerRun
+
+DONE = "done"
+# The keys a fault touches: those its member (or, for a cluster-wide fault, anyone) handled in
+# this long before it.
+AFFECTED_LOOKBACK_S = 3.0
+# A pause in the affected keys' hand-outs shorter than this is the stream's own rhythm.
+STALL_S = 0.5
+RECOVERY_HORIZON_S = 60.0
+
+
+@dataclass
+class Verdict:
+    records: int
+    lost: list[tuple[int, int]] = field(default_factory=list)
+    overlaps: list[str] = field(default_factory=list)
+    frozen_in_handler: list[str] = field(default_factory=list)
+    zombie_handouts: list[str] = field(default_factory=list)
+    order_violations: list[str] = field(default_factory=list)
+    duplicates_per_fault: list[int] = field(default_factory=list)
+    duplicates_before_faults: int = 0
+    recovery_s: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.overlaps or self.zombie_handouts or self.order_violations)
+
+
+def check(
+    runs: Sequence[HandlerRun],
+    faults: Sequence[FaultRecord],
+    produced: dict[int, int],
+    *,
+    session_s: float,
+) -> Verdict:
+    """``produced`` maps each partition to its end offset (one past the last record)."""
+    runs = close_killed(runs, faults)
+    overlapping, frozen = overlaps(runs, faults)
+    return Verdict(
+        records=sum(produced.values()),
+        lost=lost(runs, produced),
+        overlaps=overlapping,
+        frozen_in_handler=frozen,
+        zombie_handouts=zombie_handouts(runs, faults, session_s=session_s),
+        order_violations=order_violations(runs),
+        duplicates_per_fault=duplicates_per_fault(runs, faults)[0],
+        duplicates_before_faults=duplicates_per_fault(runs, faults)[1],
+        recovery_s=[(fault.kind, recovery_s(runs, fault)) for fault in faults],
+    )
+
+
+def close_killed(runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]) -> list[HandlerRun]:
+    """A handler its process died in ran until the kill."""
+    kills = sorted((fault.started, fault.target) for fault in faults if fault.kind == MEMBER_KILL)
+    closed = []
+    for run in runs:
+        if run.ended is None:
+            at = next(
+                (t for t, target in kills if target == run.process and t >= run.started), None
+            )
+            run = replace(run, ended=math.inf if at is None else at, outcome=KILLED)
+        closed.append(run)
+    return closed
+
+
+def lost(runs: Iterable[HandlerRun], produced: dict[int, int]) -> list[tuple[int, int]]:
+    done = {(run.partition, run.offset) for run in runs if run.outcome == DONE}
+    return [
+        (partition, offset)
+        for partition, end in sorted(produced.items())
+        for offset in range(end)
+        if (partition, offset) not in done
+    ]
+
+
+def _ended(run: HandlerRun) -> float:
+    return math.inf if run.ended is None else run.ended
+
+
+def overlaps(
+    runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]
+) -> tuple[list[str], list[str]]:
+    """Pairs of runs of one key at once: (violations, the excepted frozen-in-handler ones)."""
+    freezes: dict[str, list[FaultRecord]] = defaultdict(list)
+    for fault in faults:
+        if fault.kind in FREEZING:
+            freezes[fault.target].append(fault)
+    per_key: dict[str, list[HandlerRun]] = defaultdict(list)
+    for run in runs:
+        per_key[run.key].append(run)
+    violations: list[str] = []
+    excepted: list[str] = []
+    for key, key_runs in per_key.items():
+        key_runs.sort(key=lambda run: run.started)
+        active: list[HandlerRun] = []
+        for run in key_runs:
+            active = [earlier for earlier in active if _ended(earlier) > run.started]
+            for earlier in active:
+                what = (
+                    f"key {key}: p{run.partition}@{run.offset} on {run.process}/{run.member} "
+                    f"started while p{earlier.partition}@{earlier.offset} ran on "
+                    f"{earlier.process}/{earlier.member}"
+                )
+                frozen_mid_call = earlier.incarnation != run.incarnation and any(
+                    earlier.started <= fault.started < _ended(earlier)
+                    for fault in freezes[earlier.process]
+                )
+                (excepted if frozen_mid_call else violations).append(what)
+            active.append(run)
+    return violations, excepted
+
+
+def zombie_handouts(
+    runs: Sequence[HandlerRun], faults: Sequence[FaultRecord], *, session_s: float
+) -> list[str]:
+    """Records a member handed out more than a session after a fault cut it off (frozen,
+    blocked, link cut, coordinator or database down) without having lost its slices first."""
+    per_process: dict[str, list[HandlerRun]] = defaultdict(list)
+    for run in runs:
+        per_process[run.process].append(run)
+    for process_runs in per_process.values():
+        process_runs.sort(key=lambda run: run.started)
+    found: list[str] = []
+    for fault in faults:
+        if fault.kind == MEMBER_KILL or fault.ended - fault.started <= session_s:
+            continue
+        if fault.kind in FREEZING or fault.kind == COORDINATOR_LINK:
+            targets = [fault.target]
+        elif fault.target == EVERYONE or fault.kind not in OF_A_MEMBER:
+            targets = list(per_process)
+        else:
+            continue
+        for process in targets:
+            before = [run for run in per_process[process] if run.started <= fault.started]
+            if not before:
+                continue
+            identity = before[-1].incarnation
+            found.extend(
+                f"{fault.kind} at {fault.started:.3f}: {process} handed out "
+                f"p{run.partition}@{run.offset} at {run.started:.3f} as {run.member}"
+                for run in per_process[process]
+                if run.started > fault.started + session_s and run.incarnation == identity
+            )
+    return found
+
+
+def order_violations(runs: Sequence[HandlerRun]) -> list[str]:
+    """Within one member's run of a key (one incarnation), offsets only go up."""
+    per_run_of_key: dict[tuple[object, ...], list[HandlerRun]] = defaultdict(list)
+    for run in runs:
+        per_run_of_key[(*run.incarnation, run.partition, run.key)].append(run)
+    problems = []
+    for (process, member, _, partition, key), key_runs in per_run_of_key.items():
+        key_runs.sort(key=lambda run: run.started)
+        for before, after in itertools.pairwise(key_runs):
+            if after.offset <= before.offset:
+                problems.append(
+                    f"key {key} on {process}/{member}: p{partition}@{after.offset} handed out "
+                    f"after p{partition}@{before.offset}"
+                )
+    return problems
+
+
+def duplicates_per_fault(
+    runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]
+) -> tuple[list[int], int]:
+    """Each hand-out of a record after its first is charged to the latest fault before it;
+    those before any fault are returned apart (a clean rebalance redelivers nothing)."""
+    first: dict[tuple[int, int], float] = {}
+    again: list[float] = []
+    for run in sorted(runs, key=lambda run: run.started):
+        slot = (run.partition, run.offset)
+        if slot in first:
+            again.append(run.started)
+        else:
+            first[slot] = run.started
+    starts = [fault.started for fault in faults]
+    counts = [0] * len(faults)
+    before = 0
+    for at in again:
+        latest = max((index for index, started in enumerate(starts) if started <= at), default=None)
+        if latest is None:
+            before += 1
+        else:
+            counts[latest] += 1
+    return counts, before
+
+
+def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord) -> float:
+    """From the fault until the keys it touched are handed out again after the longest pause
+    it caused (0 when they never paused longer than the stream's own rhythm)."""
+    whose = [] if fault.kind not in OF_A_MEMBER else [fault.target]
+    affected = {
+        run.key
+        for run in runs
+        if fault.started - AFFECTED_LOOKBACK_S <= run.started <= fault.started
+        and (not whose or run.process in whose)
+    }
+    moments = sorted(
+        run.started
+        for run in runs
+        if run.key in affected and fault.started < run.started <= fault.started + RECOVERY_HORIZON_S
+    )
+    longest_end = 0.0
+    longest = 0.0
+    previous = fault.started
+    for moment in moments:
+        if moment - previous > longest:
+            longest, longest_end = moment - previous, moment
+        previous = moment
+    if not moments:
+        return RECOVERY_HORIZON_S if affected else 0.0
+    if longest < STALL_S:
+        return 0.0
+    return longest_end - fault.started
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def figures(verdicts: Sequence[Verdict], fault_kinds: Sequence[Sequence[str]]) -> dict[str, object]:
+    """The issue's figures over several runs; ``fault_kinds`` lists each run's fault kinds."""
+    counts: dict[str, int] = defaultdict(int)
+    for kinds in fault_kinds:
+        for kind in kinds:
+            counts[kind] += 1
+    duplicates = [count for verdict in verdicts for count in verdict.duplicates_per_fault]
+    recovery: dict[str, list[float]] = defaultdict(list)
+    for verdict in verdicts:
+        for kind, seconds in verdict.recovery_s:
+            recovery[kind].append(seconds)
+    return {
+        "runs": len(verdicts),
+        "faults": dict(sorted(counts.items())),
+        "records": sum(verdict.records for verdict in verdicts),
+        "lost": sum(len(verdict.lost) for verdict in verdicts),
+        "overlaps": sum(len(verdict.overlaps) for verdict in verdicts),
+        "frozen_in_handler": sum(len(verdict.frozen_in_handler) for verdict in verdicts),
+        "duplicates_p50": percentile(duplicates, 0.5),
+        "duplicates_max": max(duplicates, default=0),
+        "recovery_s": {
+            kind: {
+                "p50": round(percentile(values, 0.5), 3),
+                "p99": round(percentile(values, 0.99), 3),
+            }
+            for kind, values in sorted(recovery.items())
+        },
+    }
