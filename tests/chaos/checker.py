@@ -48,10 +48,19 @@ class Verdict:
     duplicates_per_fault: list[int] = field(default_factory=list)
     duplicates_before_faults: int = 0
     recovery_s: list[tuple[str, float]] = field(default_factory=list)
+    # Per partition, how far the group's stable offset stayed short of the end once faults
+    # stopped (records processed but never committed, or never processed).
+    unfinished: dict[int, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.overlaps or self.zombie_handouts or self.order_violations)
+        return not (
+            self.lost
+            or self.unfinished
+            or self.overlaps
+            or self.zombie_handouts
+            or self.order_violations
+        )
 
 
 def check(
@@ -60,8 +69,10 @@ def check(
     produced: dict[int, int],
     *,
     session_s: float,
+    stable: dict[int, int] | None = None,
 ) -> Verdict:
-    """``produced`` maps each partition to its end offset (one past the last record)."""
+    """``produced`` maps each partition to its end offset (one past the last record),
+    ``stable`` to the group's stable offset once faults stopped (None: not checked)."""
     runs = close_killed(runs, faults)
     overlapping, frozen = overlaps(runs, faults)
     return Verdict(
@@ -73,7 +84,19 @@ def check(
         order_violations=order_violations(runs),
         duplicates_per_fault=duplicates_per_fault(runs, faults)[0],
         duplicates_before_faults=duplicates_per_fault(runs, faults)[1],
-        recovery_s=[(fault.kind, recovery_s(runs, fault)) for fault in faults],
+        recovery_s=[
+            (fault.kind, recovery_s(runs, fault, until=following))
+            for fault, following in zip(
+                faults, [*(later.started for later in faults[1:]), math.inf], strict=False
+            )
+        ],
+        unfinished={}
+        if stable is None
+        else {
+            partition: end - stable.get(partition, 0)
+            for partition, end in produced.items()
+            if stable.get(partition, 0) < end
+        },
     )
 
 
@@ -214,9 +237,11 @@ def duplicates_per_fault(
     return counts, before
 
 
-def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord) -> float:
+def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord, *, until: float = math.inf) -> float:
     """From the fault until the keys it touched are handed out again after the longest pause
-    it caused (0 when they never paused longer than the stream's own rhythm)."""
+    it caused (0 when they never paused longer than the stream's own rhythm), looking no
+    further than the next fault (``until``) or the horizon."""
+    horizon = min(until, fault.started + RECOVERY_HORIZON_S)
     whose = [] if fault.kind not in OF_A_MEMBER else [fault.target]
     affected = {
         run.key
@@ -227,7 +252,7 @@ def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord) -> float:
     moments = sorted(
         run.started
         for run in runs
-        if run.key in affected and fault.started < run.started <= fault.started + RECOVERY_HORIZON_S
+        if run.key in affected and fault.started < run.started <= horizon
     )
     longest_end = 0.0
     longest = 0.0
@@ -237,7 +262,7 @@ def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord) -> float:
             longest, longest_end = moment - previous, moment
         previous = moment
     if not moments:
-        return RECOVERY_HORIZON_S if affected else 0.0
+        return horizon - fault.started if affected else 0.0
     if longest < STALL_S:
         return 0.0
     return longest_end - fault.started
@@ -266,7 +291,7 @@ def figures(verdicts: Sequence[Verdict], fault_kinds: Sequence[Sequence[str]]) -
         "runs": len(verdicts),
         "faults": dict(sorted(counts.items())),
         "records": sum(verdict.records for verdict in verdicts),
-        "lost": sum(len(verdict.lost) for verdict in verdicts),
+        "lost": sum(len(v.lost) + sum(v.unfinished.values()) for v in verdicts),
         "overlaps": sum(len(verdict.overlaps) for verdict in verdicts),
         "frozen_in_handler": sum(len(verdict.frozen_in_handler) for verdict in verdicts),
         "duplicates_p50": percentile(duplicates, 0.5),

@@ -142,6 +142,10 @@ def test_recovery_is_the_end_of_the_pause_the_fault_caused() -> None:
     assert recovery_s(steady + resumed + other_keys, kill) == 2.5
     unbroken = [run("m0", index, "a", 9.0 + index * 0.1, 9.05) for index in range(40)]
     assert recovery_s(unbroken, kill) == 0.0
+    # A pause after the next fault began is that fault's.
+    later_pause = [*steady, *unbroken, run("m1", 300, "a", 20.0, 20.1)]
+    assert recovery_s(later_pause, kill, until=13.5) == 0.0
+    assert recovery_s(later_pause, kill) == 20.0 - 10.0
 
 
 def test_figures_carry_exactly_the_issues_keys() -> None:
@@ -194,3 +198,11 @@ def test_the_journal_pairs_starts_with_ends_and_keeps_a_killed_start(tmp_path: P
         (1, None, "killed"),
     ]
     assert [(block.started, block.ended) for block in blocks] == [(1.3, 5.0)]
+
+
+def test_a_stable_offset_short_of_the_end_counts_as_lost() -> None:
+    runs = [run("m0", 0, "a", 1.0, 1.1), run("m0", 1, "b", 1.1, 1.2)]
+    outcome = check(runs, [], {0: 2}, session_s=SESSION_S, stable={0: 1})
+    assert outcome.unfinished == {0: 1}
+    assert not outcome.ok
+    assert figures([outcome], [[]])["lost"] == 1
