@@ -88,6 +88,10 @@ def tune_gc_for_serving() -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """``OSError`` is named on its own: connecting to a stopped database raises it unwrapped
+    by SQLAlchemy, and only ``Exception``'s handler would catch it, which Starlette answers
+    and then re-raises as an unhandled error, one traceback per request of the outage."""
+
     async def render(_: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
 
@@ -99,6 +103,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         InterfaceError,
         PoolTimeout,
         DBAPIError,
+        OSError,
         Exception,
     ):
         app.add_exception_handler(handled, render)
