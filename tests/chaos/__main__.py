@@ -20,26 +20,7 @@ from pathlib import Path
 
 from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
 from tests.chaos.checker import figures
-from tests.chaos.run import ChaosRun, Outcome, Shape
-
-
-def describe(outcome: Outcome) -> str:
-    verdict = outcome.verdict
-    lines = [
-        f"seed {outcome.shape.seed}: {verdict.records} records, replicas {outcome.shape.replicas}",
-        *(
-            f"  {f.kind} {f.target} at {f.started:.2f} for {f.ended - f.started:.2f} s"
-            for f in outcome.faults
-        ),
-        f"  recovery {verdict.recovery_s}",
-        f"  duplicates per fault {verdict.duplicates_per_fault}",
-        f"  unfinished {verdict.unfinished}",
-    ]
-    for name in ("lost", "overlaps", "zombie_handouts", "order_violations", "frozen_in_handler"):
-        found = getattr(verdict, name)
-        lines.append(f"  {name}: {len(found)} {found[:5]}")
-    lines.extend(f"  coordinator: {line}" for line in outcome.coordinator_errors[:10])
-    return "\n".join(lines)
+from tests.chaos.run import ChaosRun, Outcome, Shape, describe
 
 
 async def main(args: argparse.Namespace) -> int:

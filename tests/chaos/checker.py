@@ -29,8 +29,8 @@ from tests.chaos.faults import (
 from tests.chaos.ledger import KILLED, HandlerRun
 
 DONE = "done"
-# The keys a fault touches: those its member (or, for a cluster-wide fault, anyone) handled in
-# this long before it.
+# The keys a fault touches: those its member (or, for a cluster-wide fault, anyone) was the
+# last to handle in this long before it.
 AFFECTED_LOOKBACK_S = 3.0
 # A pause in the affected keys' hand-outs shorter than this is the stream's own rhythm.
 STALL_S = 0.5
@@ -131,7 +131,8 @@ def _ended(run: HandlerRun) -> float:
 def overlaps(
     runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]
 ) -> tuple[list[str], list[str]]:
-    """Pairs of runs of one key at once: (violations, the excepted frozen-in-handler ones)."""
+    """Runs of one key at once: (the violating pairs, the excepted handler runs that were
+    frozen mid-call while later runs of their key went on elsewhere, each counted once)."""
     freezes: dict[str, list[FaultRecord]] = defaultdict(list)
     for fault in faults:
         if fault.kind in FREEZING:
@@ -140,32 +141,39 @@ def overlaps(
     for run in runs:
         per_key[run.key].append(run)
     violations: list[str] = []
-    excepted: list[str] = []
+    excepted: dict[tuple[str, int, int, float], str] = {}
     for key, key_runs in per_key.items():
         key_runs.sort(key=lambda run: run.started)
         active: list[HandlerRun] = []
         for run in key_runs:
             active = [earlier for earlier in active if _ended(earlier) > run.started]
             for earlier in active:
-                what = (
-                    f"key {key}: p{run.partition}@{run.offset} on {run.process}/{run.member} "
-                    f"started while p{earlier.partition}@{earlier.offset} ran on "
-                    f"{earlier.process}/{earlier.member}"
-                )
                 frozen_mid_call = earlier.incarnation != run.incarnation and any(
                     earlier.started <= fault.started < _ended(earlier)
                     for fault in freezes[earlier.process]
                 )
-                (excepted if frozen_mid_call else violations).append(what)
+                if frozen_mid_call:
+                    slot = (earlier.process, earlier.partition, earlier.offset, earlier.started)
+                    excepted[slot] = (
+                        f"key {key}: p{earlier.partition}@{earlier.offset} on {earlier.process} "
+                        f"frozen mid-call while its key went on at {run.process}"
+                    )
+                else:
+                    violations.append(
+                        f"key {key}: p{run.partition}@{run.offset} on {run.process}/{run.member}"
+                        f" started while p{earlier.partition}@{earlier.offset} ran on "
+                        f"{earlier.process}/{earlier.member}"
+                    )
             active.append(run)
-    return violations, excepted
+    return violations, list(excepted.values())
 
 
 def zombie_handouts(
     runs: Sequence[HandlerRun], faults: Sequence[FaultRecord], *, session_s: float
 ) -> list[str]:
     """Records a member handed out more than a session after a fault cut it off (frozen,
-    blocked, link cut, coordinator or database down) without having lost its slices first."""
+    blocked, link cut, every coordinator replica or the database down: target ``*``)
+    without having lost its slices first."""
     per_process: dict[str, list[HandlerRun]] = defaultdict(list)
     for run in runs:
         per_process[run.process].append(run)
@@ -177,7 +185,7 @@ def zombie_handouts(
             continue
         if fault.kind in FREEZING or fault.kind == COORDINATOR_LINK:
             targets = [fault.target]
-        elif fault.target == EVERYONE or fault.kind not in OF_A_MEMBER:
+        elif fault.target == EVERYONE:
             targets = list(per_process)
         else:
             continue
@@ -242,12 +250,18 @@ def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord, *, until: float =
     it caused (0 when they never paused longer than the stream's own rhythm), looking no
     further than the next fault (``until``) or the horizon."""
     horizon = min(until, fault.started + RECOVERY_HORIZON_S)
-    whose = [] if fault.kind not in OF_A_MEMBER else [fault.target]
+    last_before: dict[str, HandlerRun] = {}
+    for run in runs:
+        if fault.started - AFFECTED_LOOKBACK_S <= run.started <= fault.started:
+            latest = last_before.get(run.key)
+            if latest is None or run.started > latest.started:
+                last_before[run.key] = run
+    # A member's keys are those it was the last to be handed before the fault (an earlier
+    # rebalance may have moved some of what it handled a moment before).
     affected = {
-        run.key
-        for run in runs
-        if fault.started - AFFECTED_LOOKBACK_S <= run.started <= fault.started
-        and (not whose or run.process in whose)
+        key
+        for key, run in last_before.items()
+        if fault.kind not in OF_A_MEMBER or run.process == fault.target
     }
     moments = sorted(
         run.started

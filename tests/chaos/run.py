@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import random
 import signal
@@ -80,6 +82,25 @@ class Outcome:
     produced: dict[int, int]
     stable: dict[int, int]
     coordinator_errors: list[str] = field(default_factory=list)
+
+
+def describe(outcome: Outcome) -> str:
+    verdict = outcome.verdict
+    lines = [
+        f"seed {outcome.shape.seed}: {verdict.records} records, replicas {outcome.shape.replicas}",
+        *(
+            f"  {f.kind} {f.target} at {f.started:.2f} for {f.ended - f.started:.2f} s"
+            for f in outcome.faults
+        ),
+        f"  recovery {verdict.recovery_s}",
+        f"  duplicates per fault {verdict.duplicates_per_fault}",
+        f"  unfinished {verdict.unfinished}",
+    ]
+    for name in ("lost", "overlaps", "zombie_handouts", "order_violations", "frozen_in_handler"):
+        found = getattr(verdict, name)
+        lines.append(f"  {name}: {len(found)} {found[:5]}")
+    lines.extend(f"  coordinator: {line}" for line in outcome.coordinator_errors[:10])
+    return "\n".join(lines)
 
 
 class Traffic:
@@ -170,6 +191,15 @@ class ChaosRun:
             await self._tear_down()
         runs, blocks = read_journals([self.journal(name) for name in self.workers])
         faults = _with_actual_blocks(self.records, blocks)
+        (self.directory / "faults.json").write_text(
+            json.dumps(
+                {
+                    "faults": [dataclasses.asdict(fault) for fault in faults],
+                    "produced": produced,
+                    "stable": stable,
+                }
+            )
+        )
         ledger = await store(self.database_url, self.shape.seed, runs)
         verdict = check(ledger, faults, produced, session_s=self.shape.session_s, stable=stable)
         errors = [line for replica in self.replicas for line in replica.error_lines()]
@@ -258,7 +288,10 @@ class ChaosRun:
             self.links[fault.target].heal()
         else:
             raise ValueError(f"unknown fault kind {fault.kind}")
-        return FaultRecord(fault.kind, fault.target, started, time.monotonic())
+        # Killing the only replica cuts every member off, as a Postgres stop does.
+        only_replica = fault.kind == kinds.COORDINATOR_KILL and len(self.replicas) == 1
+        target = kinds.EVERYONE if only_replica else fault.target
+        return FaultRecord(fault.kind, target, started, time.monotonic())
 
     async def _until_all_committed(
         self, produced: dict[int, int], timeout_s: float = 90

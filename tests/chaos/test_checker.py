@@ -74,8 +74,8 @@ def test_two_members_on_one_key_at_once_is_an_overlap() -> None:
     assert not outcome.ok
 
 
-def test_a_handler_frozen_mid_call_is_counted_apart() -> None:
-    runs = [run("m0", 0, "a", 1.0, 8.0), run("m1", 1, "a", 4.0, 4.1)]
+def test_a_handler_frozen_mid_call_is_counted_apart_once() -> None:
+    runs = [run("m0", 0, "a", 1.0, 8.0), run("m1", 1, "a", 4.0, 4.1), run("m1", 2, "a", 4.2, 4.3)]
     freeze = FaultRecord(MEMBER_FREEZE, "m0", 1.5, 7.5)
     outcome = verdict(runs, [freeze], 2)
     assert outcome.overlaps == []
@@ -142,6 +142,9 @@ def test_recovery_is_the_end_of_the_pause_the_fault_caused() -> None:
     assert recovery_s(steady + resumed + other_keys, kill) == 2.5
     unbroken = [run("m0", index, "a", 9.0 + index * 0.1, 9.05) for index in range(40)]
     assert recovery_s(unbroken, kill) == 0.0
+    # Keys the member no longer had when the fault struck are not its keys.
+    moved_away = [*steady, run("m1", 99, "a", 9.95, 9.97), *resumed]
+    assert recovery_s(moved_away, kill) == 0.0
     # A pause after the next fault began is that fault's.
     later_pause = [*steady, *unbroken, run("m1", 300, "a", 20.0, 20.1)]
     assert recovery_s(later_pause, kill, until=13.5) == 0.0
