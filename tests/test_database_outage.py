@@ -7,15 +7,21 @@ per request."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from coordinator import migrate
 from coordinator.app import create_app
 from coordinator.embedded import EmbeddedPostgres
+from coordinator.problems import error_response
 from tests.fixtures.coordinator import settings_for_tests
+from tests.waiting import until
 
 pytestmark = pytest.mark.db
 
@@ -39,3 +45,42 @@ async def test_requests_while_postgres_is_stopped_get_503_and_none_escapes(tmp_p
                     await asyncio.to_thread(postgres.start)
                 assert [reply.status_code for reply in replies] == [503] * 4
                 assert {reply.json()["error"] for reply in replies} == {"SERVICE_UNAVAILABLE"}
+
+
+async def test_a_query_whose_connection_the_server_closed_mid_flight_is_a_503(
+    tmp_path: Path,
+) -> None:
+    """What a Postgres restart or failover does to the queries running at that instant:
+    SQLAlchemy wraps the driver's error in a plain ``DBAPIError`` (its connection marked
+    invalidated), which was answered 500 with an ERROR traceback instead of a retriable 503."""
+    async with EmbeddedPostgres(tmp_path / "postgres") as postgres:
+        engine = create_async_engine(postgres.url())
+        try:
+
+            async def query_in_flight() -> None:
+                async with engine.connect() as connection:
+                    await connection.execute(text("SELECT pg_sleep(30)"))
+
+            running = asyncio.create_task(query_in_flight())
+            async with engine.connect() as admin:
+                await until(lambda: _sleeping(admin), 10, "the query to run on the server")
+                await admin.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE query = 'SELECT pg_sleep(30)'"
+                    )
+                )
+            with pytest.raises(DBAPIError) as raised:
+                await running
+        finally:
+            await engine.dispose()
+    reply = error_response(raised.value)
+    assert reply.status_code == 503
+    assert json.loads(reply.body)["error"] == "SERVICE_UNAVAILABLE"
+
+
+async def _sleeping(admin: AsyncConnection) -> bool:
+    found = await admin.execute(
+        text("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'")
+    )
+    return bool(found.scalar_one())
