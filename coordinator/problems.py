@@ -37,7 +37,7 @@ _DATABASE_GONE = (
 )
 
 
-def _database_gone(exc: Exception) -> bool:
+def database_gone(exc: BaseException) -> bool:
     """The database unreachable, restarting or gone mid-query. A query whose connection the
     server closed under it (a restart, a failover) reaches here as a plain ``DBAPIError``
     that SQLAlchemy marks ``connection_invalidated``, the driver's error as its cause."""
@@ -135,7 +135,7 @@ def error_response(exc: Exception) -> JSONResponse:
         # A 405's Allow header lists the methods the path does serve.
         response.headers.update(exc.headers or {})
         return response
-    if _database_gone(exc):
+    if database_gone(exc):
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem(
             503, names.SERVICE_UNAVAILABLE, "Service unavailable", "the database is not reachable"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import httpx
@@ -84,3 +85,35 @@ async def _sleeping(admin: AsyncConnection) -> bool:
         text("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'")
     )
     return bool(found.scalar_one())
+
+
+async def test_background_loops_meeting_a_stopped_database_warn_without_tracebacks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An outage operators expect (a restart, a failover) is logged as a warning each time a
+    loop retries; ERROR with a traceback every second per loop buried the real errors."""
+    caplog.set_level(logging.WARNING, logger="coordinator")
+    async with EmbeddedPostgres(tmp_path / "postgres") as postgres:
+        url = await asyncio.to_thread(postgres.create_database, "loops")
+        await asyncio.to_thread(migrate.upgrade, url)
+        app = create_app(settings_for_tests(), url)
+        async with app.router.lifespan_context(app):
+            await asyncio.to_thread(postgres.stop)
+            try:
+                await until(
+                    lambda: _retried_loops(caplog) >= {"membership-reaper", "membership-watch"},
+                    30,
+                    "the reaper and the watch to meet the stopped database",
+                )
+            finally:
+                await asyncio.to_thread(postgres.start)
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert [record.getMessage() for record in errors] == []
+
+
+def _retried_loops(caplog: pytest.LogCaptureFixture) -> set[str]:
+    return {
+        str(getattr(record, "loop", ""))
+        for record in caplog.records
+        if record.name == "coordinator.app" and "loop" in record.__dict__
+    }
