@@ -1,4 +1,5 @@
-"""``make chaos``: seeded chaos runs against an embedded broker and a Postgres of their own.
+"""``make chaos``: seeded chaos runs, each with an embedded broker of its own, on a Postgres
+of their own.
 
     python -m tests.chaos --seed 7 --duration 180 --runs 2
 
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
+from coordinator.embedded import EmbeddedPostgres
 from tests.chaos.checker import figures
 from tests.chaos.run import ChaosRun, Outcome, Shape, describe
 
@@ -27,10 +28,7 @@ async def main(args: argparse.Namespace) -> int:
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="keyrange-chaos-") as scratch:
         root = Path(args.keep or scratch)
-        with (
-            EmbeddedBroker(root / "broker") as broker,
-            EmbeddedPostgres(root / "postgres") as postgres,
-        ):
+        with EmbeddedPostgres(root / "postgres") as postgres:
             for index in range(args.runs):
                 shape = Shape(
                     seed=args.seed + index,
@@ -40,12 +38,7 @@ async def main(args: argparse.Namespace) -> int:
                     replicas=1 + index % 2 if args.replicas == 0 else args.replicas,
                     rate_per_s=args.rate,
                 )
-                run = ChaosRun(
-                    shape,
-                    bootstrap=broker.bootstrap,
-                    postgres=postgres,
-                    directory=root / f"run-{shape.seed}",
-                )
+                run = ChaosRun(shape, postgres=postgres, directory=root / f"run-{shape.seed}")
                 outcomes.append(await run.run())
                 print(describe(outcomes[-1]), file=sys.stderr, flush=True)
     shown = figures([o.verdict for o in outcomes], [[f.kind for f in o.faults] for o in outcomes])

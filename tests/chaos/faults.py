@@ -12,13 +12,22 @@ LOOP_BLOCK = "loop_block"
 COORDINATOR_KILL = "coordinator_kill"
 POSTGRES_STOP = "postgres_stop"
 COORDINATOR_LINK = "coordinator_link"
+BROKER_LINK = "broker_link"
 
 # Faults that stop a member's code mid-call: a handler running when they began may still be
 # running when its keys are given away (a Kafka consumer frozen mid-call is no different).
 FREEZING = frozenset({MEMBER_FREEZE, LOOP_BLOCK})
 # Faults of one member; the others strike every member at once.
-OF_A_MEMBER = frozenset({MEMBER_KILL, MEMBER_FREEZE, LOOP_BLOCK, COORDINATOR_LINK})
-KINDS = (MEMBER_KILL, MEMBER_FREEZE, LOOP_BLOCK, COORDINATOR_KILL, POSTGRES_STOP, COORDINATOR_LINK)
+OF_A_MEMBER = frozenset({MEMBER_KILL, MEMBER_FREEZE, LOOP_BLOCK, COORDINATOR_LINK, BROKER_LINK})
+KINDS = (
+    MEMBER_KILL,
+    MEMBER_FREEZE,
+    LOOP_BLOCK,
+    COORDINATOR_KILL,
+    POSTGRES_STOP,
+    COORDINATOR_LINK,
+    BROKER_LINK,
+)
 EVERYONE = "*"
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+import psutil
 
 PASS = "pass"
 # The peer sees its connection reset and new ones refused, as when a pod's node is gone.
@@ -16,12 +18,15 @@ BLACKHOLE = "blackhole"
 
 
 class _Link:
-    """One client connection and its upstream."""
+    """One client connection and its upstream; ``pid`` is the process that opened it, looked
+    up only when a cut aims at some processes."""
 
     def __init__(self, client: asyncio.StreamWriter) -> None:
         self.client = client
         self.upstream: asyncio.StreamWriter | None = None
         self.swallowed = False
+        self.pid: int | None = None
+        self.pid_known = False
 
     def abort(self) -> None:
         for writer in (self.client, self.upstream):
@@ -36,6 +41,7 @@ class TcpProxy:
     def __init__(self, upstreams: Sequence[tuple[str, int]]) -> None:
         self.upstreams = list(upstreams)
         self.mode = PASS
+        self.only_pids: frozenset[int] | None = None
         self.port = 0
         self._next = 0
         self._links: set[_Link] = set()
@@ -58,23 +64,37 @@ class TcpProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
-    def cut(self, mode: str) -> None:
+    def cut(self, mode: str, *, only_pids: frozenset[int] | None = None) -> None:
+        """Cut the link, for every client or only the connections ``only_pids`` opened (one
+        broker proxy serves every member; the fault strikes one of them)."""
         self.mode = mode
+        self.only_pids = only_pids
+        if only_pids is not None:
+            _learn_owners(self._links)
         if mode == DROP:
             for link in list(self._links):
-                link.abort()
+                if self._cuts(link):
+                    link.abort()
 
     def heal(self) -> None:
         """Back to passing; a connection whose bytes were swallowed is beyond repair (its
         peer would read a torn stream), so it is reset and the peer reconnects."""
         self.mode = PASS
+        self.only_pids = None
         for link in list(self._links):
             if link.swallowed:
                 link.abort()
 
+    def _cuts(self, link: _Link) -> bool:
+        if self.mode == PASS:
+            return False
+        return self.only_pids is None or link.pid in self.only_pids
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(writer)
-        if self.mode == DROP:
+        if self.only_pids is not None:
+            _learn_owners([link])
+        if self.mode == DROP and self._cuts(link):
             link.abort()
             return
         self._links.add(link)
@@ -108,9 +128,25 @@ class TcpProxy:
     ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65_536):
-                if self.mode == BLACKHOLE or link.swallowed:
+                if link.swallowed or (self.mode == BLACKHOLE and self._cuts(link)):
                     link.swallowed = True
                     continue
                 writer.write(data)
                 await writer.drain()
         link.abort()
+
+
+def _learn_owners(links: Iterable[_Link]) -> None:
+    """Which process opened each connection: the one whose socket's local address is the
+    connection's peer (one scan of the machine's TCP sockets)."""
+    unknown = {}
+    for link in links:
+        peer = link.client.get_extra_info("peername")
+        if peer is not None and not link.pid_known:
+            unknown[tuple(peer[:2])] = link
+    if not unknown:
+        return
+    for connection in psutil.net_connections(kind="tcp"):
+        link = unknown.get(tuple(connection.laddr)) if connection.laddr else None
+        if link is not None:
+            link.pid, link.pid_known = connection.pid, True

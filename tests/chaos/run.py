@@ -1,6 +1,7 @@
 """One chaos run: a coordinator (one or two replicas behind a balancer) on a Postgres the run
-owns, member processes each behind a link that can be cut, Zipf-keyed records flowing while
-the seeded plan's faults strike, then the ledger judged."""
+is given, a broker of the run's own behind a proxy it advertises, member processes each behind
+a coordinator link that can be cut, Zipf-keyed records flowing while the seeded plan's faults
+strike, then the ledger judged."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import httpx
 from aiokafka import AIOKafkaProducer
 
 from coordinator import migrate
-from coordinator.embedded import EmbeddedPostgres
+from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
 from coordinator.kafka import ClusterMetadata
 from tests.chaos import faults as kinds
 from tests.chaos.checker import Verdict, check
@@ -153,12 +154,12 @@ class Traffic:
 class ChaosRun:
     """Owns every process and proxy of one run; ``run()`` returns the judged outcome."""
 
-    def __init__(
-        self, shape: Shape, *, bootstrap: str, postgres: EmbeddedPostgres, directory: Path
-    ) -> None:
+    def __init__(self, shape: Shape, *, postgres: EmbeddedPostgres, directory: Path) -> None:
         self.shape = shape
-        self.bootstrap = bootstrap
         self.postgres = postgres
+        self.broker = EmbeddedBroker(directory / "broker")
+        self.broker_proxy = TcpProxy([])
+        self.bootstrap = ""
         self.directory = directory
         self.group = f"chaos-{shape.seed}-{uuid.uuid4().hex[:6]}"
         self.topic = f"chaos-{shape.seed}-{uuid.uuid4().hex[:6]}"
@@ -207,6 +208,13 @@ class ChaosRun:
 
     async def _set_up(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        # Members reach the broker where it says it is: through the proxy, which can cut one
+        # member's connections and not the others'.
+        await self.broker_proxy.start()
+        self.broker.advertised_port = self.broker_proxy.port
+        self.bootstrap = await asyncio.to_thread(self.broker.start)
+        host, port = self.bootstrap.rsplit(":", 1)
+        self.broker_proxy.upstreams = [(host, int(port))]
         name = f"chaos_{self.shape.seed}_{uuid.uuid4().hex[:8]}"
         self.database_url = await asyncio.to_thread(self.postgres.create_database, name)
         await asyncio.to_thread(migrate.upgrade, self.database_url)
@@ -286,6 +294,12 @@ class ChaosRun:
             self.links[fault.target].cut(fault.mode)
             await asyncio.sleep(fault.duration_s)
             self.links[fault.target].heal()
+        elif fault.kind == kinds.BROKER_LINK:
+            process = self.workers[fault.target].process
+            assert process is not None
+            self.broker_proxy.cut(fault.mode, only_pids=frozenset({process.pid}))
+            await asyncio.sleep(fault.duration_s)
+            self.broker_proxy.heal()
         else:
             raise ValueError(f"unknown fault kind {fault.kind}")
         # Killing the only replica cuts every member off, as a Postgres stop does.
@@ -325,6 +339,8 @@ class ChaosRun:
             await self.balancer.stop()
         for replica in self.replicas:
             await replica.stop()
+        await self.broker_proxy.stop()
+        await asyncio.to_thread(self.broker.stop)
         if not self.postgres.running:
             await asyncio.to_thread(self.postgres.start)
 

@@ -17,18 +17,18 @@ from tests.chaos.checker import figures
 from tests.chaos.faults import KINDS
 from tests.chaos.run import ChaosRun, Shape, describe
 
-pytestmark = [pytest.mark.slow, pytest.mark.db]
+# It starts a Postgres and a broker of its own (stopping them must not break other tests).
+pytestmark = [pytest.mark.slow, pytest.mark.db, pytest.mark.kafka]
 
 SEED = 3
 
 
 async def test_a_short_seeded_run_loses_nothing_and_never_runs_a_key_twice_at_once(
-    kafka_bootstrap: str, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     shape = Shape(seed=SEED, duration_s=60, members=4, partitions=2, replicas=2)
-    # A Postgres of the run's own: stopping it must not break the rest of the suite.
     async with EmbeddedPostgres(tmp_path / "postgres") as postgres:
-        run = ChaosRun(shape, bootstrap=kafka_bootstrap, postgres=postgres, directory=tmp_path)
+        run = ChaosRun(shape, postgres=postgres, directory=tmp_path)
         outcome = await run.run()
     print(f"\n{describe(outcome)}")
     print(json.dumps(figures([outcome.verdict], [[fault.kind for fault in outcome.faults]])))
