@@ -47,6 +47,8 @@ class Verdict:
     order_violations: list[str] = field(default_factory=list)
     duplicates_per_fault: list[int] = field(default_factory=list)
     duplicates_before_faults: int = 0
+    # Faults that redelivered more than could have been uncommitted when they struck.
+    excess_duplicates: list[str] = field(default_factory=list)
     recovery_s: list[tuple[str, float]] = field(default_factory=list)
     # Per partition, how far the group's stable offset stayed short of the end once faults
     # stopped (records processed but never committed, or never processed).
@@ -60,6 +62,7 @@ class Verdict:
             or self.overlaps
             or self.zombie_handouts
             or self.order_violations
+            or self.excess_duplicates
         )
 
 
@@ -69,12 +72,19 @@ def check(
     produced: dict[int, int],
     *,
     session_s: float,
+    commit_interval_s: float,
+    in_flight: int,
     stable: dict[int, int] | None = None,
 ) -> Verdict:
     """``produced`` maps each partition to its end offset (one past the last record),
-    ``stable`` to the group's stable offset once faults stopped (None: not checked)."""
+    ``stable`` to the group's stable offset once faults stopped (None: not checked);
+    ``in_flight`` is how many handlers may run at once over all members."""
     runs = close_killed(runs, faults)
     overlapping, frozen = overlaps(runs, faults)
+    redelivered, before_faults = duplicates_per_fault(runs, faults)
+    bounds = duplicate_bounds(
+        runs, faults, session_s=session_s, commit_interval_s=commit_interval_s, in_flight=in_flight
+    )
     return Verdict(
         records=sum(produced.values()),
         lost=lost(runs, produced),
@@ -82,8 +92,14 @@ def check(
         frozen_in_handler=frozen,
         zombie_handouts=zombie_handouts(runs, faults, session_s=session_s),
         order_violations=order_violations(runs),
-        duplicates_per_fault=duplicates_per_fault(runs, faults)[0],
-        duplicates_before_faults=duplicates_per_fault(runs, faults)[1],
+        duplicates_per_fault=redelivered,
+        duplicates_before_faults=before_faults,
+        excess_duplicates=[
+            f"{fault.kind} {fault.target} at {fault.started:.3f}: {count} redelivered, "
+            f"bound {bound:.0f}"
+            for fault, count, bound in zip(faults, redelivered, bounds, strict=True)
+            if count > bound
+        ],
         recovery_s=[
             (fault.kind, recovery_s(runs, fault, until=following))
             for fault, following in zip(
@@ -243,6 +259,28 @@ def duplicates_per_fault(
         else:
             counts[latest] += 1
     return counts, before
+
+
+def duplicate_bounds(
+    runs: Sequence[HandlerRun],
+    faults: Sequence[FaultRecord],
+    *,
+    session_s: float,
+    commit_interval_s: float,
+    in_flight: int,
+) -> list[float]:
+    """Per fault, the most it may redeliver: what was processed and not yet committed when
+    it struck. Commits stop for a commit interval, plus for as long as the fault kept its
+    members from committing while they still processed (at most a session: then they stop
+    handing out), at the run's peak processing rate; plus every handler in flight."""
+    per_second: dict[int, int] = defaultdict(int)
+    for run in runs:
+        per_second[math.floor(run.started)] += 1
+    peak = max(per_second.values(), default=0)
+    return [
+        peak * (commit_interval_s + min(fault.ended - fault.started, session_s)) + in_flight
+        for fault in faults
+    ]
 
 
 def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord, *, until: float = math.inf) -> float:

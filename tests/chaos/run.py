@@ -34,6 +34,9 @@ from tests.fixtures.coordinator import free_port
 
 logger = logging.getLogger("tests.chaos")
 
+# The members' auto-commit interval (``tests/e2e/worker_process.py``).
+COMMIT_INTERVAL_S = 0.2
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -97,7 +100,14 @@ def describe(outcome: Outcome) -> str:
         f"  duplicates per fault {verdict.duplicates_per_fault}",
         f"  unfinished {verdict.unfinished}",
     ]
-    for name in ("lost", "overlaps", "zombie_handouts", "order_violations", "frozen_in_handler"):
+    for name in (
+        "lost",
+        "overlaps",
+        "zombie_handouts",
+        "order_violations",
+        "excess_duplicates",
+        "frozen_in_handler",
+    ):
         found = getattr(verdict, name)
         lines.append(f"  {name}: {len(found)} {found[:5]}")
     lines.extend(f"  coordinator: {line}" for line in outcome.coordinator_errors[:10])
@@ -202,7 +212,15 @@ class ChaosRun:
             )
         )
         ledger = await store(self.database_url, self.shape.seed, runs)
-        verdict = check(ledger, faults, produced, session_s=self.shape.session_s, stable=stable)
+        verdict = check(
+            ledger,
+            faults,
+            produced,
+            session_s=self.shape.session_s,
+            commit_interval_s=COMMIT_INTERVAL_S,
+            in_flight=self.shape.members * self.shape.concurrency,
+            stable=stable,
+        )
         errors = [line for replica in self.replicas for line in replica.error_lines()]
         return Outcome(self.shape, verdict, faults, produced, stable, errors)
 

@@ -41,4 +41,5 @@ async def test_a_short_seeded_run_loses_nothing_and_never_runs_a_key_twice_at_on
     assert verdict.overlaps == []
     assert verdict.zombie_handouts == []
     assert verdict.order_violations == []
+    assert verdict.excess_duplicates == []
     assert outcome.coordinator_errors == []

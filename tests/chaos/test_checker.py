@@ -49,7 +49,7 @@ def run(
 
 
 def verdict(runs: list[HandlerRun], faults: list[FaultRecord], end: int) -> Verdict:
-    return check(runs, faults, {0: end}, session_s=SESSION_S)
+    return check(runs, faults, {0: end}, session_s=SESSION_S, commit_interval_s=0.2, in_flight=1)
 
 
 def test_a_clean_ledger_passes() -> None:
@@ -206,7 +206,24 @@ def test_the_journal_pairs_starts_with_ends_and_keeps_a_killed_start(tmp_path: P
 
 def test_a_stable_offset_short_of_the_end_counts_as_lost() -> None:
     runs = [run("m0", 0, "a", 1.0, 1.1), run("m0", 1, "b", 1.1, 1.2)]
-    outcome = check(runs, [], {0: 2}, session_s=SESSION_S, stable={0: 1})
+    outcome = check(
+        runs, [], {0: 2}, session_s=SESSION_S, commit_interval_s=0.2, in_flight=1, stable={0: 1}
+    )
     assert outcome.unfinished == {0: 1}
     assert not outcome.ok
     assert figures([outcome], [[]])["lost"] == 1
+
+
+def test_redelivering_more_than_was_uncommitted_breaks_the_bound() -> None:
+    kill = FaultRecord(MEMBER_KILL, "m0", 2.0, 2.5)
+    first = [
+        run("m0", offset, "a", 1.0 + offset * 0.01, 1.0 + offset * 0.01) for offset in range(10)
+    ]
+    again = [
+        run("m1", offset, "a", 5.0 + offset * 0.01, 5.0 + offset * 0.01) for offset in range(10)
+    ]
+    # Ten a second at peak: a kill of 0.5 s leaves at most 10 * (0.2 + 0.5) + 1 = 8 uncommitted.
+    outcome = verdict(first + again, [kill], 10)
+    assert outcome.duplicates_per_fault == [10]
+    assert len(outcome.excess_duplicates) == 1
+    assert verdict(first + again[:7], [kill], 10).excess_duplicates == []
