@@ -46,7 +46,7 @@ class Verdict:
     zombie_handouts: list[str] = field(default_factory=list)
     order_violations: list[str] = field(default_factory=list)
     duplicates_per_fault: list[int] = field(default_factory=list)
-    duplicates_before_faults: int = 0
+    duplicates_unexplained: int = 0
     # Faults that redelivered more than could have been uncommitted when they struck.
     excess_duplicates: list[str] = field(default_factory=list)
     recovery_s: list[tuple[str, float]] = field(default_factory=list)
@@ -81,7 +81,7 @@ def check(
     ``in_flight`` is how many handlers may run at once over all members."""
     runs = close_killed(runs, faults)
     overlapping, frozen = overlaps(runs, faults)
-    redelivered, before_faults = duplicates_per_fault(runs, faults)
+    redelivered, unexplained = duplicates_per_fault(runs, faults)
     bounds = duplicate_bounds(
         runs, faults, session_s=session_s, commit_interval_s=commit_interval_s, in_flight=in_flight
     )
@@ -93,7 +93,7 @@ def check(
         zombie_handouts=zombie_handouts(runs, faults, session_s=session_s),
         order_violations=order_violations(runs),
         duplicates_per_fault=redelivered,
-        duplicates_before_faults=before_faults,
+        duplicates_unexplained=unexplained,
         excess_duplicates=[
             f"{fault.kind} {fault.target} at {fault.started:.3f}: {count} redelivered, "
             f"bound {bound:.0f}"
@@ -239,26 +239,34 @@ def order_violations(runs: Sequence[HandlerRun]) -> list[str]:
 def duplicates_per_fault(
     runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]
 ) -> tuple[list[int], int]:
-    """Each hand-out of a record after its first is charged to the latest fault before it;
-    those before any fault are returned apart (a clean rebalance redelivers nothing)."""
+    """Each hand-out of a record after its first is charged to the fault that left the first
+    uncommitted: the earliest one not over when the record was first handed out, and begun
+    before the record was handed out again. Those no fault explains are returned apart (a
+    clean rebalance redelivers nothing)."""
     first: dict[tuple[int, int], float] = {}
-    again: list[float] = []
+    again: list[tuple[float, float]] = []
     for run in sorted(runs, key=lambda run: run.started):
         slot = (run.partition, run.offset)
         if slot in first:
-            again.append(run.started)
+            again.append((first[slot], run.started))
         else:
             first[slot] = run.started
-    starts = [fault.started for fault in faults]
     counts = [0] * len(faults)
-    before = 0
-    for at in again:
-        latest = max((index for index, started in enumerate(starts) if started <= at), default=None)
-        if latest is None:
-            before += 1
+    unexplained = 0
+    for handed_out, handed_again in again:
+        cause = next(
+            (
+                index
+                for index, fault in enumerate(faults)
+                if fault.ended >= handed_out and fault.started <= handed_again
+            ),
+            None,
+        )
+        if cause is None:
+            unexplained += 1
         else:
-            counts[latest] += 1
-    return counts, before
+            counts[cause] += 1
+    return counts, unexplained
 
 
 def duplicate_bounds(
@@ -301,11 +309,16 @@ def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord, *, until: float =
         for key, run in last_before.items()
         if fault.kind not in OF_A_MEMBER or run.process == fault.target
     }
-    moments = sorted(
-        run.started
-        for run in runs
-        if run.key in affected and fault.started < run.started <= horizon
+    later = sorted(
+        run.started for run in runs if run.key in affected and run.started > fault.started
     )
+    moments = [moment for moment in later if moment <= horizon]
+    # A pause already under way when the next fault struck is this fault's, wherever it ends.
+    resumed = next((moment for moment in later if moment > horizon), None)
+    if resumed is not None and horizon - (moments[-1] if moments else fault.started) >= STALL_S:
+        moments.append(resumed)
+    if not moments:
+        return horizon - fault.started if affected else 0.0
     longest_end = 0.0
     longest = 0.0
     previous = fault.started
@@ -313,8 +326,6 @@ def recovery_s(runs: Sequence[HandlerRun], fault: FaultRecord, *, until: float =
         if moment - previous > longest:
             longest, longest_end = moment - previous, moment
         previous = moment
-    if not moments:
-        return horizon - fault.started if affected else 0.0
     if longest < STALL_S:
         return 0.0
     return longest_end - fault.started

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tests.chaos.checker import Verdict, check, figures, percentile, recovery_s
 from tests.chaos.faults import (
+    BROKER_LINK,
     COORDINATOR_KILL,
     EVERYONE,
     KINDS,
@@ -132,7 +133,16 @@ def test_redeliveries_are_charged_to_the_fault_before_them() -> None:
     ]
     outcome = verdict(runs, [kill], 2)
     assert outcome.duplicates_per_fault == [2]
-    assert outcome.duplicates_before_faults == 0
+    assert outcome.duplicates_unexplained == 0
+
+
+def test_a_redelivery_after_the_next_fault_began_is_charged_to_the_one_that_caused_it() -> None:
+    outage = FaultRecord(COORDINATOR_KILL, EVERYONE, 2.0, 7.0)
+    cut = FaultRecord(BROKER_LINK, "m1", 7.5, 8.0)
+    runs = [run("m0", 0, "a", 3.0, 3.1), run("m1", 0, "a", 9.0, 9.1)]
+    assert verdict(runs, [outage, cut], 1).duplicates_per_fault == [1, 0]
+    unexplained = [run("m0", 0, "a", 1.0, 1.1), run("m1", 0, "a", 1.5, 1.6)]
+    assert verdict(unexplained, [outage], 1).duplicates_unexplained == 1
 
 
 def test_recovery_is_the_end_of_the_pause_the_fault_caused() -> None:
@@ -148,8 +158,11 @@ def test_recovery_is_the_end_of_the_pause_the_fault_caused() -> None:
     assert recovery_s(moved_away, kill) == 0.0
     # A pause after the next fault began is that fault's.
     later_pause = [*steady, *unbroken, run("m1", 300, "a", 20.0, 20.1)]
-    assert recovery_s(later_pause, kill, until=13.5) == 0.0
+    assert recovery_s(later_pause, kill, until=13.0) == 0.0
     assert recovery_s(later_pause, kill) == 20.0 - 10.0
+    # A pause under way when the next fault struck is this one's, however long it lasts.
+    stalled_through = [*steady, run("m1", 300, "a", 15.0, 15.1)]
+    assert recovery_s(stalled_through, kill, until=13.5) == 15.0 - 10.0
 
 
 def test_figures_carry_exactly_the_issues_keys() -> None:
