@@ -38,11 +38,13 @@ def test_every_make_target_the_docs_name_exists() -> None:
     root = Path(__file__).parent.parent
     makefile = (root / "Makefile").read_text()
     targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.MULTILINE))
-    texts = [root / "README.md", root / "bench" / "README.md", *sorted((root / "docs").glob("*.md"))]
+    texts = [
+        root / "README.md",
+        root / "bench" / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+    ]
     named = {
-        target
-        for text in texts
-        for target in re.findall(r"`make ([a-z][a-z-]*)", text.read_text())
+        target for text in texts for target in re.findall(r"`make ([a-z][a-z-]*)", text.read_text())
     }
     assert named, "the docs name no make target: the pattern no longer matches them"
     assert named - targets == set()
