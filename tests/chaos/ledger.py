@@ -31,6 +31,7 @@ class HandlerRun:
     ended: float | None
     outcome: str
     wall_started: float
+    wall_ended: float | None
 
     @property
     def incarnation(self) -> tuple[str, str, int]:
@@ -68,12 +69,12 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
             continue
         start = open_starts.pop(slot, None)
         if start is not None:
-            runs.append(_run(start, ended=event["t"], outcome=event["ok"]))
-    runs.extend(_run(start, ended=None, outcome=KILLED) for start in open_starts.values())
+            runs.append(_run(start, end=event))
+    runs.extend(_run(start, end=None) for start in open_starts.values())
     return runs, blocks
 
 
-def _run(start: dict[str, object], *, ended: float | None, outcome: str) -> HandlerRun:
+def _run(start: dict[str, object], *, end: dict[str, object] | None) -> HandlerRun:
     return HandlerRun(
         process=str(start["p"]),
         member=str(start["m"]),
@@ -83,9 +84,10 @@ def _run(start: dict[str, object], *, ended: float | None, outcome: str) -> Hand
         offset=int(start["o"]),  # type: ignore[call-overload]
         key=str(start["k"]),
         started=float(start["t"]),  # type: ignore[arg-type]
-        ended=ended,
-        outcome=outcome,
+        ended=None if end is None else float(end["t"]),  # type: ignore[arg-type]
+        outcome=KILLED if end is None else str(end["ok"]),
         wall_started=float(start["w"]),  # type: ignore[arg-type]
+        wall_ended=None if end is None else float(end["w"]),  # type: ignore[arg-type]
     )
 
 
@@ -103,7 +105,8 @@ CREATE TABLE IF NOT EXISTS chaos_ledger (
     started double precision NOT NULL,
     ended double precision,
     outcome text NOT NULL,
-    wall_started double precision NOT NULL
+    wall_started double precision NOT NULL,
+    wall_ended double precision
 )
 """
 

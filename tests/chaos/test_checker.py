@@ -46,6 +46,7 @@ def run(
         ended=ended,
         outcome=outcome,
         wall_started=started,
+        wall_ended=ended,
     )
 
 
