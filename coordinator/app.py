@@ -31,7 +31,7 @@ from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
-from coordinator.problems import declare_problems, error_response
+from coordinator.problems import database_gone, declare_problems, error_response
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,10 @@ def tune_gc_for_serving() -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """``OSError`` is named on its own: connecting to a stopped database raises it unwrapped
+    by SQLAlchemy, and only ``Exception``'s handler would catch it, which Starlette answers
+    and then re-raises as an unhandled error, one traceback per request of the outage."""
+
     async def render(_: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
 
@@ -99,6 +103,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         InterfaceError,
         PoolTimeout,
         DBAPIError,
+        OSError,
         Exception,
     ):
         app.add_exception_handler(handled, render)
@@ -157,8 +162,15 @@ async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
             await loop(app)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("background loop failed; restarting", extra={"loop": name})
+        except Exception as exc:
+            if database_gone(exc):
+                # An outage operators expect (a restart, a failover): no traceback to read.
+                log.warning(
+                    "background loop lost the database; restarting",
+                    extra={"loop": name, "error": type(exc).__name__},
+                )
+            else:
+                log.exception("background loop failed; restarting", extra={"loop": name})
             await asyncio.sleep(1.0)
 
 

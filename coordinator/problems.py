@@ -37,6 +37,18 @@ _DATABASE_GONE = (
 )
 
 
+def database_gone(exc: BaseException) -> bool:
+    """The database unreachable, restarting or gone mid-query. A query whose connection the
+    server closed under it (a restart, a failover) reaches here as a plain ``DBAPIError``
+    that SQLAlchemy marks ``connection_invalidated``, the driver's error as its cause."""
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, *_DATABASE_GONE)):
+        return True
+    if isinstance(exc, DBAPIError):
+        driver_error = exc.orig.__cause__ if exc.orig is not None else None
+        return exc.connection_invalidated or isinstance(driver_error, _DATABASE_GONE)
+    return False
+
+
 class Problem(BaseModel):
     """An RFC 9457 problem document with Keyrange's ``error`` name; some carry more members
     (``errors`` for validation, ``live_members`` for ``GROUP_NOT_EMPTY``)."""
@@ -123,7 +135,7 @@ def error_response(exc: Exception) -> JSONResponse:
         # A 405's Allow header lists the methods the path does serve.
         response.headers.update(exc.headers or {})
         return response
-    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, *_DATABASE_GONE)):
+    if database_gone(exc):
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem(
             503, names.SERVICE_UNAVAILABLE, "Service unavailable", "the database is not reachable"

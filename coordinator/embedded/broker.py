@@ -64,9 +64,14 @@ class EmbeddedBroker(ManagedService):
         *,
         port: int | None = None,
         start_timeout_s: float = _BROKER_START_TIMEOUT_S,
+        advertised_port: int | None = None,
     ) -> None:
+        """``advertised_port``: the loopback port the broker tells clients to reach it on,
+        when a proxy stands in front of it (the fault-injection suite cuts links there);
+        by default its own."""
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.requested_port = port
+        self.advertised_port = advertised_port
         self.start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
@@ -154,13 +159,14 @@ class EmbeddedBroker(ManagedService):
 
     def _spawn(self, binary: str, port: int) -> None:
         listener = f"tcp://127.0.0.1:{port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port or port}"
         command = [
             binary,
             "broker",
             "--listener-url",
             listener,
             "--advertised-listener-url",
-            listener,
+            advertised,
             "--storage-engine",
             "memory://tansu/",
         ]

@@ -144,5 +144,9 @@ class MembershipWatch:
             raise ConnectionError("the membership watch lost its database connection")
         finally:
             self._listening = False
-            if not connection.is_closed():
+            if lost.done():
+                # A lost connection cannot say goodbye: closing it politely raises an
+                # internal driver error that would hide the ConnectionError above.
+                connection.terminate()
+            elif not connection.is_closed():
                 await connection.close(timeout=5)

@@ -8,7 +8,10 @@ so a test can line up several processes: ``start`` when a record is handed to th
 (with the member id it was handed out under) and ``effect`` when the handler acts on it, which
 it does only while ``still_owned`` says the record is still this member's. SIGUSR1 makes the
 next handler block the event loop for ``--block-ms`` with a synchronous sleep (then a
-``blocked`` event). It runs until killed or its stdin closes.
+``blocked`` event). With ``--journal`` it appends one JSON line at every handler start and end
+(``tests.chaos.journal`` reads them): the chaos suite's ledger, which outlives a SIGKILL
+because each line is one ``write`` to a file opened for appending. It runs until killed or its
+stdin closes.
 """
 
 from __future__ import annotations
@@ -22,12 +25,26 @@ import sys
 import time
 from typing import Any
 
-from client import KeyrangeConsumer
+from client import KeyrangeConsumer, RebalanceListener
+from client.http import Slices
+
+
+class _LossCounter(RebalanceListener):
+    """Counts the times the member lost its slices, so the journal tells a record handed out
+    before a loss from one handed out after the member rejoined (its member id may stay)."""
+
+    def __init__(self) -> None:
+        self.losses = 0
+
+    async def on_slices_lost(self, slices: Slices) -> None:
+        self.losses += 1
 
 
 async def main(args: argparse.Namespace) -> None:
     out = None if args.out is None else _append(args.out)
     ledger = None if args.ledger is None else _append(args.ledger)
+    journal = None if args.journal is None else _append(args.journal)
+    losses = _LossCounter()
     block_next = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, block_next.set)
 
@@ -35,14 +52,47 @@ async def main(args: argparse.Namespace) -> None:
         if ledger is not None:
             os.write(ledger, json.dumps(event).encode() + b"\n")
 
+    def record_event(event: str, record: Any, **fields: Any) -> None:
+        if journal is None:
+            return
+        line = {
+            "e": event,
+            "p": args.name,
+            "m": consumer.member_id,
+            "ep": consumer.member_epoch,
+            "g": losses.losses,
+            "pt": record.partition,
+            "o": record.offset,
+            "k": record.key.hex(),
+            "t": time.monotonic(),
+            "w": time.time(),
+            **fields,
+        }
+        os.write(journal, json.dumps(line).encode() + b"\n")
+
     async def handle(record: Any) -> None:
+        record_event("start", record)
+        outcome = "error"
+        try:
+            await work(record)
+            outcome = "done"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            record_event("end", record, ok=outcome)
+
+    async def work(record: Any) -> None:
         started = time.monotonic()
         member = consumer.member_id
         note({"e": "start", "m": member, "o": record.offset, "k": record.key.hex(), "t": started})
         if block_next.is_set():
             block_next.clear()
             time.sleep(args.block_ms / 1000)  # noqa: ASYNC251 - the point: a blocked loop
-            note({"e": "blocked", "s": started, "t": time.monotonic()})
+            blocked = {"e": "blocked", "p": args.name, "s": started, "t": time.monotonic()}
+            note(blocked)
+            if journal is not None:
+                os.write(journal, json.dumps(blocked).encode() + b"\n")
         await asyncio.sleep(args.work_ms / 1000)
         if ledger is not None and not consumer.still_owned(record):
             return
@@ -64,9 +114,10 @@ async def main(args: argparse.Namespace) -> None:
         bootstrap_servers=args.bootstrap,
         coordinator_url=args.coordinator,
         group_id=args.group,
-        client_id="process-member",
+        client_id=args.name,
         session_timeout_ms=args.session_timeout_ms,
         auto_commit_interval_ms=200,
+        rebalance_listener=losses,
     ) as consumer:
         processing = asyncio.create_task(consumer.run(handle, max_concurrency=args.concurrency))
         stdin_closed = asyncio.create_task(_stdin_closed())
@@ -94,6 +145,8 @@ if __name__ == "__main__":
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--out")
     parser.add_argument("--ledger")
+    parser.add_argument("--journal")
+    parser.add_argument("--name", default="process-member")
     parser.add_argument("--work-ms", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--block-ms", type=float, default=5_000)

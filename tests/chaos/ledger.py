@@ -1,0 +1,148 @@
+"""The ledger: every start and end of a handler in the member processes, as they wrote it to
+their journals (``tests/e2e/worker_process.py --journal``), paired into handler runs and kept
+in a table of the run's Postgres so a failing run can be queried after the fact."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+KILLED = "killed"
+
+
+@dataclass(frozen=True)
+class HandlerRun:
+    """One call of a member's handler on one record. ``generation`` counts the slices the
+    process had lost before the hand-out; ``ended`` is None when the process died in it."""
+
+    process: str
+    member: str
+    epoch: int
+    generation: int
+    partition: int
+    offset: int
+    key: str
+    started: float
+    ended: float | None
+    outcome: str
+    wall_started: float
+    wall_ended: float | None
+
+    @property
+    def incarnation(self) -> tuple[str, str, int]:
+        return (self.process, self.member, self.generation)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A handler that blocked its process's event loop, from ``started`` to ``ended``."""
+
+    process: str
+    started: float
+    ended: float
+
+
+def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
+    """Pair each end with the start of the same record in the same process; a start with no
+    end is a handler the process died in. A torn last line (SIGKILL mid-write) is skipped."""
+    runs: list[HandlerRun] = []
+    blocks: list[Block] = []
+    open_starts: dict[tuple[int, int], dict[str, object]] = {}
+    if not path.exists():
+        return runs, blocks
+    for line in path.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event["e"] == "blocked":
+            blocks.append(Block(event["p"], event["s"], event["t"]))
+            continue
+        slot = (event["pt"], event["o"])
+        if event["e"] == "start":
+            open_starts[slot] = event
+            continue
+        start = open_starts.pop(slot, None)
+        if start is not None:
+            runs.append(_run(start, end=event))
+    runs.extend(_run(start, end=None) for start in open_starts.values())
+    return runs, blocks
+
+
+def _run(start: dict[str, object], *, end: dict[str, object] | None) -> HandlerRun:
+    return HandlerRun(
+        process=str(start["p"]),
+        member=str(start["m"]),
+        epoch=int(start["ep"] or 0),  # type: ignore[call-overload]
+        generation=int(start["g"]),  # type: ignore[call-overload]
+        partition=int(start["pt"]),  # type: ignore[call-overload]
+        offset=int(start["o"]),  # type: ignore[call-overload]
+        key=str(start["k"]),
+        started=float(start["t"]),  # type: ignore[arg-type]
+        ended=None if end is None else float(end["t"]),  # type: ignore[arg-type]
+        outcome=KILLED if end is None else str(end["ok"]),
+        wall_started=float(start["w"]),  # type: ignore[arg-type]
+        wall_ended=None if end is None else float(end["w"]),  # type: ignore[arg-type]
+    )
+
+
+_COLUMNS = [field.name for field in fields(HandlerRun)]
+_CREATE = """
+CREATE TABLE IF NOT EXISTS chaos_ledger (
+    seed bigint NOT NULL,
+    process text NOT NULL,
+    member text NOT NULL,
+    epoch integer NOT NULL,
+    generation integer NOT NULL,
+    partition integer NOT NULL,
+    "offset" bigint NOT NULL,
+    key text NOT NULL,
+    started double precision NOT NULL,
+    ended double precision,
+    outcome text NOT NULL,
+    wall_started double precision NOT NULL,
+    wall_ended double precision
+)
+"""
+
+
+async def store(database_url: str, seed: int, runs: Iterable[HandlerRun]) -> list[HandlerRun]:
+    """Write the run's ledger to ``chaos_ledger`` (replacing an earlier run of the same seed)
+    and read it back: the checker judges what the table holds."""
+    quoted = ", ".join(f'"{name}"' for name in _COLUMNS)
+    values = ", ".join(f":{name}" for name in _COLUMNS)
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text(_CREATE))
+            await connection.execute(
+                text("DELETE FROM chaos_ledger WHERE seed = :seed"), {"seed": seed}
+            )
+            rows = [dict(zip(_COLUMNS, astuple(run), strict=True)) | {"seed": seed} for run in runs]
+            if rows:
+                await connection.execute(
+                    text(f"INSERT INTO chaos_ledger (seed, {quoted}) VALUES (:seed, {values})"),
+                    rows,
+                )
+            stored = await connection.execute(
+                text(f"SELECT {quoted} FROM chaos_ledger WHERE seed = :seed ORDER BY started"),
+                {"seed": seed},
+            )
+            return [HandlerRun(*row) for row in stored]
+    finally:
+        await engine.dispose()
+
+
+def read_journals(paths: Sequence[Path]) -> tuple[list[HandlerRun], list[Block]]:
+    runs: list[HandlerRun] = []
+    blocks: list[Block] = []
+    for path in paths:
+        more_runs, more_blocks = read_journal(path)
+        runs.extend(more_runs)
+        blocks.extend(more_blocks)
+    return runs, blocks
