@@ -124,6 +124,20 @@ async def test_a_second_signal_exits_at_once_without_waiting_for_the_record(
     assert 1 not in await processed_offsets(coordinator_url, group_id, topic)
 
 
+# A target and every required option, so a case fails on the option it adds.
+REQUIRED_OPTIONS = (
+    "tests.client.worker_targets:handle",
+    "--topics",
+    "t",
+    "--group",
+    "g",
+    "--bootstrap",
+    "b",
+    "--coordinator",
+    "c",
+)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -131,84 +145,15 @@ async def test_a_second_signal_exits_at_once_without_waiting_for_the_record(
         (("tests.client.worker_targets:nothing",), "has no nothing"),
         (("tests.client.worker_targets:NOT_CALLABLE",), "neither a WorkerTask"),
         (("tests.client.worker_targets:handle",), "missing --topics"),
+        ((*REQUIRED_OPTIONS, "--failure-policy", "never"), "failure_policy must be one of"),
         (
-            (
-                "tests.client.worker_targets:handle",
-                "--topics",
-                "t",
-                "--group",
-                "g",
-                "--bootstrap",
-                "b",
-                "--coordinator",
-                "c",
-                "--failure-policy",
-                "never",
-            ),
-            "failure_policy must be one of",
-        ),
-        (
-            (
-                "tests.client.worker_targets:handle",
-                "--topics",
-                "t",
-                "--group",
-                "g",
-                "--bootstrap",
-                "b",
-                "--coordinator",
-                "c",
-                "--kafka-security-protocol",
-                "SASL_SSL",
-            ),
+            (*REQUIRED_OPTIONS, "--kafka-security-protocol", "SASL_SSL"),
             "needs kafka_sasl_mechanism",
         ),
+        ((*REQUIRED_OPTIONS, "--kafka-ssl-cafile", "/nonexistent/ca.pem"), "does not use TLS"),
+        ((*REQUIRED_OPTIONS, "--kafka-security-protocol", "KERBEROS"), "is not one of PLAINTEXT"),
         (
-            (
-                "tests.client.worker_targets:handle",
-                "--topics",
-                "t",
-                "--group",
-                "g",
-                "--bootstrap",
-                "b",
-                "--coordinator",
-                "c",
-                "--kafka-ssl-cafile",
-                "/nonexistent/ca.pem",
-            ),
-            "does not use TLS",
-        ),
-        (
-            (
-                "tests.client.worker_targets:handle",
-                "--topics",
-                "t",
-                "--group",
-                "g",
-                "--bootstrap",
-                "b",
-                "--coordinator",
-                "c",
-                "--kafka-security-protocol",
-                "KERBEROS",
-            ),
-            "is not one of PLAINTEXT",
-        ),
-        (
-            (
-                "tests.client.worker_targets:handle",
-                "--topics",
-                "t",
-                "--group",
-                "g",
-                "--bootstrap",
-                "b",
-                "--coordinator",
-                "c",
-                "--kafka-ssl-check-hostname",
-                "maybe",
-            ),
+            (*REQUIRED_OPTIONS, "--kafka-ssl-check-hostname", "maybe"),
             "--kafka-ssl-check-hostname: invalid value",
         ),
     ],
