@@ -24,6 +24,7 @@ from aiokafka.structs import TopicPartition
 
 from client.errors import ConsumerStopped
 from client.http import Slices
+from client.kafka_stop import stop_consumer
 from client.protocol.keyspace import HASH_MAX, HASH_MIN, hash_records
 from client.protocol.log_bounds import out_of_range
 from client.tracker import OffsetTracker, SliceProgress
@@ -139,7 +140,7 @@ class Fetcher:
     async def stop(self) -> None:
         if self._kafka is not None:
             async with self.lock:
-                await self._kafka.stop()
+                await stop_consumer(self._kafka)
 
     def kafka(self) -> AIOKafkaConsumer:
         if self._kafka is None:

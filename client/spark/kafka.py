@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from client.kafka_stop import stop_consumer
 from client.spark.planning import Slice
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ClusterView:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await self._consumer.stop()
+        await stop_consumer(self._consumer)
 
     async def partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
         existing = await self._consumer.topics()
@@ -182,5 +183,5 @@ def read_slice(
                     f"below the slice end {piece.end}"
                 )
     finally:
-        loop.run_until_complete(consumer.stop())
+        loop.run_until_complete(stop_consumer(consumer))
         loop.close()
