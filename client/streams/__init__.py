@@ -7,6 +7,8 @@ changelogs filtered by the task's key range. See docs/streams.md.
 
 from __future__ import annotations
 
+from client.streams.app import QueryAnswer, StreamsApp
+from client.streams.config import StreamsConfig
 from client.streams.errors import StoreKeyOutsideTask, StreamsError, TopologyError, UnknownStore
 from client.streams.processor import (
     STREAM_TIME,
@@ -31,9 +33,12 @@ __all__ = [
     "Processor",
     "ProcessorContext",
     "PunctuationType",
+    "QueryAnswer",
     "Serde",
     "StoreKeyOutsideTask",
     "StoreSpec",
+    "StreamsApp",
+    "StreamsConfig",
     "StreamsError",
     "Topology",
     "TopologyError",

@@ -1,0 +1,349 @@
+"""The streams engine: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
+
+Two long-lived routines, one per concern, as in the Streams threading design: the intake
+takes records from the consumer and buffers each in its task (creating the task, and
+starting its restoration, the first time a slice's record arrives), and the processing loop
+runs the ready tasks round robin, sends what they produced, fires wall-clock punctuations
+and commits. Restorations run as their own tasks on a restore consumer of their own: only
+the restoring task waits, the others go on.
+
+The commit protocol (at-least-once), at each commit interval and when a processor asks:
+1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
+commit); 3. mark the processed records and commit input offsets through the coordinator;
+4. write the checkpoints of changelog offsets. docs/streams.md says what a crash between
+the steps does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from client.consumer_source import ConsumerSource
+from client.errors import ConsumerStopped
+from client.fetcher import FetchInterrupted
+from client.http import Slices
+from client.protocol.keyspace import KeyRange, subtract
+from client.streams.processor import WALL_CLOCK
+from client.streams.restore import RestoreProgress, Restorer
+from client.streams.state import StateManager
+from client.streams.task import StreamTask, TaskId
+from client.streams.topology import BuiltTopology
+
+logger = logging.getLogger(__name__)
+
+# One processing round's time budget: short enough that heartbeats, the intake and the
+# commit timer get the loop often, long enough that the round's bookkeeping is amortized.
+_ROUND_BUDGET_S = 0.02
+# How often an idle processing loop wakes for wall-clock punctuations and the commit timer.
+_TICK_S = 0.05
+
+
+class StreamEngine:
+    def __init__(
+        self,
+        source: ConsumerSource,
+        *,
+        topology: BuiltTopology,
+        application_id: str,
+        producer: AIOKafkaProducer,
+        restorer: Restorer,
+        state: StateManager,
+        owned: Callable[[], list[tuple[TopicPartition, KeyRange, int]]],
+        commit: Callable[[], Any],
+        commit_interval_s: float,
+        max_idle_ms: int,
+        max_buffered: int,
+        on_restore: Callable[[RestoreProgress], None],
+    ) -> None:
+        self._source = source
+        self._topology = topology
+        self._application_id = application_id
+        self._producer = producer
+        self._restorer = restorer
+        self._state = state
+        self._owned = owned
+        self._commit_offsets = commit
+        self._commit_interval_s = commit_interval_s
+        self._max_idle_ms = max_idle_ms
+        self._max_buffered = max_buffered
+        self._on_restore = on_restore
+        self.tasks: dict[TaskId, StreamTask] = {}
+        self.restores: dict[TaskId, list[RestoreProgress]] = {}
+        self._restoring: dict[TaskId, asyncio.Task[None]] = {}
+        self._closing: dict[TaskId, asyncio.Task[None]] = {}
+        self._sends: list[asyncio.Future[Any]] = []
+        self._paused: set[TopicPartition] = set()
+        self._work = asyncio.Event()
+        self._stop = asyncio.get_running_loop().create_future()
+        self._finishing = False
+        self._last_commit = time.monotonic()
+
+    # ------------------------------------------------------------------ Engine
+
+    async def run(self) -> None:
+        intake = asyncio.create_task(self._intake(), name="keyrange-streams-intake")
+        try:
+            await self._process_loop(intake)
+        finally:
+            if not self._stop.done():
+                self._stop.set_result(None)
+            intake.cancel()
+            with contextlib.suppress(asyncio.CancelledError, FetchInterrupted, ConsumerStopped):
+                await intake
+            for restoring in self._restoring.values():
+                restoring.cancel()
+
+    def withdraw(self, slices: Slices | None) -> None:
+        for task in self._tasks_in(slices):
+            self._start_closing(task)
+
+    def lose(self) -> None:
+        for task in list(self.tasks.values()):
+            self._drop_task(task, processed_count=False)
+        self._sends.clear()
+
+    async def finish(self, timeout_s: float | None) -> None:
+        self._finishing = True
+        self._work.set()
+        if not self._stop.done():
+            self._stop.set_result(None)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._flush_and_mark()
+
+    async def revoked(self, slices: Slices) -> None:
+        """After the consumer committed a revocation: close the tasks, drop their keys."""
+        for task in self._tasks_in(slices):
+            closing = self._closing.pop(task.id, None)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing
+            self._drop_task(task, processed_count=True, keep=self._kept(task, slices))
+
+    # ------------------------------------------------------------------ intake
+
+    async def _intake(self) -> None:
+        while True:
+            tp, record, hashed = await self._source.next_item(self._stop)
+            task = self._task_for(tp, hashed)
+            if task is None or task.id in self._closing:
+                continue
+            self._source.hand_out(tp, record, hashed)
+            task.add(tp.topic, record)
+            if task.inputs.buffered(tp.topic) >= self._max_buffered and tp not in self._paused:
+                self._paused.add(tp)
+                self._source.pause([tp])
+            self._work.set()
+
+    def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
+        sub = self._topology.subtopology_of_topic(tp.topic)
+        for task_id, task in self.tasks.items():
+            if (
+                task_id.subtopology == sub.index
+                and task_id.partition == tp.partition
+                and task_id.keys.contains(hashed)
+            ):
+                return task
+        for owned_tp, keys, _ in self._owned():
+            if owned_tp == tp and keys.contains(hashed):
+                return self._create(TaskId(sub.index, tp.partition, keys))
+        return None
+
+    def _create(self, task_id: TaskId) -> StreamTask:
+        sub = self._topology.subtopologies[task_id.subtopology]
+        engines = {name: self._state.engine(name, task_id.partition) for name in sub.stores}
+        task = StreamTask(
+            task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
+        )
+        self.tasks[task_id] = task
+        self._restoring[task_id] = asyncio.create_task(
+            self._restore(task), name=f"keyrange-streams-restore-{task_id}"
+        )
+        logger.info("task created", extra={"task": str(task_id)})
+        return task
+
+    async def _restore(self, task: StreamTask) -> None:
+        progress_list: list[RestoreProgress] = []
+        self.restores[task.id] = progress_list
+        for store in task.stores:
+            spec = self._topology.stores[store]
+            start = self._state.restore_from(store, task.id.partition, task.id.keys)
+            progress = RestoreProgress(store, task.id.partition, [task.id.keys], start)
+            progress_list.append(progress)
+            await self._restorer.restore(
+                spec.changelog_topic(self._application_id),
+                progress,
+                self._state.engine(store, task.id.partition),
+                self._on_restore,
+            )
+            self._state.restored(store, task.id.partition, task.id.keys, progress.position)
+            logger.info(
+                "store restored",
+                extra={
+                    "task": str(task.id),
+                    "store": store,
+                    "records_read": progress.read,
+                    "records_restored": progress.restored,
+                    "seconds": round(progress.seconds, 3),
+                },
+            )
+        task.init()
+        self._restoring.pop(task.id, None)
+        self._work.set()
+
+    # ------------------------------------------------------------------ processing
+
+    async def _process_loop(self, intake: asyncio.Task[None]) -> None:
+        while not self._finishing:
+            if intake.done():
+                intake.result()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_TICK_S):
+                    await self._work.wait()
+            self._work.clear()
+            self._round()
+            await self._send()
+            self._resume_drained()
+            now_ms = int(time.time() * 1000)
+            for task in self._active():
+                task.punctuate(WALL_CLOCK, now_ms)
+            await self._send()
+            requested = any(task.commit_requested for task in self._active())
+            if requested or time.monotonic() - self._last_commit >= self._commit_interval_s:
+                await self.commit()
+
+    def _round(self) -> None:
+        deadline = time.monotonic() + _ROUND_BUDGET_S
+        now_ms = int(time.time() * 1000)
+        progressed = True
+        while progressed and time.monotonic() < deadline:
+            progressed = False
+            for task in self._active():
+                if task.process_next(now_ms) is True:
+                    progressed = True
+        if any(task.inputs.buffered() for task in self._active()):
+            self._work.set()
+
+    def _active(self) -> list[StreamTask]:
+        return [task for task in self.tasks.values() if task.ready and task.id not in self._closing]
+
+    async def _send(self) -> None:
+        for task in list(self.tasks.values()):
+            outgoing, task.outgoing = task.outgoing, []
+            for record in outgoing:
+                delivery = await self._producer.send(
+                    record.topic, value=record.value, key=record.key, partition=record.partition
+                )
+                if record.changelog_of is not None:
+                    delivery.add_done_callback(self._note_written)
+                self._sends.append(delivery)
+
+    def _note_written(self, delivery: asyncio.Future[Any]) -> None:
+        if not delivery.cancelled() and delivery.exception() is None:
+            metadata = delivery.result()
+            self._state.note_written(metadata.topic, metadata.partition, metadata.offset)
+
+    async def _flush_and_mark(self, tasks: list[StreamTask] | None = None) -> None:
+        """Steps 1 to 3a of the commit protocol: stores, producer, then the marks."""
+        self._state.flush()
+        await self._send()
+        sends, self._sends = self._sends, []
+        await self._producer.flush()
+        for delivery in sends:
+            delivery.result()
+        for task in tasks if tasks is not None else list(self.tasks.values()):
+            processed, task.processed = task.processed, []
+            for record in processed:
+                self._source.mark_processed(record)
+            task.commit_requested = False
+
+    async def commit(self) -> None:
+        self._last_commit = time.monotonic()
+        await self._flush_and_mark()
+        try:
+            await self._commit_offsets()
+        except ConsumerStopped:
+            return
+        self._state.write_checkpoints(self._application_id)
+
+    def _resume_drained(self) -> None:
+        for tp in list(self._paused):
+            holders = [
+                task
+                for task in self.tasks.values()
+                if task.id.partition == tp.partition
+                and tp.topic in self._topology.subtopologies[task.id.subtopology].source_topics
+            ]
+            if all(task.inputs.buffered(tp.topic) <= self._max_buffered // 2 for task in holders):
+                self._paused.discard(tp)
+                self._source.resume([tp])
+
+    # ------------------------------------------------------------------ revocation
+
+    def _tasks_in(self, slices: Slices | None) -> list[StreamTask]:
+        if slices is None:
+            return list(self.tasks.values())
+        chosen = []
+        for task in self.tasks.values():
+            sub = self._topology.subtopologies[task.id.subtopology]
+            for tp, ranges in slices.items():
+                if (
+                    tp.partition == task.id.partition
+                    and tp.topic in sub.source_topics
+                    and any(keys.overlaps(task.id.keys) for keys in ranges)
+                ):
+                    chosen.append(task)
+                    break
+        return chosen
+
+    def _kept(self, task: StreamTask, slices: Slices) -> list[KeyRange]:
+        sub = self._topology.subtopologies[task.id.subtopology]
+        revoked = [
+            keys
+            for tp, ranges in slices.items()
+            if tp.partition == task.id.partition and tp.topic in sub.source_topics
+            for keys in ranges
+        ]
+        return subtract([task.id.keys], revoked)
+
+    def _start_closing(self, task: StreamTask) -> None:
+        if task.id in self._closing:
+            return
+        for record in task.inputs.drop(lambda _: False):
+            self._source.give_back(record)
+        restoring = self._restoring.pop(task.id, None)
+        if restoring is not None:
+            restoring.cancel()
+        self._closing[task.id] = asyncio.ensure_future(self._flush_and_mark([task]))
+
+    def _drop_task(
+        self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
+    ) -> None:
+        restoring = self._restoring.pop(task.id, None)
+        if restoring is not None:
+            restoring.cancel()
+        self._closing.pop(task.id, None)
+        if task.ready:
+            task.close()
+        self.tasks.pop(task.id, None)
+        self.restores.pop(task.id, None)
+        for store in task.stores:
+            changelog = self._topology.stores[store].changelog_topic(self._application_id)
+            offset = self._state.held_offset(store, task.id.partition, changelog)
+            self._state.drop(
+                self._application_id, store, task.id.partition, task.id.keys, delete=False
+            )
+            for keys in subtract([task.id.keys], keep or []):
+                self._state.drop(self._application_id, store, task.id.partition, keys, delete=True)
+            if processed_count:
+                for keys in keep or []:
+                    self._state.hold(store, task.id.partition, keys, offset)
+        logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
