@@ -1,8 +1,8 @@
 """The `keyrange` command: run the coordinator, migrate its database, administer groups
-through the admin API, and run a worker.
+through the admin API, and run a worker or a streams application.
 
 `serve` and `migrate` need the coordinator's packages (the `keyrange[server]` extra) and import
-them when they run; `admin`, `worker` and `version` need only what a plain `pip install
+them when they run; `admin`, `worker`, `streams` and `version` need only what a plain `pip install
 keyrange` brings, so a worker's image runs and administers without the server installed."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from client.streams import command as streams_command
 from client.worker import command as worker_command
 from coordinator import logs
 
@@ -321,6 +322,15 @@ def _worker(args: argparse.Namespace) -> int:
     return worker_command.run(args)
 
 
+def _streams(args: argparse.Namespace) -> int:
+    level, fmt = streams_command.logging_settings(args, os.environ)
+    if not isinstance(logging.getLevelName(level), int) or fmt not in {"text", "json"}:
+        print(f"keyrange streams: invalid log level {level!r} or format {fmt!r}", file=sys.stderr)
+        return 2
+    logs.configure(level, fmt)
+    return streams_command.run(args)
+
+
 def _admin(args: argparse.Namespace) -> int:
     api = AdminApi(args.url, args.token)
     commands: dict[str, Callable[[], int]] = {
@@ -466,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.set_defaults(handler=_admin)
 
     worker_command.add_parser(commands).set_defaults(handler=_worker)
+    streams_command.add_parser(commands).set_defaults(handler=_streams)
     return parser
 
 

@@ -69,10 +69,10 @@ class StreamsApp:
             revoke_timeout_s=config.revoke_timeout_s,
             **config.consumer_options,
         )
-        self._producer = AIOKafkaProducer(**self._kafka)
-        self._restorer = Restorer(self._kafka)
         self._state = StateManager(self.topology, config.state_dir / config.application_id)
         self.engine: StreamEngine | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._restorer: Restorer | None = None
         self._stop_requested = asyncio.Event()
         self._partitions: dict[str, int] = {}
         self._signals = 0
@@ -92,9 +92,12 @@ class StreamsApp:
                 loop.add_signal_handler(number, self._on_signal, number)
         try:
             await self._create_changelogs()
+            # Created here, not in __init__: aiokafka's clients bind to the running loop.
+            self._producer = AIOKafkaProducer(**self._kafka)
+            self._restorer = Restorer(self._kafka)
             await self._producer.start()
-            await self._restorer.start()
             try:
+                await self._restorer.start()
                 async with self._consumer:
                     await self._process()
             finally:
@@ -119,6 +122,7 @@ class StreamsApp:
         await driving
 
     def _make_engine(self, source: ConsumerSource) -> StreamEngine:
+        assert self._producer is not None and self._restorer is not None
         self.engine = StreamEngine(
             source,
             topology=self.topology,

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
@@ -89,6 +90,32 @@ async def running(app: StreamsApp) -> AsyncIterator[StreamsApp]:
         await asyncio.wait_for(task, 60)
 
 
+class StreamsProcess:
+    """One `keyrange streams` process with JSON logs collected from its stderr."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.logs: list[dict[str, Any]] = []
+        self._reading = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        async for line in self.process.stderr:
+            try:
+                self.logs.append(json.loads(line))
+            except ValueError:
+                self.logs.append({"msg": line.decode(errors="replace").rstrip()})
+
+    def restores(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.logs if entry.get("msg") == "store restored"]
+
+    async def stop(self, sig: int) -> int:
+        self.process.send_signal(sig)
+        code = await asyncio.wait_for(self.process.wait(), 60)
+        await self._reading
+        return code
+
+
 async def start_streams(
     target: str,
     application_id: str,
@@ -96,9 +123,8 @@ async def start_streams(
     coordinator: str,
     state_dir: Path,
     env: dict[str, str],
-    *argv: str,
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
+) -> StreamsProcess:
+    process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "coordinator.cli",
@@ -116,8 +142,20 @@ async def start_streams(
         "3000",
         "--commit-interval-ms",
         "200",
-        *argv,
+        "--log-format",
+        "json",
         cwd=ROOT,
         env={**os.environ, **env},
         stderr=asyncio.subprocess.PIPE,
     )
+    return StreamsProcess(process)
+
+
+async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
+    """Each live member's owned slices, as the coordinator sees them."""
+    async with httpx.AsyncClient(base_url=coordinator) as api:
+        reply = await api.get(f"/v1/admin/groups/{group_id}")
+        if reply.status_code == 404:
+            return []
+        reply.raise_for_status()
+        return [member["owned"] for member in reply.json()["members"]]
