@@ -97,7 +97,9 @@ class Restorer:
                 on_progress(progress)
                 if progress.end_offset is not None and progress.position >= progress.end_offset:
                     break
-            self._consumer.assign([])
+            # Paused, not unassigned: aiokafka's fetch routine swallows a stop() that lands
+            # while it cancels the fetches of an assignment just taken away, and hangs.
+            self._consumer.pause(tp)
         progress.seconds = time.monotonic() - progress.started
         progress.done = True
         on_progress(progress)
