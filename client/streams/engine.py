@@ -30,7 +30,7 @@ from client.consumer_source import ConsumerSource
 from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted
 from client.http import Slices
-from client.protocol.keyspace import KeyRange, subtract
+from client.protocol.keyspace import KeyRange, key_hash, subtract
 from client.streams.processor import WALL_CLOCK
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.state import StateManager
@@ -81,6 +81,7 @@ class StreamEngine:
         self._closing: dict[TaskId, asyncio.Task[None]] = {}
         self._sends: list[asyncio.Future[Any]] = []
         self._paused: set[TopicPartition] = set()
+        self._held_back: list[tuple[TopicPartition, Any, int]] = []
         self._work = asyncio.Event()
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
@@ -103,9 +104,10 @@ class StreamEngine:
 
     def withdraw(self, slices: Slices | None) -> None:
         for task in self._tasks_in(slices):
-            self._start_closing(task)
+            self._start_closing(task, None if slices is None else self._revoked_keys(task, slices))
 
     def lose(self) -> None:
+        self._held_back.clear()
         for task in list(self.tasks.values()):
             self._drop_task(task, processed_count=False)
         self._sends.clear()
@@ -126,7 +128,16 @@ class StreamEngine:
             if closing is not None:
                 with contextlib.suppress(Exception):
                     await closing
-            self._drop_task(task, processed_count=True, keep=self._kept(task, slices))
+            kept = subtract([task.id.keys], self._revoked_keys(task, slices))
+            self._drop_task(task, processed_count=True, keep=kept)
+        held_back, self._held_back = self._held_back, []
+        for tp, record, hashed in held_back:
+            heir = self._task_for(tp, hashed)
+            if heir is None:
+                self._source.give_back(record)
+            else:
+                heir.add(tp.topic, record)
+        self._work.set()
 
     # ------------------------------------------------------------------ intake
 
@@ -134,9 +145,13 @@ class StreamEngine:
         while True:
             tp, record, hashed = await self._source.next_item(self._stop)
             task = self._task_for(tp, hashed)
-            if task is None or task.id in self._closing:
+            if task is None:
                 continue
             self._source.hand_out(tp, record, hashed)
+            if task.id in self._closing:
+                # Kept keys of a task closing for a partial revocation: its heir takes them.
+                self._held_back.append((tp, record, hashed))
+                continue
             task.add(tp.topic, record)
             if task.inputs.buffered(tp.topic) >= self._max_buffered and tp not in self._paused:
                 self._paused.add(tp)
@@ -304,21 +319,27 @@ class StreamEngine:
                     break
         return chosen
 
-    def _kept(self, task: StreamTask, slices: Slices) -> list[KeyRange]:
+    def _revoked_keys(self, task: StreamTask, slices: Slices) -> list[KeyRange]:
         sub = self._topology.subtopologies[task.id.subtopology]
-        revoked = [
+        return [
             keys
             for tp, ranges in slices.items()
             if tp.partition == task.id.partition and tp.topic in sub.source_topics
             for keys in ranges
         ]
-        return subtract([task.id.keys], revoked)
 
-    def _start_closing(self, task: StreamTask) -> None:
+    def _start_closing(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
+        """Stop the task; its buffered records of revoked keys go back to the consumer, those
+        of kept keys (a partial revocation) wait for the task that takes the rest over."""
         if task.id in self._closing:
             return
         for record in task.inputs.drop(lambda _: False):
-            self._source.give_back(record)
+            tp = TopicPartition(record.topic, record.partition)
+            hashed = key_hash(record.key, record.offset)
+            if revoked is None or any(keys.contains(hashed) for keys in revoked):
+                self._source.give_back(record)
+            else:
+                self._held_back.append((tp, record, hashed))
         restoring = self._restoring.pop(task.id, None)
         if restoring is not None:
             restoring.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -9,9 +10,9 @@ from unittest import mock
 
 from client.streams import StreamsApp
 from client.streams.config import StreamsConfig
-from examples import streams_wordcount
+from examples import streams_join, streams_windowed, streams_wordcount
 from tests.fixtures.services import MakeTopic
-from tests.streams.harness import TopicReader, accept_range_fetch, produce, running
+from tests.streams.harness import TopicReader, accept_range_fetch, decode, produce, running
 from tests.waiting import until
 
 LINES = [
@@ -60,3 +61,82 @@ async def test_word_count_counts_every_word_exactly(
         answer = await app.query("counts", "fox")
         assert answer.local and answer.value == truth["fox"]
     assert len(reader.records) == sum(truth.values())
+
+
+async def test_the_join_equals_a_reference_computed_in_plain_python(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    orders, customers, output = await make_topic(1), await make_topic(1), await make_topic(1)
+    await accept_range_fetch(coordinator_url, orders, customers)
+    env = {"JOIN_ORDERS": orders, "JOIN_CUSTOMERS": customers, "JOIN_OUTPUT": output}
+    with mock.patch.dict(os.environ, env):
+        topology = streams_join.build_topology()
+    people = [(f"c{index}", version) for version in (1, 2) for index in range(30)]
+    customer_records = [
+        (name.encode(), json.dumps({"name": name, "version": version}).encode(), 1_000 + step)
+        for step, (name, version) in enumerate(people)
+    ]
+    order_records = [
+        (f"c{index % 36}".encode(), json.dumps({"id": index}).encode(), 5_000 + index)
+        for index in range(120)
+    ]
+    await produce(kafka_bootstrap, customers, customer_records)
+    await produce(kafka_bootstrap, orders, order_records)
+    table: dict[str, object] = {}
+    for key, value, _ in customer_records:
+        table[key.decode()] = json.loads(value)
+    reference = sorted(
+        (json.loads(value)["id"], json.dumps(table.get(key.decode()), sort_keys=True))
+        for key, value, _ in order_records
+    )
+    apps = [
+        StreamsApp(
+            topology,
+            config(
+                f"join-{orders}",
+                kafka_bootstrap,
+                coordinator_url,
+                tmp_path / name,
+                max_task_idle_ms=2_000,
+            ),
+        )
+        for name in ("a", "b")
+    ]
+    async with running(apps[0]), running(apps[1]), TopicReader(kafka_bootstrap, output) as reader:
+
+        async def joined() -> bool:
+            return len(await reader.poll()) >= len(order_records)
+
+        await until(joined, 60, "every order joined")
+    result = sorted(
+        (
+            decode(record.value)["order"]["id"],
+            json.dumps(decode(record.value)["customer"], sort_keys=True),
+        )
+        for record in reader.records
+    )
+    assert result == reference
+
+
+async def test_the_windowed_count_emits_closed_windows_in_stream_time_order(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    clicks, windows = await make_topic(1), await make_topic(1)
+    await accept_range_fetch(coordinator_url, clicks)
+    env = {"WINDOW_INPUT": clicks, "WINDOW_OUTPUT": windows, "WINDOW_MS": "100"}
+    with mock.patch.dict(os.environ, env):
+        topology = streams_windowed.build_topology()
+    timestamps = [5, 130, 40, 250, 120, 90, 260, 410, 305, 999]
+    await produce(kafka_bootstrap, clicks, [(b"page", b"{}", stamp) for stamp in timestamps])
+    app = StreamsApp(topology, config(f"win-{clicks}", kafka_bootstrap, coordinator_url, tmp_path))
+    async with running(app), TopicReader(kafka_bootstrap, windows) as reader:
+
+        async def emitted() -> bool:
+            return len(await reader.poll()) >= 4
+
+        await until(emitted, 60, "four closed windows")
+    closed = [
+        (decode(record.value)["start"], decode(record.value)["count"]) for record in reader.records
+    ]
+    # Late records (their window already emitted when they came) are dropped: 40, 120, 90, 305.
+    assert closed == [(0, 1), (100, 1), (200, 2), (400, 1)]
