@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench clean
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,7 +53,10 @@ bench-stall: $(STAMP)
 bench-workers: $(STAMP)
 	$(PY) -m bench.workers
 
-bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers
+bench-streams: $(STAMP)
+	$(PY) -m bench.streams
+
+bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams
 
 clean:
 	rm -rf $(VENV) .keyrange .pytest_cache .mypy_cache .ruff_cache
