@@ -5,7 +5,7 @@ process); each ratio is against a baseline measured in the same run.
 
 1. Scale-out past the partition count: a stateful word count (``examples.streams_wordcount``:
    a RocksDB store, a changelog write and an output record per word) over ``--records``
-   (4,000) words of ``--keys`` (500) distinct words on ONE partition, each count costing
+   (8,000) words of ``--keys`` (500) distinct words on ONE partition, each count costing
    ``--lookup-ms`` (1) of simulated I/O (an external lookup), run by 1, 2 and 4
    `keyrange streams` processes. The instances join first; the clock runs from the first
    word produced to the last count out. ``speedup_2`` and ``speedup_4`` are rates against 1
@@ -179,7 +179,7 @@ async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, A
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=4_000)
+    parser.add_argument("--records", type=int, default=8_000)
     parser.add_argument("--keys", type=int, default=500)
     parser.add_argument("--lookup-ms", type=float, default=1.0)
     parser.add_argument("--changelog-records", type=int, default=200_000)

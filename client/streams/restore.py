@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from client.protocol.keyspace import KeyRange, key_hash
+from client.protocol.keyspace import KeyRange, hash_records
 from client.streams.stores import BytesStore
 
 # A fetch wait short enough that the end of an empty or idle changelog is seen quickly.
@@ -75,19 +76,18 @@ class Restorer:
         on_progress: Callable[[RestoreProgress], None] = lambda _: None,
     ) -> RestoreProgress:
         tp = TopicPartition(topic, progress.partition)
-        ranges: Sequence[KeyRange] = progress.ranges
+        bounds = [(keys.start, keys.end) for keys in progress.ranges]
         async with self._lock:
             self._consumer.assign([tp])
             self._consumer.seek(tp, progress.start_offset)
             progress.position = progress.start_offset
             while True:
                 batch = await self._consumer.getmany(tp, timeout_ms=_FETCH_WAIT_MS)
-                for record in batch.get(tp, ()):
-                    progress.read += 1
-                    hashed = key_hash(record.key, record.offset)
-                    if not any(keys.start <= hashed <= keys.end for keys in ranges):
-                        continue
-                    progress.restored += 1
+                records = batch.get(tp, [])
+                progress.read += len(records)
+                mine = _inside(records, bounds)
+                progress.restored += len(mine)
+                for record in mine:
                     if record.value is None:
                         engine.delete(record.key)
                     else:
@@ -104,3 +104,20 @@ class Restorer:
         progress.done = True
         on_progress(progress)
         return progress
+
+
+def _inside(records: list[Any], bounds: list[tuple[int, int]]) -> list[Any]:
+    """The records whose key hash falls in ``bounds``, judged on the raw key bytes. Most
+    records of a partition are other tasks', so this skip is what a restore's time goes to:
+    the hashes of a whole fetch in one call, and one comparison for the usual single range."""
+    hashes = hash_records(records)
+    if len(bounds) == 1:
+        low, high = bounds[0]
+        return [
+            record for record, hashed in zip(records, hashes, strict=True) if low <= hashed <= high
+        ]
+    return [
+        record
+        for record, hashed in zip(records, hashes, strict=True)
+        if any(low <= hashed <= high for low, high in bounds)
+    ]
