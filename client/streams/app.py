@@ -187,6 +187,11 @@ class StreamsApp:
 
     # ------------------------------------------------------------------ queries and metrics
 
+    @property
+    def member_id(self) -> str | None:
+        """This instance's member id in the application's group (None until it joined)."""
+        return self._consumer.member_id
+
     async def query(self, store: str, key: Any) -> QueryAnswer:
         """Answer from the local store when this instance owns ``key``'s range; otherwise
         name the member that owns it, from the coordinator's view of the group."""

@@ -108,6 +108,12 @@ async def test_the_join_equals_a_reference_computed_in_plain_python(
             return len(await reader.poll()) >= len(order_records)
 
         await until(joined, 60, "every order joined")
+        answers = [await app.query("customers", "c1") for app in apps]
+        local = [answer for answer in answers if answer.local]
+        remote = [answer for answer in answers if not answer.local]
+        assert [answer.value for answer in local] == [table["c1"]]
+        owner = next(app for app, answer in zip(apps, answers, strict=True) if answer.local)
+        assert [answer.owner for answer in remote] == [owner.member_id]
     result = sorted(
         (
             decode(record.value)["order"]["id"],
