@@ -224,6 +224,8 @@ class StreamEngine:
                 async with asyncio.timeout(_TICK_S):
                     await self._work.wait()
             self._work.clear()
+            # Always yield once a round: heartbeats, the intake and restorations share the loop.
+            await asyncio.sleep(0)
             self._round()
             await self._send()
             self._resume_drained()
@@ -236,6 +238,9 @@ class StreamEngine:
                 await self.commit()
 
     def _round(self) -> None:
+        """Process ready tasks round robin for up to one budget. Work is left flagged only
+        when records remain after progress: a task waiting out an idle input is looked at
+        again on the next tick, not in a loop that never yields."""
         deadline = time.monotonic() + _ROUND_BUDGET_S
         now_ms = int(time.time() * 1000)
         progressed = True
@@ -244,7 +249,7 @@ class StreamEngine:
             for task in self._active():
                 if task.process_next(now_ms) is True:
                     progressed = True
-        if any(task.inputs.buffered() for task in self._active()):
+        if progressed and any(task.inputs.buffered() for task in self._active()):
             self._work.set()
 
     def _active(self) -> list[StreamTask]:

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
-from client.streams import StreamsApp
+from client.streams import QueryAnswer, StreamsApp
 from client.streams.config import StreamsConfig
 from examples import streams_join, streams_windowed, streams_wordcount
 from tests.fixtures.services import MakeTopic
@@ -108,7 +108,14 @@ async def test_the_join_equals_a_reference_computed_in_plain_python(
             return len(await reader.poll()) >= len(order_records)
 
         await until(joined, 60, "every order joined")
-        answers = [await app.query("customers", "c1") for app in apps]
+        answers: list[QueryAnswer] = []
+
+        async def one_owner() -> bool:
+            answers[:] = [await app.query("customers", "c1") for app in apps]
+            return sum(answer.local for answer in answers) == 1
+
+        # A hand-off may be under way (no instance answers locally): wait for it to settle.
+        await until(one_owner, 30, "one instance owning c1")
         local = [answer for answer in answers if answer.local]
         remote = [answer for answer in answers if not answer.local]
         assert [answer.value for answer in local] == [table["c1"]]
