@@ -122,14 +122,23 @@ class StreamEngine:
                 await self._flush_and_mark()
 
     async def revoked(self, slices: Slices) -> None:
-        """After the consumer committed a revocation: close the tasks, drop their keys."""
+        """After the consumer committed a revocation: close the tasks and drop their keys;
+        at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
         for task in self._tasks_in(slices):
             closing = self._closing.pop(task.id, None)
             if closing is not None:
                 with contextlib.suppress(Exception):
                     await closing
+            if self._finishing:
+                if task.ready:
+                    task.close()
+                self.tasks.pop(task.id, None)
+                continue
             kept = subtract([task.id.keys], self._revoked_keys(task, slices))
             self._drop_task(task, processed_count=True, keep=kept)
+        if self._finishing:
+            self._state.write_checkpoints(self._application_id)
+            return
         held_back, self._held_back = self._held_back, []
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)

@@ -153,3 +153,40 @@ async def test_the_windowed_count_emits_closed_windows_in_stream_time_order(
     ]
     # Late records (their window already emitted when they came) are dropped: 40, 120, 90, 305.
     assert closed == [(0, 1), (100, 1), (200, 2), (400, 1)]
+
+
+async def test_a_restart_restores_from_its_checkpoint_not_the_whole_changelog(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
+    await accept_range_fetch(coordinator_url, lines, words)
+    env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
+    with mock.patch.dict(os.environ, env):
+        topology = streams_wordcount.build_topology()
+    settings = config(f"wc-{lines}", kafka_bootstrap, coordinator_url, tmp_path)
+    await produce(
+        kafka_bootstrap, lines, [(b"l%d" % i, line.encode(), None) for i, line in enumerate(LINES)]
+    )
+    truth = Counter(word for line in LINES for word in line.split())
+    async with TopicReader(kafka_bootstrap, counts) as reader:
+
+        async def counted() -> bool:
+            await reader.poll()
+            return reader.latest() == dict(truth)
+
+        async with running(StreamsApp(topology, settings)):
+            await until(counted, 60, "every word counted")
+        assert list((tmp_path / settings.application_id / "counts").glob("*/checkpoint"))
+        restarted = StreamsApp(topology, settings)
+        async with running(restarted):
+            await produce(kafka_bootstrap, lines, [(b"again", b"fox fox", None)])
+            truth.update(["fox", "fox"])
+            await until(counted, 60, "the new words counted on the restored state")
+            restores = [
+                entry
+                for task in restarted.metrics().values()
+                for entry in task["restore"]
+                if entry["store"] == "counts"
+            ]
+    # The changelog holds one entry per counted word; the restart read none of them again.
+    assert restores and all(entry["read"] == 0 for entry in restores)
