@@ -44,7 +44,16 @@ def truth_of(lines: list[tuple[bytes, bytes, None]]) -> Counter[str]:
 
 
 class WordCountRun:
-    def __init__(self, bootstrap: str, coordinator: str, lines: str, words: str, counts: str):
+    def __init__(
+        self,
+        spawned: list[StreamsProcess],
+        bootstrap: str,
+        coordinator: str,
+        lines: str,
+        words: str,
+        counts: str,
+    ) -> None:
+        self.spawned = spawned
         self.bootstrap = bootstrap
         self.coordinator = coordinator
         self.app_id = f"wc-{lines}"
@@ -52,9 +61,11 @@ class WordCountRun:
         self.lines = lines
 
     async def start(self, state: Path) -> StreamsProcess:
-        return await start_streams(
+        process = await start_streams(
             TARGET, self.app_id, self.bootstrap, self.coordinator, state, self.env
         )
+        self.spawned.append(process)
+        return process
 
     async def settled(self, members: int) -> bool:
         owners = await group_owners(self.coordinator, self.app_id)
@@ -68,10 +79,14 @@ async def topics(make_topic: MakeTopic, coordinator: str) -> tuple[str, str, str
 
 
 async def test_counts_stay_exact_through_scale_out_one_three_two(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    spawned: list[StreamsProcess],
 ) -> None:
     lines, words, counts = await topics(make_topic, coordinator_url)
-    run = WordCountRun(kafka_bootstrap, coordinator_url, lines, words, counts)
+    run = WordCountRun(spawned, kafka_bootstrap, coordinator_url, lines, words, counts)
     produced: list[tuple[bytes, bytes, None]] = []
     async with TopicReader(kafka_bootstrap, counts) as reader:
 
@@ -111,10 +126,14 @@ async def test_counts_stay_exact_through_scale_out_one_three_two(
 
 
 async def test_no_update_is_lost_after_an_instance_is_killed(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    spawned: list[StreamsProcess],
 ) -> None:
     lines, words, counts = await topics(make_topic, coordinator_url)
-    run = WordCountRun(kafka_bootstrap, coordinator_url, lines, words, counts)
+    run = WordCountRun(spawned, kafka_bootstrap, coordinator_url, lines, words, counts)
     first, second = await run.start(tmp_path / "a"), await run.start(tmp_path / "b")
     await until(lambda: run.settled(2), 60, "two instances sharing the partition")
     produced = batch(0, 200)
