@@ -137,6 +137,7 @@ class StreamsApp:
             max_buffered=self.config.max_buffered_records,
             on_restore=self._restore_progress,
         )
+        self.engine.assigned()
         return self.engine
 
     def _on_signal(self, number: int) -> None:
@@ -279,10 +280,16 @@ class StreamsApp:
 
 
 class _Listener(RebalanceListener):
-    """Closes the tasks of revoked slices once the consumer committed them."""
+    """Opens the tasks of assigned slices (restoring their stores) and closes those of
+    revoked slices once the consumer committed them."""
 
     def __init__(self, app: StreamsApp) -> None:
         self._app = app
+
+    async def on_slices_assigned(self, slices: Slices) -> None:
+        engine = self._app.engine
+        if engine is not None:
+            engine.assigned()
 
     async def on_slices_revoked(self, slices: Slices) -> None:
         engine = self._app.engine

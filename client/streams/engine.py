@@ -1,8 +1,8 @@
 """The streams engine: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
 
 Two long-lived routines, one per concern, as in the Streams threading design: the intake
-takes records from the consumer and buffers each in its task (creating the task, and
-starting its restoration, the first time a slice's record arrives), and the processing loop
+takes records from the consumer and buffers each in its task (tasks are created, and their
+restoration started, when their slices are assigned), and the processing loop
 runs the ready tasks round robin, sends what they produced, fires wall-clock punctuations
 and commits. Restorations run as their own tasks on a restore consumer of their own: only
 the restoring task waits, the others go on.
@@ -121,6 +121,20 @@ class StreamEngine:
             async with asyncio.timeout(timeout_s):
                 await self._flush_and_mark()
 
+    def assigned(self) -> None:
+        """Create the tasks of every owned slice that has none, so their restoration starts
+        at the assignment rather than with the slice's first record."""
+        for tp, keys, _ in self._owned():
+            sub = self._topology.subtopology_of_topic(tp.topic)
+            task_id = TaskId(sub.index, tp.partition, keys)
+            if task_id not in self.tasks and not any(
+                other.subtopology == sub.index
+                and other.partition == tp.partition
+                and other.keys.overlaps(keys)
+                for other in self.tasks
+            ):
+                self._create(task_id)
+
     async def revoked(self, slices: Slices) -> None:
         """After the consumer committed a revocation: close the tasks and drop their keys;
         at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
@@ -139,6 +153,7 @@ class StreamEngine:
         if self._finishing:
             self._state.write_checkpoints(self._application_id)
             return
+        self.assigned()
         held_back, self._held_back = self._held_back, []
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
