@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from client.streams.app import QueryAnswer, StreamsApp
 from client.streams.config import StreamsConfig
-from client.streams.errors import StoreKeyOutsideTask, StreamsError, TopologyError, UnknownStore
+from client.streams.errors import (
+    ProcessorFailed,
+    StoreKeyOutsideTask,
+    StreamsError,
+    TopologyError,
+    UnknownStore,
+)
 from client.streams.processor import (
     STREAM_TIME,
     WALL_CLOCK,
@@ -32,6 +38,7 @@ __all__ = [
     "KeyValueStore",
     "Processor",
     "ProcessorContext",
+    "ProcessorFailed",
     "PunctuationType",
     "QueryAnswer",
     "Serde",

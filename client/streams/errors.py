@@ -20,3 +20,8 @@ class StoreKeyOutsideTask(StreamsError):
 
 class UnknownStore(StreamsError, KeyError):
     """A processor asked for a store it was not connected to."""
+
+
+class ProcessorFailed(StreamsError):
+    """A processor or punctuation raised: the application stops, and what the failing record
+    produced is not committed (it is processed again after a restart)."""

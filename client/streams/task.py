@@ -16,7 +16,7 @@ from typing import Any
 
 from client.protocol.keyspace import KeyRange
 from client.streams.clock import TaskInputs, Wait
-from client.streams.errors import StreamsError, UnknownStore
+from client.streams.errors import ProcessorFailed, StreamsError, UnknownStore
 from client.streams.processor import (
     STREAM_TIME,
     WALL_CLOCK,
@@ -152,7 +152,12 @@ class StreamTask:
         fired = 0
         for schedule, at in self.punctuations.due(kind, now_ms):
             self._node = None
-            schedule.callback(at)
+            try:
+                schedule.callback(at)
+            except StreamsError:
+                raise
+            except Exception as error:
+                raise self._failed(f"a {kind.value} punctuation", error) from error
             fired += 1
         self.metrics.punctuations += fired
         return fired
@@ -195,8 +200,20 @@ class StreamTask:
             self._node = child
             try:
                 self._processors[child].process(key, value)
+            except StreamsError:
+                raise
+            except Exception as error:
+                raise self._failed(f"processor '{child}'", error) from error
             finally:
                 self._node = previous
+
+    def _failed(self, where: str, error: Exception) -> ProcessorFailed:
+        record = self._current
+        at = "" if record is None else f" on {record.topic}[{record.partition}]@{record.offset}"
+        logger.error(
+            "processing failed", exc_info=error, extra={"task": str(self.id), "where": where}
+        )
+        return ProcessorFailed(f"task {self.id}: {where} failed{at}: {error!r}")
 
     def _changelog_writer(self, store: str) -> Any:
         topic = self._topology.stores[store].changelog_topic(self.application_id)

@@ -11,7 +11,14 @@ from unittest import mock
 import pytest
 
 from client.protocol.keyspace import KeyRange, key_hash
-from client.streams import STRING, Processor, StoreKeyOutsideTask, StoreSpec, Topology
+from client.streams import (
+    STRING,
+    Processor,
+    ProcessorFailed,
+    StoreKeyOutsideTask,
+    StoreSpec,
+    Topology,
+)
 from client.streams.serde import JSON
 from client.streams.stores import MemoryStore
 from client.streams.task import StreamTask, TaskId
@@ -117,3 +124,20 @@ def test_a_store_refuses_a_key_outside_its_task_range() -> None:
     task.add("numbers", Rec("numbers", 1, b"zz", b"5", 0))
     with pytest.raises(StoreKeyOutsideTask, match="store 'seen'"):
         run_all(task)
+
+
+class Explode(Processor):
+    def process(self, key: Any, value: Any) -> None:
+        raise ValueError("no such customer")
+
+
+def test_a_failing_processor_is_named_with_its_record() -> None:
+    task = task_of(
+        Topology()
+        .add_source("in", "numbers", key_serde=STRING, value_serde=STRING)
+        .add_processor("explode", Explode, "in")
+    )
+    task.add("numbers", Rec("numbers", 41, b"k", b"v", 0))
+    with pytest.raises(ProcessorFailed, match=r"processor 'explode' failed on numbers\[0\]@41"):
+        run_all(task)
+    assert task.processed == []
