@@ -135,6 +135,7 @@ class StreamsApp:
             commit_interval_s=self.config.commit_interval_ms / 1000,
             max_idle_ms=self.config.max_task_idle_ms,
             max_buffered=self.config.max_buffered_records,
+            processing_threads=self.config.processing_threads,
             on_restore=self._restore_progress,
         )
         self.engine.assigned()

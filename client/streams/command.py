@@ -45,6 +45,7 @@ OPTIONS = (
     Option("commit-interval-ms", "commit_interval_ms", int, "commit protocol interval"),
     Option("max-task-idle-ms", "max_task_idle_ms", int, "wait for an empty input this long"),
     Option("max-buffered-records", "max_buffered_records", int, "pause an input at this many"),
+    Option("processing-threads", "processing_threads", int, "threads running tasks (1: the loop)"),
     Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
     Option("instance-id", "instance_id", str, "a stable name for this instance"),
     Option(

@@ -14,7 +14,9 @@ class StreamsConfig:
     processes the others (Kafka's ``max.task.idle.ms``). ``max_buffered_records`` per task
     input pauses that input's fetching (Kafka's ``buffered.records.per.partition``).
     ``changelog_replication_factor`` is the changelog topics' replication when this
-    application creates them."""
+    application creates them. ``processing_threads`` above 1 runs each task's round on a
+    thread pool of that size (for processors that block on I/O); 1 runs them on the event
+    loop."""
 
     application_id: str
     bootstrap_servers: str
@@ -24,6 +26,7 @@ class StreamsConfig:
     commit_interval_ms: int = 1_000
     max_task_idle_ms: int = 0
     max_buffered_records: int = 1_000
+    processing_threads: int = 1
     session_timeout_ms: int = 10_000
     revoke_timeout_s: float = 30.0
     instance_id: str | None = None
@@ -36,7 +39,12 @@ class StreamsConfig:
             char.isalnum() or char in "._-" for char in self.application_id
         ):
             raise ValueError("application_id uses letters, digits, '.', '_' and '-' only")
-        for name in ("commit_interval_ms", "max_buffered_records", "session_timeout_ms"):
+        for name in (
+            "commit_interval_ms",
+            "max_buffered_records",
+            "session_timeout_ms",
+            "processing_threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_task_idle_ms < 0:

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -61,6 +62,7 @@ class StreamEngine:
         commit_interval_s: float,
         max_idle_ms: int,
         max_buffered: int,
+        processing_threads: int,
         on_restore: Callable[[RestoreProgress], None],
     ) -> None:
         self._source = source
@@ -81,6 +83,12 @@ class StreamEngine:
         self._closing: dict[TaskId, asyncio.Task[None]] = {}
         self._sends: list[asyncio.Future[Any]] = []
         self._paused: set[TopicPartition] = set()
+        self._round_lock = asyncio.Lock()
+        self._pool = (
+            None
+            if processing_threads <= 1
+            else ThreadPoolExecutor(processing_threads, thread_name_prefix="keyrange-streams")
+        )
         self._held_back: list[tuple[TopicPartition, Any, int]] = []
         self._work = asyncio.Event()
         self._stop = asyncio.get_running_loop().create_future()
@@ -101,6 +109,8 @@ class StreamEngine:
                 await intake
             for restoring in self._restoring.values():
                 restoring.cancel()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
 
     def withdraw(self, slices: Slices | None) -> None:
         for task in self._tasks_in(slices):
@@ -118,7 +128,7 @@ class StreamEngine:
         if not self._stop.done():
             self._stop.set_result(None)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s), self._round_lock:
                 await self._flush_and_mark()
 
     def assigned(self) -> None:
@@ -138,15 +148,22 @@ class StreamEngine:
     async def revoked(self, slices: Slices) -> None:
         """After the consumer committed a revocation: close the tasks and drop their keys;
         at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
-        for task in self._tasks_in(slices):
-            closing = self._closing.pop(task.id, None)
+        tasks = self._tasks_in(slices)
+        for task in tasks:
+            closing = self._closing.get(task.id)
             if closing is not None:
                 with contextlib.suppress(Exception):
                     await closing
+        async with self._round_lock:
+            self._close_revoked(tasks, slices)
+
+    def _close_revoked(self, tasks: list[StreamTask], slices: Slices) -> None:
+        for task in tasks:
             if self._finishing:
                 if task.ready:
                     task.close()
                 self.tasks.pop(task.id, None)
+                self._closing.pop(task.id, None)
                 continue
             kept = subtract([task.id.keys], self._revoked_keys(task, slices))
             self._drop_task(task, processed_count=True, keep=kept)
@@ -250,29 +267,34 @@ class StreamEngine:
             self._work.clear()
             # Always yield once a round: heartbeats, the intake and restorations share the loop.
             await asyncio.sleep(0)
-            self._round()
-            await self._send()
-            self._resume_drained()
-            now_ms = int(time.time() * 1000)
-            for task in self._active():
-                task.punctuate(WALL_CLOCK, now_ms)
-            await self._send()
-            requested = any(task.commit_requested for task in self._active())
-            if requested or time.monotonic() - self._last_commit >= self._commit_interval_s:
-                await self.commit()
+            async with self._round_lock:
+                await self._round()
+                await self._send()
+                self._resume_drained()
+                now_ms = int(time.time() * 1000)
+                for task in self._active():
+                    task.punctuate(WALL_CLOCK, now_ms)
+                await self._send()
+                requested = any(task.commit_requested for task in self._active())
+                if requested or time.monotonic() - self._last_commit >= self._commit_interval_s:
+                    await self.commit()
 
-    def _round(self) -> None:
-        """Process ready tasks round robin for up to one budget. Work is left flagged only
-        when records remain after progress: a task waiting out an idle input is looked at
-        again on the next tick, not in a loop that never yields."""
-        deadline = time.monotonic() + _ROUND_BUDGET_S
+    async def _round(self) -> None:
+        """Process ready tasks for up to one budget: round robin on the loop, or each task on
+        a thread of the pool. Work is left flagged only when records remain after progress:
+        a task waiting out an idle input is looked at again on the next tick, not in a loop
+        that never yields."""
         now_ms = int(time.time() * 1000)
-        progressed = True
-        while progressed and time.monotonic() < deadline:
-            progressed = False
-            for task in self._active():
-                if task.process_next(now_ms) is True:
-                    progressed = True
+        active = self._active()
+        if self._pool is None:
+            progressed = _process_for(active, now_ms)
+        else:
+            loop = asyncio.get_running_loop()
+            busy = [task for task in active if task.inputs.buffered()]
+            outcomes = await asyncio.gather(
+                *(loop.run_in_executor(self._pool, _process_for, [task], now_ms) for task in busy)
+            )
+            progressed = any(outcomes)
         if progressed and any(task.inputs.buffered() for task in self._active()):
             self._work.set()
 
@@ -362,17 +384,22 @@ class StreamEngine:
         of kept keys (a partial revocation) wait for the task that takes the rest over."""
         if task.id in self._closing:
             return
-        for record in task.inputs.drop(lambda _: False):
-            tp = TopicPartition(record.topic, record.partition)
-            hashed = key_hash(record.key, record.offset)
-            if revoked is None or any(keys.contains(hashed) for keys in revoked):
-                self._source.give_back(record)
-            else:
-                self._held_back.append((tp, record, hashed))
+        self._closing[task.id] = asyncio.ensure_future(self._close(task, revoked))
+
+    async def _close(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
+        """After the round under way (a pool thread may be running the task)."""
+        async with self._round_lock:
+            for record in task.inputs.drop(lambda _: False):
+                tp = TopicPartition(record.topic, record.partition)
+                hashed = key_hash(record.key, record.offset)
+                if revoked is None or any(keys.contains(hashed) for keys in revoked):
+                    self._source.give_back(record)
+                else:
+                    self._held_back.append((tp, record, hashed))
+            await self._flush_and_mark([task])
         restoring = self._restoring.pop(task.id, None)
         if restoring is not None:
             restoring.cancel()
-        self._closing[task.id] = asyncio.ensure_future(self._flush_and_mark([task]))
 
     def _drop_task(
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
@@ -397,3 +424,16 @@ class StreamEngine:
                 for keys in keep or []:
                     self._state.hold(store, task.id.partition, keys, offset)
         logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
+
+
+def _process_for(tasks: list[StreamTask], now_ms: int) -> bool:
+    """Round robin over ``tasks`` for one budget; True when a record was processed."""
+    deadline = time.monotonic() + _ROUND_BUDGET_S
+    progressed_any = False
+    progressed = True
+    while progressed and time.monotonic() < deadline:
+        progressed = False
+        for task in tasks:
+            if task.process_next(now_ms) is True:
+                progressed = progressed_any = True
+    return progressed_any

@@ -56,9 +56,13 @@ class MemoryStore:
     def scan(
         self, low: bytes | None = None, high: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
+        # A copy of the keys, then each looked up again: another task's pool thread may
+        # write this partition's store (other keys) meanwhile.
         for key in sorted(self._data):
             if (low is None or key >= low) and (high is None or key <= high):
-                yield key, self._data[key]
+                value = self._data.get(key)
+                if value is not None:
+                    yield key, value
 
     def flush(self) -> None:
         return None

@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
+import pytest
+
 from client.streams import QueryAnswer, StreamsApp
 from client.streams.config import StreamsConfig
 from examples import streams_join, streams_windowed, streams_wordcount
@@ -38,8 +40,9 @@ def config(
     )
 
 
+@pytest.mark.parametrize("threads", [1, 4])
 async def test_word_count_counts_every_word_exactly(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path, threads: int
 ) -> None:
     lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
     await accept_range_fetch(coordinator_url, lines, words)
@@ -50,7 +53,12 @@ async def test_word_count_counts_every_word_exactly(
         kafka_bootstrap, lines, [(b"l%d" % i, line.encode(), None) for i, line in enumerate(LINES)]
     )
     truth = Counter(word for line in LINES for word in line.split())
-    app = StreamsApp(topology, config(f"wc-{lines}", kafka_bootstrap, coordinator_url, tmp_path))
+    app = StreamsApp(
+        topology,
+        config(
+            f"wc-{lines}", kafka_bootstrap, coordinator_url, tmp_path, processing_threads=threads
+        ),
+    )
     async with running(app), TopicReader(kafka_bootstrap, counts) as reader:
 
         async def counted() -> bool:
@@ -63,8 +71,9 @@ async def test_word_count_counts_every_word_exactly(
     assert len(reader.records) == sum(truth.values())
 
 
+@pytest.mark.parametrize("threads", [1, 4])
 async def test_the_join_equals_a_reference_computed_in_plain_python(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path, threads: int
 ) -> None:
     orders, customers, output = await make_topic(1), await make_topic(1), await make_topic(1)
     await accept_range_fetch(coordinator_url, orders, customers)
@@ -98,6 +107,7 @@ async def test_the_join_equals_a_reference_computed_in_plain_python(
                 coordinator_url,
                 tmp_path / name,
                 max_task_idle_ms=2_000,
+                processing_threads=threads,
             ),
         )
         for name in ("a", "b")
