@@ -3,8 +3,9 @@
 Two long-lived routines, one per concern, as in the Streams threading design: the intake
 takes records from the consumer and buffers each in its task (tasks are created, and their
 restoration started, when their slices are assigned), and the processing loop
-runs the ready tasks round robin, sends what they produced, fires wall-clock punctuations
-and commits. Restorations run as their own tasks on a restore consumer of their own: only
+runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
+sends what they produced, fires wall-clock punctuations and commits; one lock keeps a round,
+a commit and a task's closing apart. Restorations run as their own tasks on a restore consumer of their own: only
 the restoring task waits, the others go on.
 
 The commit protocol (at-least-once), at each commit interval and when a processor asks:
