@@ -82,11 +82,13 @@ class TaskInputs:
         self._advance(name, head.timestamp)
         return name, head
 
-    def crowded(self, max_buffered: int) -> set[Hashable]:
-        return {name for name, queue in self._queues.items() if len(queue) >= max_buffered}
+    def crowded(self, name: Hashable, max_buffered: int) -> bool:
+        """Its fetching should pause: it holds ``max_buffered`` records or more."""
+        return len(self._queues[name]) >= max_buffered
 
-    def drained(self, max_buffered: int) -> set[Hashable]:
-        return {name for name, queue in self._queues.items() if len(queue) <= max_buffered // 2}
+    def drained(self, name: Hashable, max_buffered: int) -> bool:
+        """A paused input may fetch again: it is down to half of ``max_buffered``."""
+        return len(self._queues[name]) <= max_buffered // 2
 
     def drop(self, keep: Any) -> list[Any]:
         """Remove buffered records for which ``keep(record)`` is false; returns them."""

@@ -5,8 +5,8 @@ takes records from the consumer and buffers each in its task (tasks are created,
 restoration started, when their slices are assigned), and the processing loop
 runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
 sends what they produced, fires wall-clock punctuations and commits; one lock keeps a round,
-a commit and a task's closing apart. Restorations run as their own tasks on a restore consumer of their own: only
-the restoring task waits, the others go on.
+a commit and a task's closing apart. Restorations run as their own tasks on a restore
+consumer of their own: only the restoring task waits, the others go on.
 
 The commit protocol (at-least-once), at each commit interval and when a processor asks:
 1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
@@ -195,7 +195,7 @@ class StreamEngine:
                 self._held_back.append((tp, record, hashed))
                 continue
             task.add(tp.topic, record)
-            if task.inputs.buffered(tp.topic) >= self._max_buffered and tp not in self._paused:
+            if tp not in self._paused and task.inputs.crowded(tp.topic, self._max_buffered):
                 self._paused.add(tp)
                 self._source.pause([tp])
             self._work.set()
@@ -349,7 +349,7 @@ class StreamEngine:
                 if task.id.partition == tp.partition
                 and tp.topic in self._topology.subtopologies[task.id.subtopology].source_topics
             ]
-            if all(task.inputs.buffered(tp.topic) <= self._max_buffered // 2 for task in holders):
+            if all(task.inputs.drained(tp.topic, self._max_buffered) for task in holders):
                 self._paused.discard(tp)
                 self._source.resume([tp])
 

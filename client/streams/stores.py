@@ -10,7 +10,6 @@ would live in the wrong task, and restoration by key range would never bring it 
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -118,10 +117,6 @@ def open_engine(spec: StoreSpec, directory: Path | None) -> BytesStore:
     if directory is None:
         raise StreamsError(f"store '{spec.name}' is persistent and no state directory is set")
     return RocksStore(directory / "rocksdb")
-
-
-def drop_store_files(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def delete_ranges(engine: BytesStore, ranges: Sequence[KeyRange]) -> int:

@@ -49,10 +49,11 @@ def test_a_crowded_input_is_paused_until_it_drained_to_half() -> None:
     inputs = TaskInputs(["a", "b"])
     for timestamp in range(4):
         inputs.add("a", timestamp, None)
-    assert inputs.crowded(4) == {"a"}
+    assert inputs.crowded("a", 4) and not inputs.crowded("b", 4)
+    assert not inputs.drained("a", 4)
     inputs.choose(0)
     inputs.choose(0)
-    assert "a" in inputs.drained(4)
+    assert inputs.drained("a", 4)
 
 
 @given(
