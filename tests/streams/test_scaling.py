@@ -134,6 +134,8 @@ async def test_no_update_is_lost_after_an_instance_is_killed(
 ) -> None:
     lines, words, counts = await topics(make_topic, coordinator_url)
     run = WordCountRun(spawned, kafka_bootstrap, coordinator_url, lines, words, counts)
+    # 5 ms a word: each instance counts for seconds, so the kill lands mid-stream.
+    run.env["WORDCOUNT_LOOKUP_MS"] = "5"
     first, second = await run.start(tmp_path / "a"), await run.start(tmp_path / "b")
     await until(lambda: run.settled(2), 60, "two instances sharing the partition")
     produced = batch(0, 200)
@@ -148,6 +150,8 @@ async def test_no_update_is_lost_after_an_instance_is_killed(
         await until(some_counted, 60, "counting under way")
         first.process.kill()
         await first.process.wait()
+        # The survivor had not finished either: the kill was mid-stream for both.
+        assert len(reader.records) < sum(truth.values())
 
         async def complete() -> bool:
             await reader.poll()
