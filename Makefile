@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench chaos clean
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,13 +53,16 @@ bench-stall: $(STAMP)
 bench-workers: $(STAMP)
 	$(PY) -m bench.workers
 
+bench-streams: $(STAMP)
+	$(PY) -m bench.streams
+
+bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams
+
 # Fault injection (tests/chaos, docs/guarantees.md): SEED=7 DURATION=300 make chaos
 SEED ?= 1
 DURATION ?= 180
 chaos: $(STAMP)
 	$(PY) -m tests.chaos --seed $(SEED) --duration $(DURATION)
-
-bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers
 
 clean:
 	rm -rf $(VENV) .keyrange .pytest_cache .mypy_cache .ruff_cache

@@ -1,8 +1,8 @@
 """The `keyrange` command: run the coordinator, migrate its database, administer groups
-through the admin API, and run a worker.
+through the admin API, and run a worker or a streams application.
 
 `serve` and `migrate` need the coordinator's packages (the `keyrange[server]` extra) and import
-them when they run; `admin`, `worker` and `version` need only what a plain `pip install
+them when they run; `admin`, `worker`, `streams` and `version` need only what a plain `pip install
 keyrange` brings, so a worker's image runs and administers without the server installed."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from importlib.util import find_spec
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from client.streams import command as streams_command
 from client.worker import command as worker_command
 from coordinator import logs
 from coordinator.admin_cli import commands as admin_commands
@@ -231,13 +232,21 @@ def _version(_: argparse.Namespace) -> int:
     return 0
 
 
-def _worker(args: argparse.Namespace) -> int:
-    level, fmt = worker_command.logging_settings(args, os.environ)
-    if not isinstance(logging.getLevelName(level), int) or fmt not in {"auto", "text", "json"}:
-        print(f"keyrange worker: invalid log level {level!r} or format {fmt!r}", file=sys.stderr)
-        return 2
-    logs.configure(level, fmt)
-    return worker_command.run(args)
+def _client_command(name: str, command: Any) -> Callable[[argparse.Namespace], int]:
+    """``keyrange worker`` and ``keyrange streams``: the client's own commands, with this
+    process's logging set up as the command's options say."""
+
+    def run(args: argparse.Namespace) -> int:
+        level, fmt = command.logging_settings(args, os.environ)
+        if not isinstance(logging.getLevelName(level), int) or fmt not in logs.LOG_FORMATS:
+            problem = f"invalid log level {level!r} or format {fmt!r}"
+            print(f"keyrange {name}: {problem}", file=sys.stderr)
+            return 2
+        logs.configure(level, fmt)
+        code: int = command.run(args)
+        return code
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     version.set_defaults(handler=_version)
 
     admin_commands.add_parser(commands).set_defaults(handler=admin_commands.run)
-    worker_command.add_parser(commands).set_defaults(handler=_worker)
+    worker_command.add_parser(commands).set_defaults(
+        handler=_client_command("worker", worker_command)
+    )
+    streams_command.add_parser(commands).set_defaults(
+        handler=_client_command("streams", streams_command)
+    )
     return parser
 
 

@@ -77,6 +77,9 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+LOG_FORMATS = frozenset({"auto", "json", "text"})
+
+
 def resolved_format(fmt: str, stream: TextIO) -> str:
     """The format to write, "json" or "text": "auto" is text on a terminal, JSON elsewhere."""
     if fmt != "auto":

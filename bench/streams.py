@@ -1,0 +1,206 @@
+"""Streams benchmark (issue 17): what key-range tasks give a stateful application.
+
+Everything runs on this machine (embedded Postgres and broker, the coordinator as its own
+process); each ratio is against a baseline measured in the same run.
+
+1. Scale-out past the partition count: a stateful word count (``examples.streams_wordcount``:
+   a RocksDB store, a changelog write and an output record per word) over ``--records``
+   (8,000) words of ``--keys`` (500) distinct words on ONE partition, each count costing
+   ``--lookup-ms`` (1) of simulated I/O (an external lookup), run by 1, 2 and 4
+   `keyrange streams` processes. The instances join first; the clock runs from the first
+   word produced to the last count out. ``speedup_2`` and ``speedup_4`` are rates against 1
+   instance; a partition-bound library stays at 1.
+2. Restoration by key range: a changelog partition of ``--changelog-records`` (200,000)
+   distinct keys restored into a RocksDB store, once for the whole key space and once for a
+   quarter of it; ``restore_ratio = quarter time / whole time`` (median of ``--rounds`` (3)
+   pairs), with the records read and restored by each (every record is fetched either way:
+   the broker does not filter by key).
+
+Prints one line per phase, then one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from bench.commit import free_port
+from client.http import CoordinatorClient
+from client.protocol.keyspace import KeyRange
+from client.streams.restore import RestoreProgress, Restorer
+from client.streams.stores import RocksStore
+from coordinator.kafka import ClusterMetadata
+from examples.demo_stack import Stack, produce
+from tests.streams.harness import StreamsProcess, TopicReader, group_owners, start_streams
+
+COORDINATOR_SETTINGS = {"log_format": "text", "metadata_refresh_ms": "1000"}
+TARGET = "examples.streams_wordcount:build_topology"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def new_topics(stack: Stack, *names: str, split: bool = True) -> list[str]:
+    suffix = os.urandom(4).hex()
+    topics = [f"bench-{name}-{suffix}" for name in names]
+    async with ClusterMetadata(stack.bootstrap) as cluster:
+        for topic in topics:
+            await cluster.create_topic(topic, 1)
+    if split:
+        async with CoordinatorClient(stack.coordinator_url) as client:
+            for topic in topics:
+                await client.set_accept_range_fetch(topic)
+    return topics
+
+
+async def word_count_seconds(
+    stack: Stack, instances: int, args: argparse.Namespace, work: Path
+) -> float:
+    lines, words, counts = await new_topics(stack, "lines", "words", "counts")
+    env = {
+        "WORDCOUNT_LINES": lines,
+        "WORDCOUNT_WORDS": words,
+        "WORDCOUNT_COUNTS": counts,
+        "WORDCOUNT_LOOKUP_MS": str(args.lookup_ms),
+        "KEYRANGE_STREAMS_LOG_LEVEL": "WARNING",
+    }
+    app_id = f"bench-wc-{words}"
+    processes: list[StreamsProcess] = []
+    for index in range(instances):
+        processes.append(
+            await start_streams(
+                TARGET,
+                app_id,
+                stack.bootstrap,
+                stack.coordinator_url,
+                work / f"{app_id}-{index}",
+                env,
+            )
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            owners = await group_owners(stack.coordinator_url, app_id)
+            if len(owners) == instances and all(owners):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{instances} instances did not settle")
+            await asyncio.sleep(0.2)
+        keys = [b"word-%d" % (index % args.keys) for index in range(args.records)]
+        async with TopicReader(stack.bootstrap, counts) as reader:
+            started = time.monotonic()
+            await produce_counts(stack.bootstrap, words, keys)
+            while len(await reader.poll()) < args.records:
+                if time.monotonic() - started > 600:
+                    raise RuntimeError("word count did not finish")
+            return time.monotonic() - started
+    finally:
+        for process in processes:
+            await process.stop(signal.SIGTERM)
+
+
+async def produce_counts(bootstrap: str, topic: str, keys: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        one = (1).to_bytes(8, "big", signed=True)
+        for key in keys:
+            await producer.send(topic, key=key, value=one, partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def scale_out(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    seconds = {count: await word_count_seconds(stack, count, args, work) for count in (1, 2, 4)}
+    for count, value in seconds.items():
+        log(f"word count, {count} instance(s): {args.records / value:.0f} words/s")
+    return {
+        "records": args.records,
+        "lookup_ms": args.lookup_ms,
+        "rate_1": round(args.records / seconds[1], 1),
+        "speedup_2": round(seconds[1] / seconds[2], 2),
+        "speedup_4": round(seconds[1] / seconds[4], 2),
+    }
+
+
+async def restoration(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    (changelog,) = await new_topics(stack, "changelog", split=False)
+    keys = [b"key-%d" % index for index in range(args.changelog_records)]
+    await produce(stack.bootstrap, changelog, keys, value_size=32)
+    restorer = Restorer({"bootstrap_servers": stack.bootstrap})
+    await restorer.start()
+    measured: dict[str, list[RestoreProgress]] = {"whole": [], "quarter": []}
+    try:
+        for round_index in range(args.rounds):
+            for name, keys_range in (
+                ("whole", KeyRange.full()),
+                ("quarter", KeyRange.full().split(4)[1]),
+            ):
+                store = RocksStore(work / f"restore-{name}-{round_index}")
+                progress = await restorer.restore(
+                    changelog, RestoreProgress("bench", 0, [keys_range], 0), store
+                )
+                store.close()
+                measured[name].append(progress)
+    finally:
+        await restorer.stop()
+    whole = statistics.median(progress.seconds for progress in measured["whole"])
+    quarter = statistics.median(progress.seconds for progress in measured["quarter"])
+    log(f"restore: whole {whole:.2f} s, a quarter {quarter:.2f} s")
+    return {
+        "restore_ratio": round(quarter / whole, 3),
+        "restore_whole_s": round(whole, 3),
+        "restore_quarter_s": round(quarter, 3),
+        "restore_records_read": measured["quarter"][0].read,
+        "restore_records_restored_quarter": measured["quarter"][0].restored,
+        "restore_records_restored_whole": measured["whole"][0].restored,
+    }
+
+
+async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = {"benchmark": "streams"}
+    summary.update(await scale_out(stack, args, work))
+    summary.update(await restoration(stack, args, work))
+    return summary
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=8_000)
+    parser.add_argument("--keys", type=int, default=500)
+    parser.add_argument("--lookup-ms", type=float, default=1.0)
+    parser.add_argument("--changelog-records", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="keyrange-bench-streams-") as work:
+        stack = Stack(
+            Path(work),
+            database="bench_streams",
+            port=free_port(),
+            coordinator_settings=COORDINATOR_SETTINGS,
+        )
+        with stack:
+            log(f"coordinator {stack.coordinator_url}, broker {stack.bootstrap}")
+            summary = asyncio.run(run(stack, args, Path(work)))
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""``StreamsApp``: a topology run as a member of its application's group.
+
+One ``KeyrangeConsumer`` per process (one Kafka consumer, one membership with the sticky
+stream-join assignor, so every co-partitioned topic's partition ``p`` comes with the same key
+ranges), one producer for sinks and changelogs, one restore consumer, and the engine
+(``client.streams.engine``) driving the tasks. Shut down gracefully: the engine finishes and
+runs the commit protocol, the consumer commits and leaves, the tasks close and checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.partitioner import DefaultPartitioner
+
+from client.consumer import KeyrangeConsumer, RebalanceListener
+from client.consumer_source import ConsumerSource
+from client.http import Slices
+from client.protocol.keyspace import key_hash
+from client.streams.config import StreamsConfig
+from client.streams.engine import StreamEngine
+from client.streams.errors import StreamsError, UnknownStore
+from client.streams.restore import RestoreProgress, Restorer
+from client.streams.state import StateManager
+from client.streams.topology import BuiltTopology, Topology
+
+logger = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+ASSIGNOR = "sticky-join"
+
+
+@dataclass(frozen=True)
+class QueryAnswer:
+    """``found`` and ``value`` when this instance owns the key; otherwise ``owner`` names the
+    member that does (None while nobody does, e.g. during a hand-off)."""
+
+    local: bool
+    value: Any = None
+    owner: str | None = None
+
+
+class StreamsApp:
+    def __init__(self, topology: Topology | BuiltTopology, config: StreamsConfig) -> None:
+        self.topology = topology.build() if isinstance(topology, Topology) else topology
+        self.config = config
+        self._kafka: dict[str, object] = {"bootstrap_servers": config.bootstrap_servers}
+        self._consumer = KeyrangeConsumer(
+            *self.topology.source_topics,
+            bootstrap_servers=config.bootstrap_servers,
+            coordinator_url=config.coordinator_url,
+            group_id=config.application_id,
+            token=config.token,
+            assignor=ASSIGNOR,
+            session_timeout_ms=config.session_timeout_ms,
+            auto_commit_interval_ms=None,
+            instance_id=config.instance_id,
+            rebalance_listener=_Listener(self),
+            revoke_timeout_s=config.revoke_timeout_s,
+            **config.consumer_options,
+        )
+        self._state = StateManager(self.topology, config.state_dir / config.application_id)
+        self.engine: StreamEngine | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._restorer: Restorer | None = None
+        self._stop_requested = asyncio.Event()
+        self._partitions: dict[str, int] = {}
+        self._signals = 0
+        interactive = sys.stderr.isatty() if config.show_progress is None else config.show_progress
+        self._show_progress = interactive
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        """Ask for a graceful shutdown; ``run`` returns once it is done."""
+        self._stop_requested.set()
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for number in _SIGNALS:
+                loop.add_signal_handler(number, self._on_signal, number)
+        try:
+            await self._create_changelogs()
+            # Created here, not in __init__: aiokafka's clients bind to the running loop.
+            self._producer = AIOKafkaProducer(**self._kafka)
+            self._restorer = Restorer(self._kafka)
+            await self._producer.start()
+            try:
+                await self._restorer.start()
+                async with self._consumer:
+                    await self._process()
+            finally:
+                await self._restorer.stop()
+                await self._producer.stop()
+                self._state.close()
+        finally:
+            if handle_signals:
+                for number in _SIGNALS:
+                    loop.remove_signal_handler(number)
+
+    async def _process(self) -> None:
+        driving = asyncio.create_task(self._consumer.drive(self._make_engine), name="streams")
+        stopping = asyncio.create_task(self._stop_requested.wait())
+        try:
+            await asyncio.wait({driving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not driving.done():
+            logger.info("streams stopping: committing, then leaving the group")
+            await self._consumer.stop()
+        await driving
+
+    def _make_engine(self, source: ConsumerSource) -> StreamEngine:
+        assert self._producer is not None and self._restorer is not None
+        self.engine = StreamEngine(
+            source,
+            topology=self.topology,
+            application_id=self.config.application_id,
+            producer=self._producer,
+            restorer=self._restorer,
+            state=self._state,
+            owned=source.slice_watermarks,
+            commit=self._consumer.commit,
+            commit_interval_s=self.config.commit_interval_ms / 1000,
+            max_idle_ms=self.config.max_task_idle_ms,
+            max_buffered=self.config.max_buffered_records,
+            processing_threads=self.config.processing_threads,
+            on_restore=self._restore_progress,
+        )
+        self.engine.assigned()
+        return self.engine
+
+    def _on_signal(self, number: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.info(
+                "signal received; shutting down", extra={"signal": signal.Signals(number).name}
+            )
+            self.stop()
+            return
+        signal.signal(number, signal.SIG_DFL)
+        signal.raise_signal(number)
+
+    async def _create_changelogs(self) -> None:
+        """Each store's changelog: compacted, with its sub-topology's partition count."""
+        admin = AIOKafkaAdminClient(**self._kafka)
+        await admin.start()
+        try:
+            described = await admin.describe_topics(self.topology.source_topics)
+            for entry in described:
+                if entry.get("partitions"):
+                    self._partitions[entry["topic"]] = len(entry["partitions"])
+            missing = [
+                topic for topic in self.topology.source_topics if topic not in self._partitions
+            ]
+            if missing:
+                raise StreamsError(f"source topics do not exist: {', '.join(missing)}")
+            wanted = []
+            for sub in self.topology.subtopologies:
+                count = min(self._partitions[topic] for topic in sub.source_topics)
+                for store in sub.stores:
+                    name = self.topology.stores[store].changelog_topic(self.config.application_id)
+                    wanted.append(
+                        NewTopic(
+                            name,
+                            count,
+                            self.config.changelog_replication_factor,
+                            topic_configs={"cleanup.policy": "compact"},
+                        )
+                    )
+            if wanted:
+                reply = await admin.create_topics(wanted)
+                for topic, code, *_ in getattr(reply, "topic_errors", ()):
+                    if code not in (0, TopicAlreadyExistsError.errno):
+                        raise StreamsError(f"cannot create changelog topic {topic}: error {code}")
+        finally:
+            await admin.close()
+
+    # ------------------------------------------------------------------ queries and metrics
+
+    @property
+    def member_id(self) -> str | None:
+        """This instance's member id in the application's group (None until it joined)."""
+        return self._consumer.member_id
+
+    async def query(self, store: str, key: Any) -> QueryAnswer:
+        """Answer from the local store when this instance owns ``key``'s range; otherwise
+        name the member that owns it, from the coordinator's view of the group."""
+        spec = self.topology.stores.get(store)
+        if spec is None:
+            raise UnknownStore(f"store '{store}' is not in this topology")
+        raw = spec.key_serde.serialize(key)
+        if raw is None:
+            raise StreamsError("a store key cannot be None")
+        hashed = key_hash(raw, 0)
+        sub = next(sub for sub in self.topology.subtopologies if store in sub.stores)
+        count = min(self._partitions.get(topic, 1) for topic in sub.source_topics)
+        partition = DefaultPartitioner()(raw, list(range(count)), list(range(count)))
+        engine = self.engine
+        if engine is not None:
+            for task in engine.tasks.values():
+                if (
+                    task.ready
+                    and task.id.subtopology == sub.index
+                    and task.id.partition == partition
+                    and task.id.keys.contains(hashed)
+                ):
+                    return QueryAnswer(local=True, value=task.stores[store].get(key))
+        owner = await self._owner(sub.source_topics[0], partition, hashed)
+        return QueryAnswer(local=False, owner=owner)
+
+    async def _owner(self, topic: str, partition: int, hashed: int) -> str | None:
+        headers = (
+            {} if self.config.token is None else {"Authorization": f"Bearer {self.config.token}"}
+        )
+        async with httpx.AsyncClient(base_url=self.config.coordinator_url, headers=headers) as api:
+            reply = await api.get(f"/v1/admin/groups/{self.config.application_id}")
+            reply.raise_for_status()
+            document = reply.json()
+        for member in document.get("members", []):
+            for owned in member.get("owned", []):
+                if owned["topic"] == topic and owned["partition"] == partition:
+                    for start, end in owned["ranges"]:
+                        if start <= hashed <= end:
+                            return str(member.get("instance_id") or member["member_id"])
+        return None
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """Per task: records processed, punctuations, stream time and its lag behind the wall
+        clock, buffered records, and each store's restore progress."""
+        engine = self.engine
+        if engine is None:
+            return {}
+        now_ms = int(time.time() * 1000)
+        result: dict[str, dict[str, Any]] = {}
+        for task_id, task in engine.tasks.items():
+            stream_time = task.inputs.stream_time
+            result[str(task_id)] = {
+                "records": task.metrics.records,
+                "punctuations": task.metrics.punctuations,
+                "stream_time": stream_time,
+                "stream_time_lag_ms": None if stream_time < 0 else now_ms - stream_time,
+                "buffered": task.inputs.buffered(),
+                "ready": task.ready,
+                "restore": [
+                    {
+                        "store": progress.store,
+                        "read": progress.read,
+                        "restored": progress.restored,
+                        "fraction": round(progress.fraction, 3),
+                        "done": progress.done,
+                    }
+                    for progress in engine.restores.get(task_id, [])
+                ],
+            }
+        return result
+
+    def _restore_progress(self, progress: RestoreProgress) -> None:
+        if not self._show_progress:
+            return
+        width = 30
+        filled = int(progress.fraction * width)
+        bar = "#" * filled + "-" * (width - filled)
+        end = "\n" if progress.done else ""
+        sys.stderr.write(
+            f"\rrestoring {progress.store}[{progress.partition}] [{bar}] "
+            f"{progress.fraction:6.1%} read {progress.read} restored {progress.restored}{end}"
+        )
+        sys.stderr.flush()
+
+
+class _Listener(RebalanceListener):
+    """Opens the tasks of assigned slices (restoring their stores) and closes those of
+    revoked slices once the consumer committed them."""
+
+    def __init__(self, app: StreamsApp) -> None:
+        self._app = app
+
+    async def on_slices_assigned(self, slices: Slices) -> None:
+        engine = self._app.engine
+        if engine is not None:
+            engine.assigned()
+
+    async def on_slices_revoked(self, slices: Slices) -> None:
+        engine = self._app.engine
+        if engine is not None:
+            await engine.revoked(slices)
+
+    async def on_slices_lost(self, slices: Slices) -> None:
+        engine = self._app.engine
+        if engine is not None:
+            engine.lose()

@@ -1,0 +1,143 @@
+"""`keyrange streams module:build_topology --application-id ...`: run a topology with no
+code around it. ``build_topology`` is called with no arguments and returns a ``Topology``.
+Every option is also a ``KEYRANGE_STREAMS_<OPTION>`` environment variable (a flag wins over
+the variable). Exit codes as for `keyrange worker`: 0 after a clean shutdown, 1 when Kafka,
+the coordinator or the topology failed at run time, 2 for bad options or target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from client.worker.command import UsageError, load_target
+
+ENV_PREFIX = "KEYRANGE_STREAMS_"
+
+log = logging.getLogger("keyrange.streams")
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    field: str
+    parse: Callable[[str], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.flag.upper().replace("-", "_")
+
+
+OPTIONS = (
+    Option("application-id", "application_id", str, "group id and changelog prefix (required)"),
+    Option("bootstrap", "bootstrap_servers", str, "Kafka bootstrap servers (required)"),
+    Option("coordinator", "coordinator_url", str, "coordinator URL (required)"),
+    Option("token", "token", str, "coordinator bearer token (prefer the variable)"),
+    Option("state-dir", "state_dir", Path, "where persistent stores live"),
+    Option("commit-interval-ms", "commit_interval_ms", int, "commit protocol interval"),
+    Option("max-task-idle-ms", "max_task_idle_ms", int, "wait for an empty input this long"),
+    Option("max-buffered-records", "max_buffered_records", int, "pause an input at this many"),
+    Option("processing-threads", "processing_threads", int, "threads running tasks (1: the loop)"),
+    Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
+    Option("instance-id", "instance_id", str, "a stable name for this instance"),
+    Option(
+        "changelog-replication-factor",
+        "changelog_replication_factor",
+        int,
+        "replication of the changelog topics this application creates",
+    ),
+)
+_REQUIRED = ("application_id", "bootstrap_servers", "coordinator_url")
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """The `streams` subcommand on the `keyrange` parser's subparsers."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "streams",
+        help="run a stream-processing topology on key-range tasks (docs/streams.md)",
+        description=f"Every option is also an environment variable: {ENV_PREFIX}<OPTION>.",
+    )
+    parser.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        help=f"module:function returning a Topology ({ENV_PREFIX}TARGET)",
+    )
+    for option in OPTIONS:
+        parser.add_argument(f"--{option.flag}", default=None, help=f"{option.help} ({option.env})")
+    parser.add_argument("--log-level", default=None, help=f"default INFO ({ENV_PREFIX}LOG_LEVEL)")
+    parser.add_argument(
+        "--log-format",
+        default=None,
+        help="auto (text on a terminal, JSON elsewhere; the default), text or json "
+        f"({ENV_PREFIX}LOG_FORMAT)",
+    )
+    return parser
+
+
+def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    chosen: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw = getattr(args, option.flag.replace("-", "_"))
+        source = f"--{option.flag}"
+        if raw is None:
+            raw, source = environ.get(option.env), option.env
+        if raw is None:
+            continue
+        try:
+            chosen[option.field] = option.parse(raw)
+        except ValueError:
+            raise UsageError(f"{source}: invalid value {raw!r}") from None
+    missing = [option for option in OPTIONS if option.field in _REQUIRED]
+    missing = [option for option in missing if option.field not in chosen]
+    if missing:
+        raise UsageError(
+            "missing " + ", ".join(f"--{option.flag} ({option.env})" for option in missing)
+        )
+    return chosen
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+    from aiokafka.errors import KafkaError
+
+    from client.errors import KeyrangeClientError
+    from client.streams.app import StreamsApp
+    from client.streams.config import StreamsConfig
+    from client.streams.topology import Topology
+
+    try:
+        spec = args.target or environ.get(f"{ENV_PREFIX}TARGET")
+        if not spec:
+            raise UsageError(f"missing the target module:function ({ENV_PREFIX}TARGET)")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        build = load_target(spec)
+        if not callable(build):
+            raise UsageError(f"{spec} is not a function returning a Topology")
+        topology = build()
+        if not isinstance(topology, Topology):
+            raise UsageError(f"{spec} returned {type(topology).__name__}, not a Topology")
+        app = StreamsApp(topology, StreamsConfig(**settings(args, environ)))
+    except (UsageError, ValueError) as error:
+        print(f"keyrange streams: {error}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(app.run(handle_signals=True))
+    except (KafkaError, KeyrangeClientError) as error:
+        print(f"keyrange streams: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def logging_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
+    level = args.log_level or environ.get(f"{ENV_PREFIX}LOG_LEVEL") or "INFO"
+    fmt = args.log_format or environ.get(f"{ENV_PREFIX}LOG_FORMAT") or "auto"
+    return level.upper(), fmt

@@ -1,0 +1,53 @@
+"""``StreamsConfig``: every setting of a streams application, checked once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    """``application_id`` names the consumer group and prefixes the changelog topics, as in
+    Kafka Streams. ``max_task_idle_ms`` is how long a task waits for an empty input before it
+    processes the others (Kafka's ``max.task.idle.ms``). ``max_buffered_records`` per task
+    input pauses that input's fetching (Kafka's ``buffered.records.per.partition``).
+    ``changelog_replication_factor`` is the changelog topics' replication when this
+    application creates them. ``processing_threads`` above 1 runs each task's round on a
+    thread pool of that size (for processors that block on I/O); 1 runs them on the event
+    loop."""
+
+    application_id: str
+    bootstrap_servers: str
+    coordinator_url: str
+    token: str | None = None
+    state_dir: Path = Path(".keyrange-streams")
+    commit_interval_ms: int = 1_000
+    max_task_idle_ms: int = 0
+    max_buffered_records: int = 1_000
+    processing_threads: int = 1
+    session_timeout_ms: int = 10_000
+    revoke_timeout_s: float = 30.0
+    instance_id: str | None = None
+    changelog_replication_factor: int = 1
+    show_progress: bool | None = None
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.application_id or not all(
+            char.isalnum() or char in "._-" for char in self.application_id
+        ):
+            raise ValueError("application_id uses letters, digits, '.', '_' and '-' only")
+        for name in (
+            "commit_interval_ms",
+            "max_buffered_records",
+            "session_timeout_ms",
+            "processing_threads",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_task_idle_ms < 0:
+            raise ValueError("max_task_idle_ms must not be negative")
+        if self.changelog_replication_factor < 1:
+            raise ValueError("changelog_replication_factor must be at least 1")

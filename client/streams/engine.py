@@ -1,0 +1,440 @@
+"""The streams engine: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
+
+Two long-lived routines, one per concern, as in the Streams threading design: the intake
+takes records from the consumer and buffers each in its task (tasks are created, and their
+restoration started, when their slices are assigned), and the processing loop
+runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
+sends what they produced, fires wall-clock punctuations and commits; one lock keeps a round,
+a commit and a task's closing apart. Restorations run as their own tasks on a restore
+consumer of their own: only the restoring task waits, the others go on.
+
+The commit protocol (at-least-once), at each commit interval and when a processor asks:
+1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
+commit); 3. mark the processed records and commit input offsets through the coordinator;
+4. write the checkpoints of changelog offsets. docs/streams.md says what a crash between
+the steps does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from client.consumer_source import ConsumerSource
+from client.errors import ConsumerStopped
+from client.fetcher import FetchInterrupted
+from client.http import Slices
+from client.protocol.keyspace import KeyRange, key_hash, subtract
+from client.streams.processor import WALL_CLOCK
+from client.streams.restore import RestoreProgress, Restorer
+from client.streams.state import StateManager
+from client.streams.task import StreamTask, TaskId
+from client.streams.topology import BuiltTopology
+
+logger = logging.getLogger(__name__)
+
+# One processing round's time budget: short enough that heartbeats, the intake and the
+# commit timer get the loop often, long enough that the round's bookkeeping is amortized.
+_ROUND_BUDGET_S = 0.02
+# How often an idle processing loop wakes for wall-clock punctuations and the commit timer.
+_TICK_S = 0.05
+
+
+class StreamEngine:
+    def __init__(
+        self,
+        source: ConsumerSource,
+        *,
+        topology: BuiltTopology,
+        application_id: str,
+        producer: AIOKafkaProducer,
+        restorer: Restorer,
+        state: StateManager,
+        owned: Callable[[], list[tuple[TopicPartition, KeyRange, int]]],
+        commit: Callable[[], Any],
+        commit_interval_s: float,
+        max_idle_ms: int,
+        max_buffered: int,
+        processing_threads: int,
+        on_restore: Callable[[RestoreProgress], None],
+    ) -> None:
+        self._source = source
+        self._topology = topology
+        self._application_id = application_id
+        self._producer = producer
+        self._restorer = restorer
+        self._state = state
+        self._owned = owned
+        self._commit_offsets = commit
+        self._commit_interval_s = commit_interval_s
+        self._max_idle_ms = max_idle_ms
+        self._max_buffered = max_buffered
+        self._on_restore = on_restore
+        self.tasks: dict[TaskId, StreamTask] = {}
+        self.restores: dict[TaskId, list[RestoreProgress]] = {}
+        self._restoring: dict[TaskId, asyncio.Task[None]] = {}
+        self._closing: dict[TaskId, asyncio.Task[None]] = {}
+        self._sends: list[asyncio.Future[Any]] = []
+        self._paused: set[TopicPartition] = set()
+        self._round_lock = asyncio.Lock()
+        self._pool = (
+            None
+            if processing_threads <= 1
+            else ThreadPoolExecutor(processing_threads, thread_name_prefix="keyrange-streams")
+        )
+        self._held_back: list[tuple[TopicPartition, Any, int]] = []
+        self._work = asyncio.Event()
+        self._stop = asyncio.get_running_loop().create_future()
+        self._finishing = False
+        self._last_commit = time.monotonic()
+
+    # ------------------------------------------------------------------ Engine
+
+    async def run(self) -> None:
+        intake = asyncio.create_task(self._intake(), name="keyrange-streams-intake")
+        try:
+            await self._process_loop(intake)
+        finally:
+            if not self._stop.done():
+                self._stop.set_result(None)
+            intake.cancel()
+            with contextlib.suppress(asyncio.CancelledError, FetchInterrupted, ConsumerStopped):
+                await intake
+            for restoring in self._restoring.values():
+                restoring.cancel()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+    def withdraw(self, slices: Slices | None) -> None:
+        for task in self._tasks_in(slices):
+            self._start_closing(task, None if slices is None else self._revoked_keys(task, slices))
+
+    def lose(self) -> None:
+        self._held_back.clear()
+        for task in list(self.tasks.values()):
+            self._drop_task(task, processed_count=False)
+        self._sends.clear()
+
+    async def finish(self, timeout_s: float | None) -> None:
+        self._finishing = True
+        self._work.set()
+        if not self._stop.done():
+            self._stop.set_result(None)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s), self._round_lock:
+                await self._flush_and_mark()
+
+    def assigned(self) -> None:
+        """Create the tasks of every owned slice that has none, so their restoration starts
+        at the assignment rather than with the slice's first record."""
+        for tp, keys, _ in self._owned():
+            sub = self._topology.subtopology_of_topic(tp.topic)
+            task_id = TaskId(sub.index, tp.partition, keys)
+            if task_id not in self.tasks and not any(
+                other.subtopology == sub.index
+                and other.partition == tp.partition
+                and other.keys.overlaps(keys)
+                for other in self.tasks
+            ):
+                self._create(task_id)
+
+    async def revoked(self, slices: Slices) -> None:
+        """After the consumer committed a revocation: close the tasks and drop their keys;
+        at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
+        tasks = self._tasks_in(slices)
+        for task in tasks:
+            closing = self._closing.get(task.id)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing
+        async with self._round_lock:
+            self._close_revoked(tasks, slices)
+
+    def _close_revoked(self, tasks: list[StreamTask], slices: Slices) -> None:
+        for task in tasks:
+            if self._finishing:
+                if task.ready:
+                    task.close()
+                self.tasks.pop(task.id, None)
+                self._closing.pop(task.id, None)
+                continue
+            kept = subtract([task.id.keys], self._revoked_keys(task, slices))
+            self._drop_task(task, processed_count=True, keep=kept)
+        if self._finishing:
+            self._state.write_checkpoints(self._application_id)
+            return
+        self.assigned()
+        held_back, self._held_back = self._held_back, []
+        for tp, record, hashed in held_back:
+            heir = self._task_for(tp, hashed)
+            if heir is None:
+                self._source.give_back(record)
+            else:
+                heir.add(tp.topic, record)
+        self._work.set()
+
+    # ------------------------------------------------------------------ intake
+
+    async def _intake(self) -> None:
+        while True:
+            tp, record, hashed = await self._source.next_item(self._stop)
+            task = self._task_for(tp, hashed)
+            if task is None:
+                continue
+            self._source.hand_out(tp, record, hashed)
+            if task.id in self._closing:
+                # Kept keys of a task closing for a partial revocation: its heir takes them.
+                self._held_back.append((tp, record, hashed))
+                continue
+            task.add(tp.topic, record)
+            if tp not in self._paused and task.inputs.crowded(tp.topic, self._max_buffered):
+                self._paused.add(tp)
+                self._source.pause([tp])
+            self._work.set()
+
+    def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
+        sub = self._topology.subtopology_of_topic(tp.topic)
+        for task_id, task in self.tasks.items():
+            if (
+                task_id.subtopology == sub.index
+                and task_id.partition == tp.partition
+                and task_id.keys.contains(hashed)
+            ):
+                return task
+        for owned_tp, keys, _ in self._owned():
+            if owned_tp == tp and keys.contains(hashed):
+                return self._create(TaskId(sub.index, tp.partition, keys))
+        return None
+
+    def _create(self, task_id: TaskId) -> StreamTask:
+        sub = self._topology.subtopologies[task_id.subtopology]
+        engines = {name: self._state.engine(name, task_id.partition) for name in sub.stores}
+        task = StreamTask(
+            task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
+        )
+        self.tasks[task_id] = task
+        self._restoring[task_id] = asyncio.create_task(
+            self._restore(task), name=f"keyrange-streams-restore-{task_id}"
+        )
+        logger.info("task created", extra={"task": str(task_id)})
+        return task
+
+    async def _restore(self, task: StreamTask) -> None:
+        progress_list: list[RestoreProgress] = []
+        self.restores[task.id] = progress_list
+        for store in task.stores:
+            spec = self._topology.stores[store]
+            start = self._state.restore_from(store, task.id.partition, task.id.keys)
+            progress = RestoreProgress(store, task.id.partition, [task.id.keys], start)
+            progress_list.append(progress)
+            await self._restorer.restore(
+                spec.changelog_topic(self._application_id),
+                progress,
+                self._state.engine(store, task.id.partition),
+                self._on_restore,
+            )
+            self._state.restored(store, task.id.partition, task.id.keys, progress.position)
+            logger.info(
+                "store restored",
+                extra={
+                    "task": str(task.id),
+                    "store": store,
+                    "records_read": progress.read,
+                    "records_restored": progress.restored,
+                    "seconds": round(progress.seconds, 3),
+                },
+            )
+        task.init()
+        self._restoring.pop(task.id, None)
+        self._work.set()
+
+    # ------------------------------------------------------------------ processing
+
+    async def _process_loop(self, intake: asyncio.Task[None]) -> None:
+        while not self._finishing:
+            if intake.done():
+                intake.result()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_TICK_S):
+                    await self._work.wait()
+            self._work.clear()
+            # Always yield once a round: heartbeats, the intake and restorations share the loop.
+            await asyncio.sleep(0)
+            async with self._round_lock:
+                await self._round()
+                await self._send()
+                self._resume_drained()
+                now_ms = int(time.time() * 1000)
+                for task in self._active():
+                    task.punctuate(WALL_CLOCK, now_ms)
+                await self._send()
+                requested = any(task.commit_requested for task in self._active())
+                if requested or time.monotonic() - self._last_commit >= self._commit_interval_s:
+                    await self.commit()
+
+    async def _round(self) -> None:
+        """Process ready tasks for up to one budget: round robin on the loop, or each task on
+        a thread of the pool. Work is left flagged only when records remain after progress:
+        a task waiting out an idle input is looked at again on the next tick, not in a loop
+        that never yields."""
+        now_ms = int(time.time() * 1000)
+        active = self._active()
+        if self._pool is None:
+            progressed = _process_for(active, now_ms)
+        else:
+            loop = asyncio.get_running_loop()
+            busy = [task for task in active if task.inputs.buffered()]
+            outcomes = await asyncio.gather(
+                *(loop.run_in_executor(self._pool, _process_for, [task], now_ms) for task in busy)
+            )
+            progressed = any(outcomes)
+        if progressed and any(task.inputs.buffered() for task in self._active()):
+            self._work.set()
+
+    def _active(self) -> list[StreamTask]:
+        return [task for task in self.tasks.values() if task.ready and task.id not in self._closing]
+
+    async def _send(self) -> None:
+        for task in list(self.tasks.values()):
+            outgoing, task.outgoing = task.outgoing, []
+            for record in outgoing:
+                delivery = await self._producer.send(
+                    record.topic, value=record.value, key=record.key, partition=record.partition
+                )
+                if record.changelog_of is not None:
+                    delivery.add_done_callback(self._note_written)
+                self._sends.append(delivery)
+
+    def _note_written(self, delivery: asyncio.Future[Any]) -> None:
+        if not delivery.cancelled() and delivery.exception() is None:
+            metadata = delivery.result()
+            self._state.note_written(metadata.topic, metadata.partition, metadata.offset)
+
+    async def _flush_and_mark(self, tasks: list[StreamTask] | None = None) -> None:
+        """Steps 1 to 3a of the commit protocol: stores, producer, then the marks."""
+        self._state.flush()
+        await self._send()
+        sends, self._sends = self._sends, []
+        await self._producer.flush()
+        for delivery in sends:
+            delivery.result()
+        for task in tasks if tasks is not None else list(self.tasks.values()):
+            processed, task.processed = task.processed, []
+            for record in processed:
+                self._source.mark_processed(record)
+            task.commit_requested = False
+
+    async def commit(self) -> None:
+        self._last_commit = time.monotonic()
+        await self._flush_and_mark()
+        try:
+            await self._commit_offsets()
+        except ConsumerStopped:
+            return
+        self._state.write_checkpoints(self._application_id)
+
+    def _resume_drained(self) -> None:
+        for tp in list(self._paused):
+            holders = [
+                task
+                for task in self.tasks.values()
+                if task.id.partition == tp.partition
+                and tp.topic in self._topology.subtopologies[task.id.subtopology].source_topics
+            ]
+            if all(task.inputs.drained(tp.topic, self._max_buffered) for task in holders):
+                self._paused.discard(tp)
+                self._source.resume([tp])
+
+    # ------------------------------------------------------------------ revocation
+
+    def _tasks_in(self, slices: Slices | None) -> list[StreamTask]:
+        if slices is None:
+            return list(self.tasks.values())
+        chosen = []
+        for task in self.tasks.values():
+            sub = self._topology.subtopologies[task.id.subtopology]
+            for tp, ranges in slices.items():
+                if (
+                    tp.partition == task.id.partition
+                    and tp.topic in sub.source_topics
+                    and any(keys.overlaps(task.id.keys) for keys in ranges)
+                ):
+                    chosen.append(task)
+                    break
+        return chosen
+
+    def _revoked_keys(self, task: StreamTask, slices: Slices) -> list[KeyRange]:
+        sub = self._topology.subtopologies[task.id.subtopology]
+        return [
+            keys
+            for tp, ranges in slices.items()
+            if tp.partition == task.id.partition and tp.topic in sub.source_topics
+            for keys in ranges
+        ]
+
+    def _start_closing(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
+        """Stop the task; its buffered records of revoked keys go back to the consumer, those
+        of kept keys (a partial revocation) wait for the task that takes the rest over."""
+        if task.id in self._closing:
+            return
+        self._closing[task.id] = asyncio.ensure_future(self._close(task, revoked))
+
+    async def _close(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
+        """After the round under way (a pool thread may be running the task)."""
+        async with self._round_lock:
+            for record in task.inputs.drop(lambda _: False):
+                tp = TopicPartition(record.topic, record.partition)
+                hashed = key_hash(record.key, record.offset)
+                if revoked is None or any(keys.contains(hashed) for keys in revoked):
+                    self._source.give_back(record)
+                else:
+                    self._held_back.append((tp, record, hashed))
+            await self._flush_and_mark([task])
+        restoring = self._restoring.pop(task.id, None)
+        if restoring is not None:
+            restoring.cancel()
+
+    def _drop_task(
+        self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
+    ) -> None:
+        restoring = self._restoring.pop(task.id, None)
+        if restoring is not None:
+            restoring.cancel()
+        self._closing.pop(task.id, None)
+        if task.ready:
+            task.close()
+        self.tasks.pop(task.id, None)
+        self.restores.pop(task.id, None)
+        for store in task.stores:
+            changelog = self._topology.stores[store].changelog_topic(self._application_id)
+            offset = self._state.held_offset(store, task.id.partition, changelog)
+            self._state.drop(
+                self._application_id, store, task.id.partition, task.id.keys, delete=False
+            )
+            for keys in subtract([task.id.keys], keep or []):
+                self._state.drop(self._application_id, store, task.id.partition, keys, delete=True)
+            if processed_count:
+                for keys in keep or []:
+                    self._state.hold(store, task.id.partition, keys, offset)
+        logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
+
+
+def _process_for(tasks: list[StreamTask], now_ms: int) -> bool:
+    """Round robin over ``tasks`` for one budget; True when a record was processed."""
+    deadline = time.monotonic() + _ROUND_BUDGET_S
+    progressed_any = False
+    progressed = True
+    while progressed and time.monotonic() < deadline:
+        progressed = False
+        for task in tasks:
+            if task.process_next(now_ms) is True:
+                progressed = progressed_any = True
+    return progressed_any

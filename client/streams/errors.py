@@ -1,0 +1,27 @@
+"""The streams errors, under one root so callers catch them without string matching."""
+
+from __future__ import annotations
+
+from client.errors import KeyrangeClientError
+
+
+class StreamsError(KeyrangeClientError):
+    """Root of every error ``client.streams`` raises on purpose."""
+
+
+class TopologyError(StreamsError, ValueError):
+    """The topology is not valid; the message names the node (or store) at fault."""
+
+
+class StoreKeyOutsideTask(StreamsError):
+    """A store write for a key this task does not own: its state would land in the wrong
+    task, and restoration by key range would never find it. Re-key through a topic first."""
+
+
+class UnknownStore(StreamsError, KeyError):
+    """A processor asked for a store it was not connected to."""
+
+
+class ProcessorFailed(StreamsError):
+    """A processor or punctuation raised: the application stops, and what the failing record
+    produced is not committed (it is processed again after a restart)."""

@@ -1,0 +1,101 @@
+"""What user code implements and sees (KIP-28): ``Processor`` and ``ProcessorContext``.
+
+Pure: the context is an interface here; ``client.streams.task`` implements it per task.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+
+class PunctuationType(enum.Enum):
+    """KIP-28's two clocks: the task's stream time (record timestamps) or the wall clock."""
+
+    STREAM_TIME = "stream-time"
+    WALL_CLOCK = "wall-clock"
+
+
+STREAM_TIME = PunctuationType.STREAM_TIME
+WALL_CLOCK = PunctuationType.WALL_CLOCK
+
+Punctuator = Callable[[int], None]
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class KeyValueStore(Protocol):
+    """A task's view of a key-value store; keys and values go through the store's serdes.
+    Range scans run in the order of the serialized keys' bytes, bounds inclusive."""
+
+    @property
+    def name(self) -> str: ...
+
+    def get(self, key: Any) -> Any: ...
+
+    def put(self, key: Any, value: Any) -> None: ...
+
+    def delete(self, key: Any) -> None: ...
+
+    def range(self, low: Any, high: Any) -> list[tuple[Any, Any]]: ...
+
+    def all(self) -> list[tuple[Any, Any]]: ...
+
+
+class ProcessorContext(Protocol):
+    """A processor's handle on its task: the current record's metadata, forwarding, schedules,
+    stores and commit requests."""
+
+    @property
+    def application_id(self) -> str: ...
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def topic(self) -> str | None: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def timestamp(self) -> int: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+    @property
+    def stream_time(self) -> int: ...
+
+    def forward(self, key: Any, value: Any, to: str | None = None) -> None: ...
+
+    def schedule(
+        self, interval_ms: int, kind: PunctuationType, callback: Punctuator
+    ) -> Cancellable: ...
+
+    def commit(self) -> None: ...
+
+    def state_store(self, name: str) -> KeyValueStore: ...
+
+
+class Processor:
+    """One node of a topology. ``init`` runs once per task before its first record (the
+    context stays valid for the task's life), ``process`` once per record that reaches the
+    node, ``close`` when the task ends (its keys moved away, or the application stops)."""
+
+    context: ProcessorContext
+
+    def init(self, context: ProcessorContext) -> None:
+        self.context = context
+
+    def process(self, key: Any, value: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None

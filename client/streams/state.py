@@ -1,0 +1,123 @@
+"""This process's state: one store engine per (store, partition), shared by the tasks that
+hold key ranges of that partition, with its checkpoint of changelog offsets per key range.
+
+The checkpoint's rule: for each key range listed, the local engine holds every changelog
+entry of that range below the listed offset. It is loaded when an engine is opened, used by
+the first restoration of a range it covers, and rewritten at each commit from the ranges
+held then (a range's offset is the changelog's end as last restored or written by this
+process, which no other process writes for the range while this one holds it).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from client.protocol.keyspace import KeyRange
+from client.streams.checkpoint import Checkpoint, read_checkpoint, start_offset, write_checkpoint
+from client.streams.stores import BytesStore, delete_ranges, open_engine
+from client.streams.topology import BuiltTopology
+
+logger = logging.getLogger(__name__)
+
+StoreKey = tuple[str, int]
+
+
+class StateManager:
+    def __init__(self, topology: BuiltTopology, state_dir: Path | None) -> None:
+        self._topology = topology
+        self._state_dir = state_dir
+        self._engines: dict[StoreKey, BytesStore] = {}
+        self._loaded: dict[StoreKey, Checkpoint] = {}
+        self._held: dict[StoreKey, Checkpoint] = {}
+        self._written: dict[tuple[str, int], int] = {}
+
+    def engine(self, store: str, partition: int) -> BytesStore:
+        key = (store, partition)
+        engine = self._engines.get(key)
+        if engine is None:
+            spec = self._topology.stores[store]
+            directory = self._directory(store, partition)
+            engine = open_engine(spec, directory)
+            self._engines[key] = engine
+            if spec.persistent and directory is not None:
+                self._loaded[key] = read_checkpoint(directory / "checkpoint")
+        return engine
+
+    def restore_from(self, store: str, partition: int, keys: KeyRange) -> int:
+        """Where restoring ``keys`` starts: a range this process holds already (the rest of a
+        task split by a revocation) or a checkpointed one is read on from its offset;
+        otherwise its local keys are deleted (they may be stale) and it is read from 0."""
+        engine = self.engine(store, partition)
+        for checkpoint in (
+            self._held.get((store, partition), {}),
+            self._loaded.get((store, partition), {}),
+        ):
+            offset = start_offset(checkpoint, keys)
+            if offset is not None:
+                return offset
+        delete_ranges(engine, [keys])
+        return 0
+
+    def restored(self, store: str, partition: int, keys: KeyRange, end_offset: int) -> None:
+        self._held.setdefault((store, partition), {})[keys] = end_offset
+        loaded = self._loaded.get((store, partition))
+        if loaded is not None:
+            # A checkpointed range is used once: after this, the live state is the truth.
+            self._loaded[(store, partition)] = {
+                covered: offset for covered, offset in loaded.items() if not covered.overlaps(keys)
+            }
+
+    def note_written(self, changelog: str, partition: int, offset: int) -> None:
+        key = (changelog, partition)
+        if offset + 1 > self._written.get(key, 0):
+            self._written[key] = offset + 1
+
+    def flush(self) -> None:
+        for engine in self._engines.values():
+            engine.flush()
+
+    def held_offset(self, store: str, partition: int, changelog: str) -> int:
+        """The changelog's end as this process knows it (restored or written)."""
+        held = self._held.get((store, partition), {})
+        return max([*held.values(), self._written.get((changelog, partition), 0)])
+
+    def hold(self, store: str, partition: int, keys: KeyRange, offset: int) -> None:
+        self._held.setdefault((store, partition), {})[keys] = offset
+
+    def write_checkpoints(self, application_id: str) -> None:
+        for store, partition in list(self._held):
+            self._write_checkpoint(application_id, store, partition)
+
+    def drop(
+        self, application_id: str, store: str, partition: int, keys: KeyRange, *, delete: bool
+    ) -> None:
+        """Forget ``keys`` of this store partition; ``delete`` removes their local data too.
+        The checkpoint is rewritten first, so no crash leaves it naming deleted keys."""
+        held = self._held.get((store, partition), {})
+        for covered in [covered for covered in held if covered.overlaps(keys)]:
+            held.pop(covered)
+        self._write_checkpoint(application_id, store, partition)
+        if delete:
+            delete_ranges(self.engine(store, partition), [keys])
+
+    def _write_checkpoint(self, application_id: str, store: str, partition: int) -> None:
+        directory = self._directory(store, partition)
+        if directory is None or not self._topology.stores[store].persistent:
+            return
+        changelog = self._topology.stores[store].changelog_topic(application_id)
+        written = self._written.get((changelog, partition), 0)
+        held = self._held.get((store, partition), {})
+        current = {keys: max(offset, written) for keys, offset in held.items()}
+        self._held[(store, partition)] = current
+        write_checkpoint(directory / "checkpoint", current)
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.close()
+        self._engines.clear()
+
+    def _directory(self, store: str, partition: int) -> Path | None:
+        if self._state_dir is None:
+            return None
+        return self._state_dir / store / f"partition-{partition}"

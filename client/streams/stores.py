@@ -1,0 +1,197 @@
+"""State stores: byte-level engines (memory, RocksDB) and the typed, change-logged view a
+task's processors use.
+
+The engines hold serialized keys and values, so range scans run in key-byte order and the
+changelog carries exactly the stored bytes. One engine per (store, partition) is shared by
+this process's tasks on that partition (each a key range of it); a task that loses a range
+deletes that range's keys. The typed view refuses a key outside its task's ranges: its state
+would live in the wrong task, and restoration by key range would never bring it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from client.protocol.keyspace import KeyRange, key_hash
+from client.streams.errors import StoreKeyOutsideTask, StreamsError
+from client.streams.topology import StoreSpec
+
+ChangelogWrite = Callable[[bytes, bytes | None], None]
+
+
+class BytesStore(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def scan(
+        self, low: bytes | None = None, high: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryStore:
+    """A dict; range scans sort the keys (fine for the sizes a memory store holds)."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._data.pop(key, None)
+
+    def scan(
+        self, low: bytes | None = None, high: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        # A copy of the keys, then each looked up again: another task's pool thread may
+        # write this partition's store (other keys) meanwhile.
+        for key in sorted(self._data):
+            if (low is None or key >= low) and (high is None or key <= high):
+                value = self._data.get(key)
+                if value is not None:
+                    yield key, value
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._data.clear()
+
+
+class RocksStore:
+    """RocksDB through ``rocksdict`` in raw mode (bytes in, bytes out, no pickling)."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            from rocksdict import Options, Rdict
+        except ImportError as missing:
+            raise StreamsError(
+                "persistent stores need the 'streams' extra: pip install 'keyrange[streams]'"
+            ) from missing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._db = Rdict(str(path), options=Options(raw_mode=True))
+
+    def get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._db[key] = value
+
+    def delete(self, key: bytes) -> None:
+        del self._db[key]
+
+    def scan(
+        self, low: bytes | None = None, high: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        pairs = self._db.items(from_key=low) if low is not None else self._db.items()
+        for key, value in pairs:
+            raw = cast(bytes, key)
+            if high is not None and raw > high:
+                return
+            yield raw, value
+
+    def flush(self) -> None:
+        self._db.flush()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_engine(spec: StoreSpec, directory: Path | None) -> BytesStore:
+    if not spec.persistent:
+        return MemoryStore()
+    if directory is None:
+        raise StreamsError(f"store '{spec.name}' is persistent and no state directory is set")
+    return RocksStore(directory / "rocksdb")
+
+
+def delete_ranges(engine: BytesStore, ranges: Sequence[KeyRange]) -> int:
+    """Delete every key whose hash falls in ``ranges``; returns how many."""
+    doomed = [key for key, _ in engine.scan() if _in(ranges, key_hash(key, 0))]
+    for key in doomed:
+        engine.delete(key)
+    return len(doomed)
+
+
+def _in(ranges: Sequence[KeyRange], hashed: int) -> bool:
+    return any(keys.start <= hashed <= keys.end for keys in ranges)
+
+
+class TaskStore:
+    """A task's typed view of one store: serdes, the key-range check, the changelog."""
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        engine: BytesStore,
+        ranges: Sequence[KeyRange],
+        changelog: ChangelogWrite,
+    ) -> None:
+        self._spec = spec
+        self._engine = engine
+        self._ranges = list(ranges)
+        self._changelog = changelog
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    def get(self, key: Any) -> Any:
+        return self._spec.value_serde.deserialize(self._engine.get(self._key(key, check=False)))
+
+    def put(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.delete(key)
+            return
+        raw_key = self._key(key, check=True)
+        raw_value = self._spec.value_serde.serialize(value)
+        if raw_value is None:
+            raise StreamsError(f"store '{self.name}': the value serde gave no bytes for a value")
+        self._engine.put(raw_key, raw_value)
+        self._changelog(raw_key, raw_value)
+
+    def delete(self, key: Any) -> None:
+        raw_key = self._key(key, check=True)
+        self._engine.delete(raw_key)
+        self._changelog(raw_key, None)
+
+    def range(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
+        return self._decoded(
+            self._engine.scan(self._key(low, check=False), self._key(high, check=False))
+        )
+
+    def all(self) -> list[tuple[Any, Any]]:
+        return self._decoded(self._engine.scan())
+
+    def _decoded(self, pairs: Iterator[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
+        key_serde, value_serde = self._spec.key_serde, self._spec.value_serde
+        return [
+            (key_serde.deserialize(key), value_serde.deserialize(value))
+            for key, value in pairs
+            if _in(self._ranges, key_hash(key, 0))
+        ]
+
+    def _key(self, key: Any, *, check: bool) -> bytes:
+        raw = self._spec.key_serde.serialize(key)
+        if raw is None:
+            raise StreamsError(f"store '{self.name}': a store key cannot be None")
+        if check and not _in(self._ranges, key_hash(raw, 0)):
+            raise StoreKeyOutsideTask(
+                f"store '{self.name}': key {key!r} hashes outside this task's key range; "
+                "re-key the stream through a topic (a sink and a source) before storing by it"
+            )
+        return raw

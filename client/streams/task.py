@@ -1,0 +1,299 @@
+"""A stream task: one sub-topology's processors over partition ``p`` of its co-partitioned
+source topics, restricted to one key range, with its stores and schedules.
+
+The task is synchronous and does no I/O: records come in through ``add``, are processed by
+``process_next``, and what the processors produce (sink records, changelog writes) waits in
+``outgoing`` for the runtime to send. Records processed since the last commit wait in
+``processed`` until the commit protocol marks them (after the producer flushed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from client.protocol.keyspace import KeyRange
+from client.streams.clock import TaskInputs, Wait
+from client.streams.errors import ProcessorFailed, StreamsError, UnknownStore
+from client.streams.processor import (
+    STREAM_TIME,
+    WALL_CLOCK,
+    Cancellable,
+    KeyValueStore,
+    Processor,
+    PunctuationType,
+    Punctuator,
+)
+from client.streams.punctuation import Punctuations
+from client.streams.stores import BytesStore, TaskStore
+from client.streams.topology import BuiltTopology, SubTopology
+
+logger = logging.getLogger(__name__)
+
+Record = Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskId:
+    subtopology: int
+    partition: int
+    keys: KeyRange
+
+    def __str__(self) -> str:
+        return f"{self.subtopology}_{self.partition}[{self.keys.start:x}-{self.keys.end:x}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    changelog_of: str | None = None
+
+
+@dataclass
+class TaskMetrics:
+    records: int = 0
+    punctuations: int = 0
+    last_record_timestamp: int = -1
+
+
+class StreamTask:
+    """Processors, stores and clocks of one task; see the module docstring."""
+
+    def __init__(
+        self,
+        task_id: TaskId,
+        topology: BuiltTopology,
+        subtopology: SubTopology,
+        engines: dict[str, BytesStore],
+        application_id: str,
+        max_idle_ms: int,
+    ) -> None:
+        self.id = task_id
+        self.application_id = application_id
+        self._topology = topology
+        self._sub = subtopology
+        self.inputs = TaskInputs(list(subtopology.source_topics), max_idle_ms)
+        self.punctuations = Punctuations()
+        self.outgoing: list[Outgoing] = []
+        self.processed: list[Record] = []
+        self.commit_requested = False
+        self.metrics = TaskMetrics()
+        self.ready = False
+        self.stores: dict[str, TaskStore] = {
+            name: TaskStore(
+                topology.stores[name],
+                engines[name],
+                [task_id.keys],
+                self._changelog_writer(name),
+            )
+            for name in subtopology.stores
+        }
+        self._processors: dict[str, Processor] = {}
+        self._current: Record | None = None
+        self._node: str | None = None
+        self.context = TaskContext(self)
+
+    def init(self) -> None:
+        """Create and ``init`` the processors, parents first (their schedules come first)."""
+        for name in self._sub.nodes:
+            node = self._topology.processors.get(name)
+            if node is not None:
+                processor = node.supplier()
+                self._processors[name] = processor
+                self._node = name
+                processor.init(self.context)
+        self._node = None
+        self.ready = True
+
+    def close(self) -> None:
+        for name, processor in self._processors.items():
+            self._node = name
+            try:
+                processor.close()
+            except Exception:
+                logger.exception("processor close failed", extra={"task": str(self.id)})
+        self._processors.clear()
+        self._node = None
+
+    def add(self, topic: str, record: Record) -> None:
+        source = self._topology.source_of_topic(topic)
+        self.inputs.add(topic, source.timestamp_extractor(record), record)
+
+    def process_next(self, now_ms: int) -> bool | Wait:
+        """Process one record if one may go now: True when one did, False when none is
+        buffered, a ``Wait`` when an empty input is being waited for."""
+        choice = self.inputs.choose(now_ms)
+        if choice is None or isinstance(choice, Wait):
+            return False if choice is None else choice
+        topic, buffered = choice
+        record = buffered.record
+        source = self._topology.source_of_topic(str(topic))
+        self._current = record
+        self.metrics.last_record_timestamp = buffered.timestamp
+        try:
+            key = source.key_serde.deserialize(record.key)
+            value = source.value_serde.deserialize(record.value)
+            self._node = source.name
+            self._forward_from(source.name, key, value, None)
+        finally:
+            self._node = None
+        self.processed.append(record)
+        self.metrics.records += 1
+        self.punctuate(STREAM_TIME, self.inputs.stream_time)
+        self._current = None
+        return True
+
+    def punctuate(self, kind: PunctuationType, now_ms: int) -> int:
+        fired = 0
+        for schedule, at in self.punctuations.due(kind, now_ms):
+            self._node = None
+            try:
+                schedule.callback(at)
+            except StreamsError:
+                raise
+            except Exception as error:
+                raise self._failed(f"a {kind.value} punctuation", error) from error
+            fired += 1
+        self.metrics.punctuations += fired
+        return fired
+
+    # ------------------------------------------------------------ for the context
+
+    def forward(self, key: Any, value: Any, to: str | None) -> None:
+        if self._node is None:
+            raise StreamsError("forward() outside process() or a punctuation of a processor")
+        self._forward_from(self._node, key, value, to)
+
+    def current(self) -> Record | None:
+        return self._current
+
+    def current_node(self) -> str | None:
+        return self._node
+
+    def set_node(self, name: str | None) -> None:
+        self._node = name
+
+    def _forward_from(self, parent: str, key: Any, value: Any, to: str | None) -> None:
+        children = self._topology.children[parent]
+        if to is not None:
+            if to not in children:
+                raise StreamsError(f"node '{parent}' has no child named '{to}'")
+            children = (to,)
+        for child in children:
+            sink = self._topology.sinks.get(child)
+            if sink is not None:
+                self.outgoing.append(
+                    Outgoing(
+                        sink.topic,
+                        None,
+                        sink.key_serde.serialize(key),
+                        sink.value_serde.serialize(value),
+                    )
+                )
+                continue
+            previous = self._node
+            self._node = child
+            try:
+                self._processors[child].process(key, value)
+            except StreamsError:
+                raise
+            except Exception as error:
+                raise self._failed(f"processor '{child}'", error) from error
+            finally:
+                self._node = previous
+
+    def _failed(self, where: str, error: Exception) -> ProcessorFailed:
+        record = self._current
+        at = "" if record is None else f" on {record.topic}[{record.partition}]@{record.offset}"
+        logger.error(
+            "processing failed", exc_info=error, extra={"task": str(self.id), "where": where}
+        )
+        return ProcessorFailed(f"task {self.id}: {where} failed{at}: {error!r}")
+
+    def _changelog_writer(self, store: str) -> Any:
+        topic = self._topology.stores[store].changelog_topic(self.application_id)
+        partition = self.id.partition
+
+        def write(key: bytes, value: bytes | None) -> None:
+            self.outgoing.append(Outgoing(topic, partition, key, value, changelog_of=store))
+
+        return write
+
+
+class TaskContext:
+    """``ProcessorContext`` for one task (KIP-28's context)."""
+
+    def __init__(self, task: StreamTask) -> None:
+        self._task = task
+
+    @property
+    def application_id(self) -> str:
+        return self._task.application_id
+
+    @property
+    def task_id(self) -> str:
+        return str(self._task.id)
+
+    @property
+    def topic(self) -> str | None:
+        record = self._task.current()
+        return None if record is None else str(record.topic)
+
+    @property
+    def partition(self) -> int:
+        return self._task.id.partition
+
+    @property
+    def offset(self) -> int:
+        record = self._task.current()
+        return -1 if record is None else int(record.offset)
+
+    @property
+    def timestamp(self) -> int:
+        record = self._task.current()
+        if record is None:
+            return self._task.inputs.stream_time
+        return self._task.metrics.last_record_timestamp
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]:
+        record = self._task.current()
+        return () if record is None else tuple(record.headers or ())
+
+    @property
+    def stream_time(self) -> int:
+        return self._task.inputs.stream_time
+
+    def forward(self, key: Any, value: Any, to: str | None = None) -> None:
+        self._task.forward(key, value, to)
+
+    def schedule(
+        self, interval_ms: int, kind: PunctuationType, callback: Punctuator
+    ) -> Cancellable:
+        node = self._task.current_node()
+        task = self._task
+
+        def punctuate(at: int) -> None:
+            task.set_node(node)
+            try:
+                callback(at)
+            finally:
+                task.set_node(None)
+
+        if kind not in (STREAM_TIME, WALL_CLOCK):
+            raise StreamsError(f"unknown punctuation type {kind!r}")
+        return self._task.punctuations.schedule(interval_ms, kind, punctuate)
+
+    def commit(self) -> None:
+        self._task.commit_requested = True
+
+    def state_store(self, name: str) -> KeyValueStore:
+        store = self._task.stores.get(name)
+        if store is None:
+            raise UnknownStore(f"store '{name}' is not connected to task {self._task.id}")
+        return store

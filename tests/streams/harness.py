@@ -1,0 +1,161 @@
+"""Helpers for the streams tests: producing inputs, reading outputs, running apps in this
+process or as `keyrange streams` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from client.http import CoordinatorClient
+from client.streams.app import StreamsApp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def produce(
+    bootstrap: str, topic: str, records: Sequence[tuple[bytes | None, bytes | None, int | None]]
+) -> None:
+    """(key, value, timestamp ms) each, to partition 0 in this order."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value, timestamp in records:
+            await producer.send(topic, value=value, key=key, partition=0, timestamp_ms=timestamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+class TopicReader:
+    """Reads a topic's partition 0 from the start, keeping every record."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._tp = TopicPartition(topic, 0)
+        self.records: list[Any] = []
+
+    async def __aenter__(self) -> TopicReader:
+        await self._consumer.start()
+        self._consumer.assign([self._tp])
+        self._consumer.seek(self._tp, 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._consumer.stop()
+
+    async def poll(self) -> list[Any]:
+        batch = await self._consumer.getmany(self._tp, timeout_ms=100)
+        self.records.extend(batch.get(self._tp, ()))
+        return self.records
+
+    def latest(self) -> dict[str, Any]:
+        """The last value per key, decoded as text keys and JSON-or-int64 values."""
+        latest: dict[str, Any] = {}
+        for record in self.records:
+            latest[record.key.decode()] = decode(record.value)
+        return latest
+
+
+def decode(value: bytes | None) -> Any:
+    if value is None:
+        return None
+    if len(value) == 8 and not value.startswith(b"{"):
+        return int.from_bytes(value, "big", signed=True)
+    return json.loads(value)
+
+
+async def accept_range_fetch(coordinator: str, *topics: str) -> None:
+    async with CoordinatorClient(coordinator) as client:
+        for topic in topics:
+            await client.set_accept_range_fetch(topic)
+
+
+@contextlib.asynccontextmanager
+async def running(app: StreamsApp) -> AsyncIterator[StreamsApp]:
+    task = asyncio.create_task(app.run())
+    try:
+        yield app
+    finally:
+        app.stop()
+        await asyncio.wait_for(task, 60)
+
+
+class StreamsProcess:
+    """One `keyrange streams` process with JSON logs collected from its stderr."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.logs: list[dict[str, Any]] = []
+        self._reading = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        async for line in self.process.stderr:
+            try:
+                self.logs.append(json.loads(line))
+            except ValueError:
+                self.logs.append({"msg": line.decode(errors="replace").rstrip()})
+
+    def restores(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.logs if entry.get("msg") == "store restored"]
+
+    async def stop(self, sig: int) -> int:
+        self.process.send_signal(sig)
+        code = await asyncio.wait_for(self.process.wait(), 60)
+        await self._reading
+        return code
+
+
+async def start_streams(
+    target: str,
+    application_id: str,
+    bootstrap: str,
+    coordinator: str,
+    state_dir: Path,
+    env: dict[str, str],
+) -> StreamsProcess:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "coordinator.cli",
+        "streams",
+        target,
+        "--application-id",
+        application_id,
+        "--bootstrap",
+        bootstrap,
+        "--coordinator",
+        coordinator,
+        "--state-dir",
+        str(state_dir),
+        "--session-timeout-ms",
+        "3000",
+        "--commit-interval-ms",
+        "200",
+        "--log-format",
+        "json",
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return StreamsProcess(process)
+
+
+async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
+    """Each live member's owned slices, as the coordinator sees them."""
+    async with httpx.AsyncClient(base_url=coordinator) as api:
+        reply = await api.get(f"/v1/admin/groups/{group_id}")
+        if reply.status_code == 404:
+            return []
+        reply.raise_for_status()
+        return [member["owned"] for member in reply.json()["members"]]

@@ -1,0 +1,81 @@
+"""Stream time, the next-record choice, idle waits and pausing (KIP-28 synchronization)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from client.streams.clock import NO_TIME, TaskInputs, Wait
+
+
+def test_the_lowest_timestamp_among_the_heads_goes_first() -> None:
+    inputs = TaskInputs(["orders", "customers"])
+    inputs.add("orders", 30, "o30")
+    inputs.add("customers", 10, "c10")
+    inputs.add("customers", 40, "c40")
+    taken = []
+    while (choice := inputs.choose(0)) is not None:
+        assert not isinstance(choice, Wait)
+        taken.append(choice[1].record)
+    assert taken == ["c10", "o30", "c40"]
+
+
+def test_an_empty_input_is_waited_for_up_to_the_idle_time() -> None:
+    inputs = TaskInputs(["orders", "customers"], max_idle_ms=100)
+    inputs.add("orders", 5, "o5")
+    assert inputs.choose(1_000) == Wait(1_100)
+    assert inputs.choose(1_050) == Wait(1_100)
+    choice = inputs.choose(1_100)
+    assert not isinstance(choice, Wait) and choice is not None
+    assert choice[1].record == "o5"
+
+
+def test_stream_time_is_the_smallest_partition_time_and_never_goes_back() -> None:
+    inputs = TaskInputs(["a", "b"])
+    assert inputs.stream_time == NO_TIME
+    for name, timestamp in [("a", 100), ("b", 50), ("a", 20), ("b", 200)]:
+        inputs.add(name, timestamp, None)
+    times = []
+    while (choice := inputs.choose(0)) is not None:
+        assert not isinstance(choice, Wait)
+        times.append(inputs.stream_time)
+    assert inputs.partition_time("a") == 100
+    assert inputs.partition_time("b") == 200
+    assert times == sorted(times)
+    assert inputs.stream_time == 100
+
+
+def test_a_crowded_input_is_paused_until_it_drained_to_half() -> None:
+    inputs = TaskInputs(["a", "b"])
+    for timestamp in range(4):
+        inputs.add("a", timestamp, None)
+    assert inputs.crowded("a", 4) and not inputs.crowded("b", 4)
+    assert not inputs.drained("a", 4)
+    inputs.choose(0)
+    inputs.choose(0)
+    assert inputs.drained("a", 4)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(min_value=0, max_value=10_000))
+    )
+)
+def test_stream_time_is_monotonic_and_every_record_comes_out_once(
+    arrivals: list[tuple[str, int]],
+) -> None:
+    inputs = TaskInputs(["a", "b", "c"])
+    for index, (name, timestamp) in enumerate(arrivals):
+        inputs.add(name, timestamp, index)
+    seen: list[int] = []
+    last = NO_TIME
+    while (choice := inputs.choose(0)) is not None:
+        assert not isinstance(choice, Wait)
+        assert inputs.stream_time >= last
+        last = inputs.stream_time
+        seen.append(choice[1].record)
+    assert sorted(seen) == list(range(len(arrivals)))
+    # Per input, records keep their arrival (offset) order.
+    for name in "abc":
+        own = [index for index in seen if arrivals[index][0] == name]
+        assert own == sorted(own)

@@ -1,0 +1,94 @@
+"""Store engines (one suite over memory and RocksDB), checkpoints, and restoration of a key
+range from a real changelog: only the range's records are written, every record is read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.protocol.keyspace import KeyRange, key_hash
+from client.streams.checkpoint import read_checkpoint, start_offset, write_checkpoint
+from client.streams.restore import RestoreProgress, Restorer
+from client.streams.stores import BytesStore, MemoryStore, RocksStore, delete_ranges
+from tests.fixtures.services import MakeTopic
+from tests.streams.harness import produce
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BytesStore]:
+    store: BytesStore = MemoryStore() if request.param == "memory" else RocksStore(tmp_path / "db")
+    yield store
+    store.close()
+
+
+def test_put_get_delete_and_range_scans_in_key_byte_order(engine: BytesStore) -> None:
+    for key in [b"c", b"a", b"e", b"b", b"d"]:
+        engine.put(key, key.upper())
+    engine.delete(b"e")
+    assert engine.get(b"a") == b"A" and engine.get(b"e") is None
+    assert list(engine.scan(b"b", b"d")) == [(b"b", b"B"), (b"c", b"C"), (b"d", b"D")]
+    assert [key for key, _ in engine.scan()] == [b"a", b"b", b"c", b"d"]
+
+
+def test_deleting_a_key_range_removes_exactly_its_keys(engine: BytesStore) -> None:
+    keys = [b"key-%d" % index for index in range(200)]
+    for key in keys:
+        engine.put(key, b"v")
+    lower_half = KeyRange(0, 2**62 - 1)
+    deleted = delete_ranges(engine, [lower_half])
+    remaining = [key for key, _ in engine.scan()]
+    assert deleted + len(remaining) == len(keys)
+    assert all(not lower_half.contains(key_hash(key, 0)) for key in remaining)
+
+
+def test_rocksdb_keeps_its_data_across_a_reopen(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db")
+    store.put(b"k", b"v")
+    store.flush()
+    store.close()
+    reopened = RocksStore(tmp_path / "db")
+    assert reopened.get(b"k") == b"v"
+    reopened.close()
+
+
+def test_a_checkpoint_covers_the_ranges_it_lists(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint"
+    assert read_checkpoint(path) == {}
+    write_checkpoint(path, {KeyRange(0, 99): 42, KeyRange(200, 299): 7})
+    loaded = read_checkpoint(path)
+    assert start_offset(loaded, KeyRange(10, 20)) == 42
+    assert start_offset(loaded, KeyRange(90, 210)) is None
+    path.write_text("not json")
+    assert read_checkpoint(path) == {}
+
+
+async def test_restoring_a_quarter_of_the_keys_reads_all_and_writes_only_them(
+    kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    changelog = await make_topic(1, config={"cleanup.policy": "compact"})
+    keys = [b"user-%d" % index for index in range(400)]
+    await produce(kafka_bootstrap, changelog, [(key, b"value", None) for key in keys])
+    await produce(kafka_bootstrap, changelog, [(keys[0], None, None)])
+    quarter = KeyRange.full().split(4)[1]
+    mine = {key for key in keys if quarter.contains(key_hash(key, 0))}
+    restorer = Restorer({"bootstrap_servers": kafka_bootstrap})
+    await restorer.start()
+    try:
+        store = MemoryStore()
+        progress = await restorer.restore(changelog, RestoreProgress("s", 0, [quarter], 0), store)
+        assert progress.read == len(keys) + 1
+        assert progress.restored == len(mine) + (1 if keys[0] in mine else 0)
+        assert {key for key, _ in store.scan()} == mine - {keys[0]}
+        assert progress.end_offset == progress.position == len(keys) + 1
+        # From a checkpoint, only the tail is read.
+        tail = await restorer.restore(
+            changelog, RestoreProgress("s", 0, [quarter], len(keys)), MemoryStore()
+        )
+        assert tail.read == 1
+        empty = await make_topic(1)
+        nothing = await restorer.restore(empty, RestoreProgress("s", 0, [quarter], 0), store)
+        assert nothing.read == 0 and nothing.done
+    finally:
+        await restorer.stop()
