@@ -19,6 +19,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from client.kafka_stop import stop_consumer
 from client.protocol.keyspace import KeyRange, hash_records
 from client.streams.stores import BytesStore
 
@@ -66,7 +67,7 @@ class Restorer:
     async def stop(self) -> None:
         if self._started:
             self._started = False
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)
 
     async def restore(
         self,
@@ -97,8 +98,7 @@ class Restorer:
                 on_progress(progress)
                 if progress.end_offset is not None and progress.position >= progress.end_offset:
                     break
-            # Paused, not unassigned: aiokafka's fetch routine swallows a stop() that lands
-            # while it cancels the fetches of an assignment just taken away, and hangs.
+            # Nothing more is fetched until the next restoration assigns its partition.
             self._consumer.pause(tp)
         progress.seconds = time.monotonic() - progress.started
         progress.done = True
