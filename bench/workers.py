@@ -388,8 +388,7 @@ async def memory(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bench.workers",
-        "--memory-child",
+        "bench.memory_worker",
         "--bootstrap",
         stack.bootstrap,
         "--coordinator",
@@ -417,21 +416,6 @@ async def memory(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_mb": round(peak, 1),
         "rss_over_bound_mb": round(peak - args.bound_mb, 1),
     }
-
-
-def memory_child(args: argparse.Namespace) -> None:
-    async def slow(record: Any) -> None:
-        await asyncio.sleep(0.01)
-
-    settings = WorkerConfig(
-        topics=[args.topic],
-        group_id=f"bench-memory-{uuid.uuid4().hex[:6]}",
-        bootstrap_servers=args.bootstrap,
-        coordinator_url=args.coordinator,
-        max_concurrency=16,
-        max_buffered_bytes=args.bound_mb * 1024 * 1024,
-    )
-    asyncio.run(Worker(settings, handler=slow).run(handle_signals=True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -522,11 +506,6 @@ def parse_args() -> argparse.Namespace:
         default={"pc", "cpu", "memory", "retry"},
         help="comma-separated subset of pc,cpu,memory,retry",
     )
-    # Child-process mode of the memory phase.
-    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
-    parser.add_argument("--coordinator", help=argparse.SUPPRESS)
-    parser.add_argument("--topic", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -534,9 +513,6 @@ def main() -> None:
     args = parse_args()
     # The retry phase fails records on purpose; its warnings would drown the phase lines.
     logging.getLogger("client.worker").setLevel(logging.ERROR)
-    if args.memory_child:
-        memory_child(args)
-        return
     with tempfile.TemporaryDirectory(prefix="keyrange-bench-workers-") as work:
         stack = Stack(
             Path(work),
