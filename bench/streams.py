@@ -16,7 +16,8 @@ process); each ratio is against a baseline measured in the same run.
    pairs), with the records read and restored by each (every record is fetched either way:
    the broker does not filter by key).
 
-Prints one line per phase, then one JSON object on the last line.
+``--phases scale,restore`` picks the phases (both by default). Prints one line per phase,
+then one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -172,8 +173,10 @@ async def restoration(stack: Stack, args: argparse.Namespace, work: Path) -> dic
 
 async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"benchmark": "streams"}
-    summary.update(await scale_out(stack, args, work))
-    summary.update(await restoration(stack, args, work))
+    if "scale" in args.phases:
+        summary.update(await scale_out(stack, args, work))
+    if "restore" in args.phases:
+        summary.update(await restoration(stack, args, work))
     return summary
 
 
@@ -184,6 +187,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lookup-ms", type=float, default=1.0)
     parser.add_argument("--changelog-records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--phases",
+        type=lambda text: set(text.split(",")),
+        default={"scale", "restore"},
+        help="comma-separated subset of scale,restore",
+    )
     return parser.parse_args()
 
 
