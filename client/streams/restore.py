@@ -126,8 +126,10 @@ class Restorer:
                     for batch in fetched.batches:
                         _restore_batch(batch, progress, bounds, engine)
                         progress.position = batch.next_offset
-                        on_progress(progress)
                     progress.position = max(progress.position, fetched.next_offset)
+                    # Once per fetch: a changelog written in tiny batches would otherwise
+                    # redraw a terminal's progress bar per record.
+                    on_progress(progress)
                     if progress.position >= fetched.high_watermark:
                         break
             finally:
