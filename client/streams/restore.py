@@ -86,10 +86,18 @@ class _Fetched:
 
 
 class Restorer:
-    """Restores one (changelog partition, key ranges) at a time on a connection of its own."""
+    """Restores one (changelog partition, key ranges) at a time on a connection of its own.
 
-    def __init__(self, kafka_kwargs: dict[str, object]) -> None:
+    ``partition_fetch_bytes`` caps one fetch (the broker still answers with at least one
+    record batch); the tests make it tiny to restore across many fetches."""
+
+    def __init__(
+        self,
+        kafka_kwargs: dict[str, object],
+        partition_fetch_bytes: int = _PARTITION_FETCH_BYTES,
+    ) -> None:
         self._client = AIOKafkaClient(**kafka_kwargs)
+        self._fetch_bytes = partition_fetch_bytes
         self._lock = asyncio.Lock()
         self._started = False
 
@@ -147,9 +155,9 @@ class Restorer:
             request = FetchRequest(
                 max_wait_time=_FETCH_WAIT_MS,
                 min_bytes=1,
-                max_bytes=_PARTITION_FETCH_BYTES,
+                max_bytes=self._fetch_bytes,
                 isolation_level=_READ_UNCOMMITTED,
-                topics=[(tp.topic, [(tp.partition, offset, _PARTITION_FETCH_BYTES)])],
+                topics=[(tp.topic, [(tp.partition, offset, self._fetch_bytes)])],
             )
             try:
                 reply = await self._client.send(node, request)

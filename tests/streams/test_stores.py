@@ -104,3 +104,39 @@ async def test_restoring_a_quarter_of_the_keys_reads_all_and_writes_only_them(
         assert nothing.read == 0 and nothing.done
     finally:
         await restorer.stop()
+
+
+async def test_a_restore_across_many_fetches_and_from_inside_a_record_batch(
+    kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    changelog = await make_topic(1, config={"cleanup.policy": "compact"})
+    keys = [b"user-%d" % index for index in range(400)]
+    # Eight record batches of 50; fetches of one byte answer one batch each.
+    for first in range(0, len(keys), 50):
+        await produce(
+            kafka_bootstrap, changelog, [(key, b"value", None) for key in keys[first : first + 50]]
+        )
+    quarter = KeyRange.full().split(4)[1]
+    restorer = Restorer({"bootstrap_servers": kafka_bootstrap}, partition_fetch_bytes=1)
+    await restorer.start()
+    try:
+        fetches: list[int] = []
+        whole = MemoryStore()
+        progress = await restorer.restore(
+            changelog,
+            RestoreProgress("s", 0, [KeyRange.full()], 25),
+            whole,
+            lambda seen: fetches.append(seen.position),
+        )
+        assert progress.read == progress.restored == len(keys) - 25
+        assert {key for key, _ in whole.scan()} == set(keys[25:])
+        assert progress.position == progress.end_offset == len(keys)
+        assert len(fetches) > 2
+        mine = MemoryStore()
+        part = await restorer.restore(changelog, RestoreProgress("s", 0, [quarter], 0), mine)
+        assert part.read == len(keys)
+        assert {key for key, _ in mine.scan()} == {
+            key for key in keys if quarter.contains(key_hash(key, 0))
+        }
+    finally:
+        await restorer.stop()
