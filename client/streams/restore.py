@@ -36,8 +36,9 @@ from client.streams.stores import BytesStore
 
 logger = logging.getLogger(__name__)
 
-# How long the broker may hold a fetch at the log end: the end of an idle changelog is its
-# high watermark, which the first answer already carries, so this is rarely waited for.
+# A fetch asks for no minimum of data, so Kafka answers at once even at the log end (a
+# store whose checkpoint is current); some Kafka-protocol brokers still hold such a fetch
+# for the wait, and answer nothing at all when it is 0.
 _FETCH_WAIT_MS = 100
 # Larger than a consumer's 1 MiB default: a restore reads a partition from end to end, and
 # each round trip it saves is a wait the filtering cannot hide. Two fetches are in flight at
@@ -154,7 +155,7 @@ class Restorer:
             node = await self._leader(tp)
             request = FetchRequest(
                 max_wait_time=_FETCH_WAIT_MS,
-                min_bytes=1,
+                min_bytes=0,
                 max_bytes=self._fetch_bytes,
                 isolation_level=_READ_UNCOMMITTED,
                 topics=[(tp.topic, [(tp.partition, offset, self._fetch_bytes)])],
