@@ -10,7 +10,7 @@ would live in the wrong task, and restoration by key range would never bring it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -27,6 +27,10 @@ class BytesStore(Protocol):
     def put(self, key: bytes, value: bytes) -> None: ...
 
     def delete(self, key: bytes) -> None: ...
+
+    def apply(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Puts and deletes (a ``None`` value) in order, as one write where the engine can."""
+        ...
 
     def scan(
         self, low: bytes | None = None, high: bytes | None = None
@@ -52,6 +56,13 @@ class MemoryStore:
     def delete(self, key: bytes) -> None:
         self._data.pop(key, None)
 
+    def apply(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
+        for key, value in changes:
+            if value is None:
+                self._data.pop(key, None)
+            else:
+                self._data[key] = value
+
     def scan(
         self, low: bytes | None = None, high: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
@@ -75,7 +86,7 @@ class RocksStore:
 
     def __init__(self, path: Path) -> None:
         try:
-            from rocksdict import Options, Rdict
+            from rocksdict import Options, Rdict, WriteBatch
         except ImportError as missing:
             raise StreamsError(
                 "persistent stores need the 'streams' extra: pip install 'keyrange[streams]'"
@@ -83,6 +94,7 @@ class RocksStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
         self._db = Rdict(str(path), options=Options(raw_mode=True))
+        self._batch_type = WriteBatch
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -93,6 +105,18 @@ class RocksStore:
 
     def delete(self, key: bytes) -> None:
         del self._db[key]
+
+    def apply(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
+        # A write's fixed cost (the call into rocksdict, RocksDB's write lock and its
+        # write-ahead log append) is paid once per batch: 200,000 puts took 0.49 s one by
+        # one and 0.09 s as 400 batches of 500.
+        batch = self._batch_type(raw_mode=True)
+        for key, value in changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._db.write(batch)
 
     def scan(
         self, low: bytes | None = None, high: bytes | None = None

@@ -32,6 +32,16 @@ def test_put_get_delete_and_range_scans_in_key_byte_order(engine: BytesStore) ->
     assert [key for key, _ in engine.scan()] == [b"a", b"b", b"c", b"d"]
 
 
+def test_a_batch_of_changes_applies_in_order(engine: BytesStore) -> None:
+    engine.put(b"old", b"1")
+    engine.apply(
+        [(b"a", b"1"), (b"b", b"2"), (b"a", b"3"), (b"b", None), (b"old", None), (b"gone", None)]
+    )
+    assert list(engine.scan()) == [(b"a", b"3")]
+    engine.apply([])
+    assert list(engine.scan()) == [(b"a", b"3")]
+
+
 def test_deleting_a_key_range_removes_exactly_its_keys(engine: BytesStore) -> None:
     keys = [b"key-%d" % index for index in range(200)]
     for key in keys:
@@ -65,22 +75,24 @@ def test_a_checkpoint_covers_the_ranges_it_lists(tmp_path: Path) -> None:
 
 
 async def test_restoring_a_quarter_of_the_keys_reads_all_and_writes_only_them(
-    kafka_bootstrap: str, make_topic: MakeTopic
+    kafka_bootstrap: str, make_topic: MakeTopic, engine: BytesStore
 ) -> None:
     changelog = await make_topic(1, config={"cleanup.policy": "compact"})
     keys = [b"user-%d" % index for index in range(400)]
-    await produce(kafka_bootstrap, changelog, [(key, b"value", None) for key in keys])
-    await produce(kafka_bootstrap, changelog, [(keys[0], None, None)])
     quarter = KeyRange.full().split(4)[1]
     mine = {key for key in keys if quarter.contains(key_hash(key, 0))}
+    # A tombstone for a key of the quarter: restored in the same batch as the key's value,
+    # it must leave the key deleted.
+    doomed = min(mine)
+    await produce(kafka_bootstrap, changelog, [(key, b"value", None) for key in keys])
+    await produce(kafka_bootstrap, changelog, [(doomed, None, None)])
     restorer = Restorer({"bootstrap_servers": kafka_bootstrap})
     await restorer.start()
     try:
-        store = MemoryStore()
-        progress = await restorer.restore(changelog, RestoreProgress("s", 0, [quarter], 0), store)
+        progress = await restorer.restore(changelog, RestoreProgress("s", 0, [quarter], 0), engine)
         assert progress.read == len(keys) + 1
-        assert progress.restored == len(mine) + (1 if keys[0] in mine else 0)
-        assert {key for key, _ in store.scan()} == mine - {keys[0]}
+        assert progress.restored == len(mine) + 1
+        assert {key for key, _ in engine.scan()} == mine - {doomed}
         assert progress.end_offset == progress.position == len(keys) + 1
         # From a checkpoint, only the tail is read.
         tail = await restorer.restore(
@@ -88,7 +100,43 @@ async def test_restoring_a_quarter_of_the_keys_reads_all_and_writes_only_them(
         )
         assert tail.read == 1
         empty = await make_topic(1)
-        nothing = await restorer.restore(empty, RestoreProgress("s", 0, [quarter], 0), store)
+        nothing = await restorer.restore(empty, RestoreProgress("s", 0, [quarter], 0), engine)
         assert nothing.read == 0 and nothing.done
+    finally:
+        await restorer.stop()
+
+
+async def test_a_restore_across_many_fetches_and_from_inside_a_record_batch(
+    kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    changelog = await make_topic(1, config={"cleanup.policy": "compact"})
+    keys = [b"user-%d" % index for index in range(400)]
+    # Eight record batches of 50; fetches of one byte answer one batch each.
+    for first in range(0, len(keys), 50):
+        await produce(
+            kafka_bootstrap, changelog, [(key, b"value", None) for key in keys[first : first + 50]]
+        )
+    quarter = KeyRange.full().split(4)[1]
+    restorer = Restorer({"bootstrap_servers": kafka_bootstrap}, partition_fetch_bytes=1)
+    await restorer.start()
+    try:
+        fetches: list[int] = []
+        whole = MemoryStore()
+        progress = await restorer.restore(
+            changelog,
+            RestoreProgress("s", 0, [KeyRange.full()], 25),
+            whole,
+            lambda seen: fetches.append(seen.position),
+        )
+        assert progress.read == progress.restored == len(keys) - 25
+        assert {key for key, _ in whole.scan()} == set(keys[25:])
+        assert progress.position == progress.end_offset == len(keys)
+        assert len(fetches) > 2
+        mine = MemoryStore()
+        part = await restorer.restore(changelog, RestoreProgress("s", 0, [quarter], 0), mine)
+        assert part.read == len(keys)
+        assert {key for key, _ in mine.scan()} == {
+            key for key in keys if quarter.contains(key_hash(key, 0))
+        }
     finally:
         await restorer.stop()
