@@ -2,9 +2,10 @@
 
 One ``KeyrangeConsumer`` per process (one Kafka consumer, one membership with the sticky
 stream-join assignor, so every co-partitioned topic's partition ``p`` comes with the same key
-ranges), one producer for sinks and changelogs, one restorer with a Kafka connection of its own, and the engine
-(``client.streams.engine``) driving the tasks. Shut down gracefully: the engine finishes and
-runs the commit protocol, the consumer commits and leaves, the tasks close and checkpoint.
+ranges), one producer for sinks and changelogs, one restorer with a Kafka connection of its
+own, and the engine (``client.streams.engine``) driving the tasks. Shut down gracefully: the
+engine finishes and runs the commit protocol, the consumer commits and leaves, the tasks
+close and checkpoint.
 """
 
 from __future__ import annotations
