@@ -39,6 +39,18 @@ def key_hash(key: bytes | None, offset: int) -> int:
     return int(_murmur3_halves(key, 0)[0]) >> 1
 
 
+def digest_bounds(start: int, end: int) -> tuple[int, int]:
+    """The bounds on the murmur3 digest's first half that ``start <= key_hash <= end``
+    means, for loops that judge raw keys without a call per key (the hash drops the half's
+    lowest bit): ``digest_bounds(s, e)[0] <= key_digest(key, 0)[0] <= digest_bounds(s, e)[1]``.
+    """
+    return start << 1, (end << 1) | 1
+
+
+# ``key_digest(key, 0)[0] >> 1`` is ``key_hash`` of a non-null key.
+key_digest = _murmur3_halves
+
+
 def hash_records(records: Iterable[KeyedRecord]) -> list[int]:
     """``key_hash`` of each record, in one pass with the hash inlined for keyed records: a
     consumer hashes every record it fetches, so a Python call per record would show."""

