@@ -12,31 +12,18 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from client.worker.command import UsageError, load_target
+from client.command_line import Option, Options, UsageError, load_target
 
 ENV_PREFIX = "KEYRANGE_STREAMS_"
 
 log = logging.getLogger("keyrange.streams")
 
 
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    field: str
-    parse: Callable[[str], Any]
-    help: str
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.flag.upper().replace("-", "_")
-
-
-OPTIONS = (
+_TABLE = (
     Option("application-id", "application_id", str, "group id and changelog prefix (required)"),
     Option("bootstrap", "bootstrap_servers", str, "Kafka bootstrap servers (required)"),
     Option("coordinator", "coordinator_url", str, "coordinator URL (required)"),
@@ -55,7 +42,9 @@ OPTIONS = (
         "replication of the changelog topics this application creates",
     ),
 )
-_REQUIRED = ("application_id", "bootstrap_servers", "coordinator_url")
+OPTIONS = Options(
+    ENV_PREFIX, _TABLE, required=("application_id", "bootstrap_servers", "coordinator_url")
+)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -71,38 +60,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=None,
         help=f"module:function returning a Topology ({ENV_PREFIX}TARGET)",
     )
-    for option in OPTIONS:
-        parser.add_argument(f"--{option.flag}", default=None, help=f"{option.help} ({option.env})")
-    parser.add_argument("--log-level", default=None, help=f"default INFO ({ENV_PREFIX}LOG_LEVEL)")
-    parser.add_argument(
-        "--log-format",
-        default=None,
-        help="auto (text on a terminal, JSON elsewhere; the default), text or json "
-        f"({ENV_PREFIX}LOG_FORMAT)",
-    )
+    OPTIONS.add_to(parser)
     return parser
 
 
 def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
-    chosen: dict[str, Any] = {}
-    for option in OPTIONS:
-        raw = getattr(args, option.flag.replace("-", "_"))
-        source = f"--{option.flag}"
-        if raw is None:
-            raw, source = environ.get(option.env), option.env
-        if raw is None:
-            continue
-        try:
-            chosen[option.field] = option.parse(raw)
-        except ValueError:
-            raise UsageError(f"{source}: invalid value {raw!r}") from None
-    missing = [option for option in OPTIONS if option.field in _REQUIRED]
-    missing = [option for option in missing if option.field not in chosen]
-    if missing:
-        raise UsageError(
-            "missing " + ", ".join(f"--{option.flag} ({option.env})" for option in missing)
-        )
-    return chosen
+    return OPTIONS.settings(args, environ)
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
@@ -138,6 +101,4 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
 
 
 def logging_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
-    level = args.log_level or environ.get(f"{ENV_PREFIX}LOG_LEVEL") or "INFO"
-    fmt = args.log_format or environ.get(f"{ENV_PREFIX}LOG_FORMAT") or "auto"
-    return level.upper(), fmt
+    return OPTIONS.logging(args, environ)

@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
+from client.command_line import Option, Options, UsageError, boolean, load_target
 from client.kafka_security import KafkaSecurity
 
 ENV_PREFIX = "KEYRANGE_WORKER_"
 
 log = logging.getLogger("keyrange.worker")
-
-
-def _boolean(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in {"true", "1", "yes", "on"}:
-        return True
-    if lowered in {"false", "0", "no", "off"}:
-        return False
-    raise ValueError("expected true or false")
 
 
 def _topics(value: str) -> list[str]:
@@ -44,19 +34,7 @@ def _topics(value: str) -> list[str]:
     return topics
 
 
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    field: str
-    parse: Callable[[str], Any]
-    help: str
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.flag.upper().replace("-", "_")
-
-
-OPTIONS = (
+_TABLE = (
     Option("topics", "topics", _topics, "comma-separated topics to consume (required)"),
     Option("group", "group_id", str, "consumer group id (required)"),
     Option("bootstrap", "bootstrap_servers", str, "Kafka bootstrap servers (required)"),
@@ -98,7 +76,7 @@ OPTIONS = (
     Option("kafka-ssl-certfile", "kafka_ssl_certfile", str, "client certificate (mutual TLS)"),
     Option("kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "the client certificate's key"),
     Option("kafka-ssl-key-password", "kafka_ssl_key_password", str, "the key's password"),
-    Option("kafka-ssl-check-hostname", "kafka_ssl_check_hostname", _boolean, "true (default)"),
+    Option("kafka-ssl-check-hostname", "kafka_ssl_check_hostname", boolean, "true (default)"),
     Option(
         "kafka-sasl-mechanism",
         "kafka_sasl_mechanism",
@@ -116,11 +94,9 @@ OPTIONS = (
         "OAUTHBEARER token file, read at every connection",
     ),
 )
-_REQUIRED = ("topics", "group_id", "bootstrap_servers", "coordinator_url")
-
-
-class UsageError(Exception):
-    """Bad options or target: one line for the user, exit code 2."""
+OPTIONS = Options(
+    ENV_PREFIX, _TABLE, required=("topics", "group_id", "bootstrap_servers", "coordinator_url")
+)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -137,64 +113,20 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=None,
         help=f"module:Name of a WorkerTask class or a handler function ({ENV_PREFIX}TARGET)",
     )
-    for option in OPTIONS:
-        parser.add_argument(f"--{option.flag}", default=None, help=f"{option.help} ({option.env})")
-    parser.add_argument(
-        "--log-level", default=None, help=f"log level, default INFO ({ENV_PREFIX}LOG_LEVEL)"
-    )
-    parser.add_argument(
-        "--log-format",
-        default=None,
-        help="auto (text on a terminal, JSON elsewhere; the default), text or json "
-        f"({ENV_PREFIX}LOG_FORMAT)",
-    )
+    OPTIONS.add_to(parser)
     return parser
 
 
 def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """The ``WorkerConfig`` fields set by a flag or a variable; UsageError for bad values."""
-    chosen: dict[str, Any] = {}
-    for option in OPTIONS:
-        raw = getattr(args, option.flag.replace("-", "_"))
-        source = f"--{option.flag}"
-        if raw is None:
-            raw = environ.get(option.env)
-            source = option.env
-        if raw is None:
-            continue
-        try:
-            chosen[option.field] = option.parse(raw)
-        except ValueError:
-            raise UsageError(f"{source}: invalid value {raw!r}") from None
+    chosen = OPTIONS.settings(args, environ)
     security = {
         name.removeprefix("kafka_").replace("security_protocol", "protocol"): chosen.pop(name)
         for name in [name for name in chosen if name.startswith("kafka_")]
     }
     if security:
         chosen["kafka_security"] = KafkaSecurity(**security)
-    missing = [name for name in _REQUIRED if name not in chosen]
-    if missing:
-        flags = {option.field: option for option in OPTIONS}
-        names = ", ".join(f"--{flags[name].flag} ({flags[name].env})" for name in missing)
-        raise UsageError(f"missing {names}")
     return chosen
-
-
-def load_target(spec: str) -> Any:
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"target {spec!r} must be module:Name")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"cannot import {module_name}: {error}") from None
-    target = module
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise UsageError(f"{module_name} has no {attribute}") from None
-    return target
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
@@ -238,6 +170,4 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
 
 
 def logging_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
-    level = args.log_level or environ.get(f"{ENV_PREFIX}LOG_LEVEL") or "INFO"
-    fmt = args.log_format or environ.get(f"{ENV_PREFIX}LOG_FORMAT") or "auto"
-    return level.upper(), fmt
+    return OPTIONS.logging(args, environ)
