@@ -50,6 +50,20 @@ def digest_bounds(start: int, end: int) -> tuple[int, int]:
 # ``key_digest(key, 0)[0] >> 1`` is ``key_hash`` of a non-null key.
 key_digest = _murmur3_halves
 
+# The same digest as 16 bytes, the first half first, little-endian: byte 7 is the first
+# half's top byte, and ``int.from_bytes(digest[:8], "little")`` the first half. Indexing a
+# byte makes no integer, so a loop judging many raw keys against ``digest_bounds`` settles
+# most of them on that byte alone (``digest_top_bytes``).
+key_digest_bytes = mmh3.mmh3_x64_128_digest
+DIGEST_TOP_BYTE = 7
+
+
+def digest_top_bytes(low: int, high: int) -> tuple[int, int]:
+    """The top bytes of ``digest_bounds``' two ends: a digest whose top byte lies strictly
+    between them is within the bounds, one whose top byte lies outside them is not, and only
+    a digest on one of the two edge bytes needs its first half compared whole."""
+    return low >> 56, high >> 56
+
 
 def hash_records(records: Iterable[KeyedRecord]) -> list[int]:
     """``key_hash`` of each record, in one pass with the hash inlined for keyed records: a
