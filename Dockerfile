@@ -19,7 +19,9 @@ COPY pyproject.toml ./
 RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(project['dependencies'] + project['optional-dependencies']['server']))" > /tmp/requirements.txt \
     && pip install --no-cache-dir --requirement /tmp/requirements.txt
 
-# The package itself, without dependencies: they are all in the layer above.
+# The package itself, without dependencies: they are all in the layer above. The slim base
+# has no C compiler, so the optional C extension of streams restores (client.streams.
+# _keyfilter) is not built: the image runs the coordinator, which restores no state.
 COPY README.m[d] ./
 COPY coordinator ./coordinator
 COPY client ./client

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import aiokafka.errors as kafka_errors
@@ -40,6 +41,12 @@ from client.protocol.keyspace import (
 )
 from client.streams.errors import StreamsError
 from client.streams.stores import BytesStore
+
+_native: ModuleType | None
+try:
+    from client.streams import _keyfilter as _native
+except ImportError:  # installed without a C compiler: the Python loop judges every batch
+    _native = None
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,10 @@ _RETRY_BACKOFF_S = 0.1
 # the collector runs; a consumer's whole fetch held at once (100,000 records) made it run
 # hundreds of times per restore.
 _BATCH_RECORDS = 500
+# Kafka's framing of a record batch, the same in every format: the base offset, then the
+# length of the rest.
+_LENGTH_AT = 8
+_LOG_OVERHEAD = 12
 
 
 @dataclass
@@ -90,11 +101,19 @@ class RestoreProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class _Batch:
+    """One record batch: its bytes, for the native judgement, and aiokafka's reading of it."""
+
+    raw: memoryview
+    records: Any
+
+
+@dataclass(frozen=True, slots=True)
 class _Fetched:
     """One fetch answer: the partition's high watermark and its complete data batches."""
 
     high_watermark: int
-    batches: list[Any]
+    batches: list[_Batch]
     next_offset: int
 
 
@@ -115,6 +134,12 @@ class Restorer:
         self._started = False
 
     async def start(self) -> None:
+        if _native is None:
+            logger.warning(
+                "the restore's C key filter is not installed (client.streams._keyfilter: "
+                "keyrange was installed without a C compiler); restores judge keys in Python, "
+                "about ten times slower per record fetched"
+            )
         if not self._started:
             await self._client.bootstrap()
             self._started = True
@@ -149,8 +174,12 @@ class Restorer:
                             self._fetch(tp, fetched.next_offset, fetch_bytes)
                         )
                     for batch in fetched.batches:
-                        _restore_batch(batch, progress, bounds, engine)
-                        progress.position = batch.next_offset
+                        _restore_batch(batch, progress, bounds, engine, tp)
+                        progress.position = batch.records.next_offset
+                        # The next answer arrives meanwhile: read off the socket between
+                        # batches, the broker goes on sending instead of waiting on a full
+                        # socket buffer until the whole fetch is filtered (0.085 -> 0.07 s
+                        # for a restore that writes nothing).
                         await asyncio.sleep(0)
                     progress.position = max(progress.position, fetched.next_offset)
                     # Once per fetch: a changelog written in tiny batches would otherwise
@@ -227,31 +256,65 @@ def _partition_reply(reply: Any, tp: TopicPartition) -> tuple[int, int, bytes | 
 def _batches(
     records: bytes | None, offset: int, high_watermark: int, tp: TopicPartition
 ) -> _Fetched:
-    """The complete data batches of an answer (a trailing partial batch is fetched again);
-    control batches only move the offset on."""
+    """The complete data batches of an answer, checksums checked (a trailing partial batch
+    is fetched again); control batches only move the offset on. Every format frames a batch
+    the same way, so the raw bytes of each batch aiokafka reads are cut alongside."""
     batches = []
     next_offset = offset
+    raw = memoryview(records or b"")
+    at = 0
     data = MemoryRecords(records) if records else None
     while data is not None and data.has_next():
         batch = data.next_batch()
+        size = _LOG_OVERHEAD + int.from_bytes(raw[at + _LENGTH_AT : at + _LOG_OVERHEAD], "big")
         if not batch.validate_crc():
             raise StreamsError(f"cannot restore from {_name(tp)}: a corrupt batch at {offset}")
         if not batch.is_control_batch:
-            batches.append(batch)
+            batches.append(_Batch(raw[at : at + size], batch))
+        at += size
         next_offset = batch.next_offset
     return _Fetched(high_watermark, batches, next_offset)
 
 
 def _restore_batch(
-    batch: Any, progress: RestoreProgress, bounds: list[tuple[int, int]], engine: BytesStore
+    batch: _Batch,
+    progress: RestoreProgress,
+    bounds: list[tuple[int, int]],
+    engine: BytesStore,
+    tp: TopicPartition,
 ) -> None:
     """Write the batch's records from ``progress.position`` on (a fetch may start inside a
-    batch) whose key hash falls in ``bounds``, judged on the raw key bytes. Most records are
-    other tasks', so this loop is what a restore's time goes to: each record is dropped as
-    soon as it is judged (holding a few hundred at a time cost a third more), most keys are
-    judged on one byte of their digest against the ranges' envelope (``digest_top_bytes``;
-    ``key_hash`` as a call cost 0.07 s of 200,000 records, the digest's first half as an
-    integer 0.04 s, this 0.035 s), and the writes go out a few hundred at a time."""
+    batch) whose key hash falls in ``bounds``. Most records are other tasks', so judging them
+    is what a restore's time goes to: the native judgement reads a skipped record without
+    making a Python object of it (200,000 records judged in 0.003 s, against 0.035 s in
+    Python); a batch it does not read (compressed), or an install without it, takes the
+    Python loop."""
+    if _native is not None:
+        try:
+            selected = _native.select(batch.raw, progress.position, bounds)
+        except ValueError as err:
+            raise StreamsError(f"cannot restore from {_name(tp)}: {err}") from err
+        if selected is not None:
+            read, keys, values = selected
+            progress.read += read
+            for first in range(0, len(keys), _BATCH_RECORDS):
+                last = first + _BATCH_RECORDS
+                _apply(
+                    engine, list(zip(keys[first:last], values[first:last], strict=True)), progress
+                )
+            return
+    _judge_in_python(batch.records, progress, bounds, engine)
+
+
+def _judge_in_python(
+    batch: Any, progress: RestoreProgress, bounds: list[tuple[int, int]], engine: BytesStore
+) -> None:
+    """The same judgement on aiokafka's records, on the raw key bytes: each record is dropped
+    as soon as it is judged (holding a few hundred at a time cost a third more), most keys
+    are judged on one byte of their digest against the ranges' envelope
+    (``digest_top_bytes``; ``key_hash`` as a call cost 0.07 s of 200,000 records, the
+    digest's first half as an integer 0.04 s, this 0.035 s), and the writes go out a few
+    hundred at a time."""
     position = progress.position
     records = batch if position <= batch.base_offset else _from(batch, position)
     low, high = digest_bounds(min(start for start, _ in bounds), max(end for _, end in bounds))
