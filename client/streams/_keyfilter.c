@@ -185,8 +185,8 @@ static Py_ssize_t judge_records(
     const unsigned char *at = batch + HEADER_BYTES;
     const unsigned char *end = batch + size;
     Py_ssize_t read = 0;
-    if (record_count < 0) {
-        return corrupt("negative record count", base_offset);
+    if (record_count < 0 || base_offset < 0) {
+        return corrupt("negative record count or base offset", base_offset);
     }
     for (int64_t index = 0; index < record_count; index++) {
         int64_t record_size;
@@ -208,6 +208,9 @@ static Py_ssize_t judge_records(
             return corrupt("record fields", base_offset);
         }
         at = record_end; /* headers: not part of a store's state */
+        if (offset_delta < 0 || offset_delta > INT64_MAX - base_offset) {
+            return corrupt("offset delta", base_offset);
+        }
         int64_t offset = base_offset + offset_delta;
         if (offset < position) {
             continue;

@@ -181,3 +181,9 @@ def test_a_truncated_batch_is_refused_and_the_restore_names_the_changelog() -> N
     batch = restore._Batch(memoryview(raw[:-1]), DefaultRecordBatch(raw))
     with pytest.raises(StreamsError, match=r"changelog\[0\].*malformed record batch"):
         restore._restore_batch(batch, progress, [(HASH_MIN, HASH_MAX)], ListStore(), _TP)
+
+
+def test_an_offset_past_the_largest_is_refused() -> None:
+    raw = build_batch([(b"key", b"value")] * 3, base_offset=2**63 - 2)
+    with pytest.raises(ValueError, match="offset delta"):
+        _keyfilter.select(raw, 0, [(HASH_MIN, HASH_MAX)])
