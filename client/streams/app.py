@@ -301,4 +301,4 @@ class _Listener(RebalanceListener):
     async def on_slices_lost(self, slices: Slices) -> None:
         engine = self._app.engine
         if engine is not None:
-            engine.lose()
+            await engine.drop_lost()

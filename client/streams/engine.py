@@ -118,10 +118,21 @@ class StreamEngine:
             self._start_closing(task, None if slices is None else self._revoked_keys(task, slices))
 
     def lose(self) -> None:
+        """The membership is lost: no task takes another record (a pool thread inside one
+        finishes the record it is on; a thread cannot be interrupted) and nothing held back
+        is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
         self._held_back.clear()
-        for task in list(self.tasks.values()):
-            self._drop_task(task, processed_count=False)
-        self._sends.clear()
+        for task in self.tasks.values():
+            task.halted = True
+
+    async def drop_lost(self) -> None:
+        """Drop the tasks halted by ``lose``, without a commit, after the round under way:
+        closing a task's processors or deleting its keys while a pool thread is inside it
+        would race with that thread."""
+        async with self._round_lock:
+            for task in [task for task in self.tasks.values() if task.halted]:
+                self._drop_task(task, processed_count=False)
+            self._sends.clear()
 
     async def finish(self, timeout_s: float | None) -> None:
         self._finishing = True
@@ -300,7 +311,11 @@ class StreamEngine:
             self._work.set()
 
     def _active(self) -> list[StreamTask]:
-        return [task for task in self.tasks.values() if task.ready and task.id not in self._closing]
+        return [
+            task
+            for task in self.tasks.values()
+            if task.ready and not task.halted and task.id not in self._closing
+        ]
 
     async def _send(self) -> None:
         for task in list(self.tasks.values()):
@@ -435,6 +450,6 @@ def _process_for(tasks: list[StreamTask], now_ms: int) -> bool:
     while progressed and time.monotonic() < deadline:
         progressed = False
         for task in tasks:
-            if task.process_next(now_ms) is True:
+            if not task.halted and task.process_next(now_ms) is True:
                 progressed = progressed_any = True
     return progressed_any

@@ -84,6 +84,9 @@ class StreamTask:
         self.commit_requested = False
         self.metrics = TaskMetrics()
         self.ready = False
+        # Set on the loop when the membership is lost; a pool thread running the task reads
+        # it before each record and takes no more.
+        self.halted = False
         self.stores: dict[str, TaskStore] = {
             name: TaskStore(
                 topology.stores[name],

@@ -19,6 +19,7 @@ from client.streams import (
     StoreSpec,
     Topology,
 )
+from client.streams.engine import _process_for
 from client.streams.serde import JSON
 from client.streams.stores import MemoryStore
 from client.streams.task import StreamTask, TaskId
@@ -141,3 +142,27 @@ def test_a_failing_processor_is_named_with_its_record() -> None:
     with pytest.raises(ProcessorFailed, match=r"processor 'explode' failed on numbers\[0\]@41"):
         run_all(task)
     assert task.processed == []
+
+
+def test_a_task_halted_mid_round_takes_no_further_record() -> None:
+    """As when the membership is lost while a pool thread runs the task: the record under
+    way finishes, the buffered ones stay untouched."""
+    seen: list[str] = []
+    tasks: list[StreamTask] = []
+
+    class HaltAfterOne(Processor):
+        def process(self, key: Any, value: Any) -> None:
+            seen.append(value)
+            tasks[0].halted = True
+
+    topology = (
+        Topology()
+        .add_source("in", "in", key_serde=STRING, value_serde=STRING)
+        .add_processor("halt", HaltAfterOne, "in")
+    )
+    tasks.append(task_of(topology))
+    for offset in range(3):
+        tasks[0].add("in", Rec("in", offset, b"k", b"v%d" % offset, offset))
+    assert _process_for(tasks, 0) is True
+    assert seen == ["v0"]
+    assert tasks[0].inputs.buffered()

@@ -1,0 +1,88 @@
+"""A lost membership (the coordinator removed the member) while a pool thread is inside a
+processor: the task takes no further record and is dropped only after the processor
+returns, never under it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from client.streams import STRING, Processor, StreamsApp, Topology
+from client.streams.config import StreamsConfig
+from tests.fixtures.services import MakeTopic
+from tests.streams.harness import accept_range_fetch, produce, running
+from tests.waiting import until
+
+
+class Blocking(Processor):
+    """Holds its first record until released, and notes what ran when."""
+
+    def __init__(self, events: list[str], entered: threading.Event, release: threading.Event):
+        self._events = events
+        self._entered = entered
+        self._release = release
+
+    def process(self, key: Any, value: Any) -> None:
+        self._events.append("process")
+        self._entered.set()
+        self._release.wait(60)
+        self._events.append("processed")
+
+    def close(self) -> None:
+        self._events.append("close")
+
+
+async def test_a_lost_membership_drops_a_task_only_after_its_processor_returns(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    source = await make_topic(1)
+    await accept_range_fetch(coordinator_url, source)
+    events: list[str] = []
+    entered, release = threading.Event(), threading.Event()
+    topology = (
+        Topology()
+        .add_source("in", source, key_serde=STRING, value_serde=STRING)
+        .add_processor("hold", lambda: Blocking(events, entered, release), "in")
+    )
+    app_id = f"lost-{source}"
+    config = StreamsConfig(
+        application_id=app_id,
+        bootstrap_servers=kafka_bootstrap,
+        coordinator_url=coordinator_url,
+        state_dir=tmp_path,
+        session_timeout_ms=3_000,
+        processing_threads=2,
+        show_progress=False,
+    )
+    # Two records of one key: the second, buffered behind the first, is not processed by the
+    # lost task once the first returns.
+    await produce(kafka_bootstrap, source, [(b"k", b"v1", None), (b"k", b"v2", None)])
+    caplog.set_level(logging.WARNING, logger="client.consumer")
+    app = StreamsApp(topology, config)
+    async with running(app):
+        try:
+            await until(entered.is_set, 60, "the processor holds its record")
+            async with httpx.AsyncClient(base_url=coordinator_url) as admin:
+                removed = await admin.delete(f"/v1/admin/groups/{app_id}/members/{app.member_id}")
+                assert removed.status_code == 200, removed.text
+
+            def lost() -> bool:
+                return any(record.getMessage() == "slices lost" for record in caplog.records)
+
+            await until(lost, 30, "the instance knows its slices are lost")
+            # The loss is known and its listener running: the task waits for its processor.
+            assert events == ["process"]
+            release.set()
+            await until(lambda: "close" in events, 30, "the lost task closed")
+            assert events[:3] == ["process", "processed", "close"]
+        finally:
+            release.set()
