@@ -24,8 +24,15 @@ from tests.fixtures.services import MakeTopic
 from tests.streams.harness import ROOT, StreamsProcess, TopicReader, produce, start_streams
 from tests.waiting import until
 
-REQUIRED = ("examples.streams_join:build_topology", "--application-id", "a")
-REQUIRED += ("--bootstrap", "b", "--coordinator", "c")
+REQUIRED = (
+    "examples.streams_join:build_topology",
+    "--application-id",
+    "a",
+    "--bootstrap",
+    "b",
+    "--coordinator",
+    "c",
+)
 PASSWORD = "pa55-never-printed"
 
 
