@@ -1,7 +1,8 @@
 """What the client's commands (`keyrange worker`, `keyrange streams`) share: options that are
 flags and ``KEYRANGE_<COMMAND>_<OPTION>`` variables alike (a flag wins over the variable, the
-variable over the default), the log options, the target a command loads, and the one-line
-usage error. A container is configured by variables, a shell by flags, with one table."""
+variable over the default), the log options, the Kafka security options, the target a command
+loads, and the one-line usage error. A container is configured by variables, a shell by
+flags, with one table."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from client.kafka_security import KafkaSecurity
 
 
 class UsageError(Exception):
@@ -84,6 +87,54 @@ def boolean(value: str) -> bool:
     if lowered in {"false", "0", "no", "off"}:
         return False
     raise ValueError("expected true or false")
+
+
+# The coordinator's KEYRANGE_KAFKA_* settings under each command's prefix (the chart sets them
+# all from the same values), so every Keyrange process reaches a secured cluster the same way;
+# docs/kafka-security.md.
+KAFKA_SECURITY_OPTIONS = (
+    Option(
+        "kafka-security-protocol",
+        "kafka_security_protocol",
+        str,
+        "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
+    ),
+    Option("kafka-ssl-cafile", "kafka_ssl_cafile", str, "CA bundle to verify the brokers"),
+    Option("kafka-ssl-certfile", "kafka_ssl_certfile", str, "client certificate (mutual TLS)"),
+    Option("kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "the client certificate's key"),
+    Option("kafka-ssl-key-password", "kafka_ssl_key_password", str, "the key's password"),
+    Option("kafka-ssl-check-hostname", "kafka_ssl_check_hostname", boolean, "true (default)"),
+    Option(
+        "kafka-sasl-mechanism",
+        "kafka_sasl_mechanism",
+        str,
+        "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER",
+    ),
+    Option("kafka-sasl-username", "kafka_sasl_username", str, "SASL user"),
+    Option(
+        "kafka-sasl-password", "kafka_sasl_password", str, "SASL password (prefer the variable)"
+    ),
+    Option(
+        "kafka-sasl-oauth-token-file",
+        "kafka_sasl_oauth_token_file",
+        str,
+        "OAUTHBEARER token file, read at every connection",
+    ),
+)
+_KAFKA_SECURITY_FIELDS = frozenset(option.field for option in KAFKA_SECURITY_OPTIONS)
+
+
+def kafka_security(chosen: dict[str, Any]) -> dict[str, Any]:
+    """``chosen`` with its ``kafka_*`` security fields gathered into one ``kafka_security``
+    (a ``KafkaSecurity``), the field the worker's and the streams' configs take; the config
+    checks the combination, so a bad one is a usage error like any other bad value."""
+    security = {
+        name.removeprefix("kafka_").replace("security_protocol", "protocol"): chosen.pop(name)
+        for name in [name for name in chosen if name in _KAFKA_SECURITY_FIELDS]
+    }
+    if security:
+        chosen["kafka_security"] = KafkaSecurity(**security)
+    return chosen
 
 
 def load_target(spec: str) -> Any:

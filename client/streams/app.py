@@ -55,7 +55,10 @@ class StreamsApp:
     def __init__(self, topology: Topology | BuiltTopology, config: StreamsConfig) -> None:
         self.topology = topology.build() if isinstance(topology, Topology) else topology
         self.config = config
-        self._kafka: dict[str, object] = {"bootstrap_servers": config.bootstrap_servers}
+        # One set of aiokafka arguments (secrets in clear: passed on, never logged) for the
+        # consumer, the producer, the restorer and the admin client alike.
+        security = config.kafka_security.aiokafka_options()
+        self._kafka: dict[str, object] = {"bootstrap_servers": config.bootstrap_servers, **security}
         self._consumer = KeyrangeConsumer(
             *self.topology.source_topics,
             bootstrap_servers=config.bootstrap_servers,
@@ -68,7 +71,7 @@ class StreamsApp:
             instance_id=config.instance_id,
             rebalance_listener=_Listener(self),
             revoke_timeout_s=config.revoke_timeout_s,
-            **config.consumer_options,
+            **{**security, **config.consumer_options},
         )
         self._state = StateManager(self.topology, config.state_dir / config.application_id)
         self.engine: StreamEngine | None = None
@@ -93,9 +96,7 @@ class StreamsApp:
                 loop.add_signal_handler(number, self._on_signal, number)
         try:
             await self._create_changelogs()
-            # Created here, not in __init__: aiokafka's clients bind to the running loop.
-            self._producer = AIOKafkaProducer(**self._kafka)
-            self._restorer = Restorer(self._kafka)
+            self._producer, self._restorer = self._connections()
             await self._producer.start()
             try:
                 await self._restorer.start()
@@ -153,9 +154,17 @@ class StreamsApp:
         signal.signal(number, signal.SIG_DFL)
         signal.raise_signal(number)
 
+    def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
+        """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's
+        clients bind to the running loop."""
+        return AIOKafkaProducer(**self._kafka), Restorer(self._kafka)
+
+    def _admin(self) -> AIOKafkaAdminClient:
+        return AIOKafkaAdminClient(**self._kafka)
+
     async def _create_changelogs(self) -> None:
         """Each store's changelog: compacted, with its sub-topology's partition count."""
-        admin = AIOKafkaAdminClient(**self._kafka)
+        admin = self._admin()
         await admin.start()
         try:
             described = await admin.describe_topics(self.topology.source_topics)

@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from client.command_line import Option, Options, UsageError, load_target
+from client.command_line import (
+    KAFKA_SECURITY_OPTIONS,
+    Option,
+    Options,
+    UsageError,
+    kafka_security,
+    load_target,
+)
 
 ENV_PREFIX = "KEYRANGE_STREAMS_"
 
@@ -41,6 +48,7 @@ _TABLE = (
         int,
         "replication of the changelog topics this application creates",
     ),
+    *KAFKA_SECURITY_OPTIONS,
 )
 OPTIONS = Options(
     ENV_PREFIX, _TABLE, required=("application_id", "bootstrap_servers", "coordinator_url")
@@ -65,7 +73,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
-    return OPTIONS.settings(args, environ)
+    """The ``StreamsConfig`` fields set by a flag or a variable; UsageError for bad values."""
+    return kafka_security(OPTIONS.settings(args, environ))
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:

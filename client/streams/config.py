@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client.kafka_security import KafkaSecurity
+
 
 @dataclass(frozen=True)
 class StreamsConfig:
@@ -16,7 +18,9 @@ class StreamsConfig:
     ``changelog_replication_factor`` is the changelog topics' replication when this
     application creates them. ``processing_threads`` above 1 runs each task's round on a
     thread pool of that size (for processors that block on I/O); 1 runs them on the event
-    loop."""
+    loop. ``kafka_security`` (TLS, SASL) applies to every Kafka connection the application
+    opens: the consumer, the producer, the restorer and the admin client that creates the
+    changelogs, since a secured cluster refuses any one of them that comes in plaintext."""
 
     application_id: str
     bootstrap_servers: str
@@ -33,6 +37,7 @@ class StreamsConfig:
     changelog_replication_factor: int = 1
     show_progress: bool | None = None
     consumer_options: dict[str, Any] = field(default_factory=dict)
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
     def __post_init__(self) -> None:
         if not self.application_id or not all(
@@ -51,3 +56,6 @@ class StreamsConfig:
             raise ValueError("max_task_idle_ms must not be negative")
         if self.changelog_replication_factor < 1:
             raise ValueError("changelog_replication_factor must be at least 1")
+        problems = self.kafka_security.problems()
+        if problems:
+            raise ValueError("; ".join(problems))

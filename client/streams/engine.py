@@ -322,7 +322,11 @@ class StreamEngine:
             outgoing, task.outgoing = task.outgoing, []
             for record in outgoing:
                 delivery = await self._producer.send(
-                    record.topic, value=record.value, key=record.key, partition=record.partition
+                    record.topic,
+                    value=record.value,
+                    key=record.key,
+                    partition=record.partition,
+                    headers=list(record.headers) or None,
                 )
                 if record.changelog_of is not None:
                     delivery.add_done_callback(self._note_written)

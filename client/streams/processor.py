@@ -68,12 +68,22 @@ class ProcessorContext(Protocol):
     def timestamp(self) -> int: ...
 
     @property
-    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+    def headers(self) -> Sequence[tuple[str, bytes]]:
+        """The headers the record reaching this processor carries: the input record's, or
+        those an upstream ``forward(..., headers=...)`` put in their place; empty in a
+        punctuation. ``forward`` passes them on unless given others."""
+        ...
 
     @property
     def stream_time(self) -> int: ...
 
-    def forward(self, key: Any, value: Any, to: str | None = None) -> None: ...
+    def forward(
+        self,
+        key: Any,
+        value: Any,
+        to: str | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None: ...
 
     def schedule(
         self, interval_ms: int, kind: PunctuationType, callback: Punctuator

@@ -5,6 +5,11 @@ The task is synchronous and does no I/O: records come in through ``add``, are pr
 ``process_next``, and what the processors produce (sink records, changelog writes) waits in
 ``outgoing`` for the runtime to send. Records processed since the last commit wait in
 ``processed`` until the commit protocol marks them (after the producer flushed).
+
+Headers travel as in Kafka Streams: what is forwarded while an input record is processed
+carries that record's headers down to the sinks, what a punctuation forwards carries none,
+and a ``forward`` given headers replaces them for everything downstream of it. Changelog
+writes carry none: they are the store's, not the input's.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from client.streams.topology import BuiltTopology, SubTopology
 logger = logging.getLogger(__name__)
 
 Record = Any
+Headers = tuple[tuple[str, bytes], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,7 @@ class Outgoing:
     key: bytes | None
     value: bytes | None
     changelog_of: str | None = None
+    headers: Headers = ()
 
 
 @dataclass
@@ -99,6 +106,7 @@ class StreamTask:
         self._processors: dict[str, Processor] = {}
         self._current: Record | None = None
         self._node: str | None = None
+        self._headers: Headers = ()
         self.context = TaskContext(self)
 
     def init(self) -> None:
@@ -142,9 +150,12 @@ class StreamTask:
             key = source.key_serde.deserialize(record.key)
             value = source.value_serde.deserialize(record.value)
             self._node = source.name
+            self._headers = tuple(record.headers or ())
             self._forward_from(source.name, key, value, None)
         finally:
+            # Reset before the stream-time punctuations below: theirs forward no headers.
             self._node = None
+            self._headers = ()
         self.processed.append(record)
         self.metrics.records += 1
         self.punctuate(STREAM_TIME, self.inputs.stream_time)
@@ -167,10 +178,22 @@ class StreamTask:
 
     # ------------------------------------------------------------ for the context
 
-    def forward(self, key: Any, value: Any, to: str | None) -> None:
+    def forward(
+        self, key: Any, value: Any, to: str | None, headers: Sequence[tuple[str, bytes]] | None
+    ) -> None:
         if self._node is None:
             raise StreamsError("forward() outside process() or a punctuation of a processor")
-        self._forward_from(self._node, key, value, to)
+        if headers is None:
+            self._forward_from(self._node, key, value, to)
+            return
+        inherited, self._headers = self._headers, _checked(headers)
+        try:
+            self._forward_from(self._node, key, value, to)
+        finally:
+            self._headers = inherited
+
+    def headers(self) -> Headers:
+        return self._headers
 
     def current(self) -> Record | None:
         return self._current
@@ -196,6 +219,7 @@ class StreamTask:
                         None,
                         sink.key_serde.serialize(key),
                         sink.value_serde.serialize(value),
+                        headers=self._headers,
                     )
                 )
                 continue
@@ -226,6 +250,21 @@ class StreamTask:
             self.outgoing.append(Outgoing(topic, partition, key, value, changelog_of=store))
 
         return write
+
+
+def _checked(headers: Sequence[tuple[str, bytes]]) -> Headers:
+    """The headers a processor passed, as a tuple; TypeError naming the first bad one, so the
+    processor fails on its record rather than the producer on a batch later."""
+    checked = tuple(headers)
+    for header in checked:
+        if not (
+            isinstance(header, tuple)
+            and len(header) == 2
+            and isinstance(header[0], str)
+            and isinstance(header[1], bytes)
+        ):
+            raise TypeError(f"a header is a (str, bytes) pair, not {header!r}")
+    return checked
 
 
 class TaskContext:
@@ -265,15 +304,20 @@ class TaskContext:
 
     @property
     def headers(self) -> Sequence[tuple[str, bytes]]:
-        record = self._task.current()
-        return () if record is None else tuple(record.headers or ())
+        return self._task.headers()
 
     @property
     def stream_time(self) -> int:
         return self._task.inputs.stream_time
 
-    def forward(self, key: Any, value: Any, to: str | None = None) -> None:
-        self._task.forward(key, value, to)
+    def forward(
+        self,
+        key: Any,
+        value: Any,
+        to: str | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
+        self._task.forward(key, value, to, headers)
 
     def schedule(
         self, interval_ms: int, kind: PunctuationType, callback: Punctuator

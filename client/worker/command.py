@@ -19,8 +19,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from client.command_line import Option, Options, UsageError, boolean, load_target
-from client.kafka_security import KafkaSecurity
+from client.command_line import (
+    KAFKA_SECURITY_OPTIONS,
+    Option,
+    Options,
+    UsageError,
+    kafka_security,
+    load_target,
+)
 
 ENV_PREFIX = "KEYRANGE_WORKER_"
 
@@ -64,35 +70,7 @@ _TABLE = (
     Option("commit-interval-ms", "commit_interval_ms", int, "periodic commit interval"),
     Option("assignor", "assignor", str, "round-robin or another coordinator assignor"),
     Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),
-    # The coordinator's KEYRANGE_KAFKA_* settings under the worker's prefix (the chart sets
-    # both from the same values); docs/kafka-security.md.
-    Option(
-        "kafka-security-protocol",
-        "kafka_security_protocol",
-        str,
-        "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
-    ),
-    Option("kafka-ssl-cafile", "kafka_ssl_cafile", str, "CA bundle to verify the brokers"),
-    Option("kafka-ssl-certfile", "kafka_ssl_certfile", str, "client certificate (mutual TLS)"),
-    Option("kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "the client certificate's key"),
-    Option("kafka-ssl-key-password", "kafka_ssl_key_password", str, "the key's password"),
-    Option("kafka-ssl-check-hostname", "kafka_ssl_check_hostname", boolean, "true (default)"),
-    Option(
-        "kafka-sasl-mechanism",
-        "kafka_sasl_mechanism",
-        str,
-        "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER",
-    ),
-    Option("kafka-sasl-username", "kafka_sasl_username", str, "SASL user"),
-    Option(
-        "kafka-sasl-password", "kafka_sasl_password", str, "SASL password (prefer the variable)"
-    ),
-    Option(
-        "kafka-sasl-oauth-token-file",
-        "kafka_sasl_oauth_token_file",
-        str,
-        "OAUTHBEARER token file, read at every connection",
-    ),
+    *KAFKA_SECURITY_OPTIONS,
 )
 OPTIONS = Options(
     ENV_PREFIX, _TABLE, required=("topics", "group_id", "bootstrap_servers", "coordinator_url")
@@ -119,14 +97,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """The ``WorkerConfig`` fields set by a flag or a variable; UsageError for bad values."""
-    chosen = OPTIONS.settings(args, environ)
-    security = {
-        name.removeprefix("kafka_").replace("security_protocol", "protocol"): chosen.pop(name)
-        for name in [name for name in chosen if name.startswith("kafka_")]
-    }
-    if security:
-        chosen["kafka_security"] = KafkaSecurity(**security)
-    return chosen
+    return kafka_security(OPTIONS.settings(args, environ))
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
