@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from coordinator import metrics
 from coordinator.auth import admit
 from coordinator.body_limit import BodySizeLimit
+from coordinator.cross_origin import refuse_cross_origin
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
 from coordinator.groups.repository import request_rebalances
@@ -175,8 +176,9 @@ async def _run_forever(name: str, loop: BackgroundLoop, app: FastAPI) -> None:
 
 
 class CoordinatorApp(FastAPI):
-    """FastAPI with the token checked ahead of everything (``coordinator.auth.admit``), and
-    commits served ahead of FastAPI, by ``coordinator/offsets/fast_path.py``.
+    """FastAPI with cross-origin state changes refused and the token checked ahead of
+    everything (``coordinator.cross_origin``, ``coordinator.auth.admit``), and commits served
+    ahead of FastAPI, by ``coordinator/offsets/fast_path.py``.
 
     Commit requests skip FastAPI's entry point, Starlette's error middleware and the
     middlewares below (the fast path applies the body limit and records the route metrics
@@ -186,6 +188,7 @@ class CoordinatorApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             try:
+                refuse_cross_origin(scope)
                 admit(self.state.settings, scope)
             except KeyrangeError as exc:
                 await _refuse(exc, scope, receive, send)
