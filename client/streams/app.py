@@ -10,9 +10,6 @@ close and checkpoint.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +23,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.consumer_source import ConsumerSource
+from client.graceful import GracefulStop
 from client.http import Slices
 from client.protocol.keyspace import key_hash
 from client.streams.config import StreamsConfig
@@ -35,9 +33,6 @@ from client.streams.restore import RestoreProgress, Restorer
 from client.streams.state import StateManager
 from client.streams.topology import BuiltTopology, Topology
 
-logger = logging.getLogger(__name__)
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 ASSIGNOR = "sticky-join"
 
 
@@ -77,9 +72,8 @@ class StreamsApp:
         self.engine: StreamEngine | None = None
         self._producer: AIOKafkaProducer | None = None
         self._restorer: Restorer | None = None
-        self._stop_requested = asyncio.Event()
+        self._graceful = GracefulStop("streams")
         self._partitions: dict[str, int] = {}
-        self._signals = 0
         interactive = sys.stderr.isatty() if config.show_progress is None else config.show_progress
         self._show_progress = interactive
 
@@ -87,41 +81,25 @@ class StreamsApp:
 
     def stop(self) -> None:
         """Ask for a graceful shutdown; ``run`` returns once it is done."""
-        self._stop_requested.set()
+        self._graceful.request()
 
     async def run(self, *, handle_signals: bool = False) -> None:
-        loop = asyncio.get_running_loop()
-        if handle_signals:
-            for number in _SIGNALS:
-                loop.add_signal_handler(number, self._on_signal, number)
-        try:
+        with self._graceful.signals_handled(handle_signals):
             await self._create_changelogs()
             self._producer, self._restorer = self._connections()
             await self._producer.start()
             try:
                 await self._restorer.start()
                 async with self._consumer:
-                    await self._process()
+                    await self._graceful.drive(
+                        self._consumer,
+                        self._make_engine,
+                        stopping="committing, then leaving the group",
+                    )
             finally:
                 await self._restorer.stop()
                 await self._producer.stop()
                 self._state.close()
-        finally:
-            if handle_signals:
-                for number in _SIGNALS:
-                    loop.remove_signal_handler(number)
-
-    async def _process(self) -> None:
-        driving = asyncio.create_task(self._consumer.drive(self._make_engine), name="streams")
-        stopping = asyncio.create_task(self._stop_requested.wait())
-        try:
-            await asyncio.wait({driving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not driving.done():
-            logger.info("streams stopping: committing, then leaving the group")
-            await self._consumer.stop()
-        await driving
 
     def _make_engine(self, source: ConsumerSource) -> StreamEngine:
         assert self._producer is not None and self._restorer is not None
@@ -142,17 +120,6 @@ class StreamsApp:
         )
         self.engine.assigned()
         return self.engine
-
-    def _on_signal(self, number: int) -> None:
-        self._signals += 1
-        if self._signals == 1:
-            logger.info(
-                "signal received; shutting down", extra={"signal": signal.Signals(number).name}
-            )
-            self.stop()
-            return
-        signal.signal(number, signal.SIG_DFL)
-        signal.raise_signal(number)
 
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
         """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's

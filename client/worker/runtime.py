@@ -7,15 +7,13 @@ to ``drain_timeout_s``), commit, leave the group; a second signal exits at once.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka.structs import TopicPartition
 
 from client.consumer import KeyrangeConsumer, RebalanceListener
+from client.graceful import GracefulStop
 from client.http import Slices
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
@@ -25,10 +23,6 @@ from client.worker.metrics import MetricsServer
 from client.worker.processes import Handler
 from client.worker.source import WorkerSource
 from client.worker.task import Partitioner, WorkerTask
-
-logger = logging.getLogger(__name__)
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Worker:
@@ -94,8 +88,7 @@ class Worker:
             **{**security, **config.consumer_options},
         )
         self.engine: WorkerEngine | None = None
-        self._stop_requested = asyncio.Event()
-        self._signals = 0
+        self._graceful = GracefulStop("worker")
 
     @property
     def consumer(self) -> KeyrangeConsumer:
@@ -112,43 +105,31 @@ class Worker:
 
     def stop(self) -> None:
         """Ask the worker to shut down (finish, commit, leave); ``run`` returns after."""
-        self._stop_requested.set()
+        self._graceful.request()
 
     async def run(self, *, handle_signals: bool = False) -> None:
-        loop = asyncio.get_running_loop()
         metrics = (
             None
             if self.config.metrics_port is None
-            else MetricsServer(self.config.metrics_port, lambda: self.engine, loop)
+            else MetricsServer(
+                self.config.metrics_port, lambda: self.engine, asyncio.get_running_loop()
+            )
         )
-        if handle_signals:
-            for number in _SIGNALS:
-                loop.add_signal_handler(number, self._on_signal, number)
         try:
-            async with self._consumer:
-                await self._process()
+            with self._graceful.signals_handled(handle_signals):
+                async with self._consumer:
+                    # The engine finishes within ``drain_timeout_s`` before the commit.
+                    await self._graceful.drive(
+                        self._consumer,
+                        self._make_engine,
+                        stopping="finishing records in processing, then committing",
+                    )
         finally:
             if metrics is not None:
                 metrics.close()
-            if handle_signals:
-                for number in _SIGNALS:
-                    loop.remove_signal_handler(number)
             self._calls.close()
             if self._dead_letters is not None:
                 await self._dead_letters.stop()
-
-    async def _process(self) -> None:
-        driving = asyncio.create_task(self._consumer.drive(self._make_engine), name="keyrange-run")
-        stopping = asyncio.create_task(self._stop_requested.wait())
-        try:
-            await asyncio.wait({driving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not driving.done():
-            logger.info("worker stopping: finishing records in processing, then committing")
-            # Finishes the engine (``drain_timeout_s``), commits and leaves the group.
-            await self._consumer.stop()
-        await driving
 
     def _make_engine(self, source: WorkerSource) -> WorkerEngine:
         handler_process = (
@@ -169,17 +150,6 @@ class Worker:
         engine.set_owned_partitions(len(owned))
         engine.open_partitions(owned)
         return engine
-
-    def _on_signal(self, number: int) -> None:
-        self._signals += 1
-        name = signal.Signals(number).name
-        if self._signals == 1:
-            logger.info("signal received; shutting down", extra={"signal": name})
-            self.stop()
-            return
-        logger.warning("second signal; exiting at once", extra={"signal": name})
-        signal.signal(number, signal.SIG_DFL)
-        os.kill(os.getpid(), number)
 
     async def _slices_changed(self, revoked: Slices | None) -> None:
         engine = self.engine

@@ -1,0 +1,83 @@
+"""The shutdown a container platform expects, shared by the runtimes that drive a
+``KeyrangeConsumer`` (``client.worker.Worker``, ``client.streams.StreamsApp``).
+
+A stop asked for by code (``request``) or by the first SIGTERM or SIGINT ends the drive the
+same way: the consumer stops, which finishes the engine (its records in processing, its
+commit protocol), commits and leaves the group, so the keys move to another member at once
+instead of after a session timeout. A second signal exits at once, by the signal's default
+action, for an operator whose graceful stop takes too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+
+from client.consumer import KeyrangeConsumer
+from client.consumer_source import ConsumerSource
+from client.dispatch import Engine
+
+logger = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulStop:
+    """One runtime's stop request and the drive that ends on it."""
+
+    def __init__(self, runtime: str) -> None:
+        self._runtime = runtime
+        self._requested = asyncio.Event()
+        self._signals = 0
+
+    def request(self) -> None:
+        self._requested.set()
+
+    @contextlib.contextmanager
+    def signals_handled(self, enabled: bool) -> Iterator[None]:
+        """SIGTERM and SIGINT ask for the stop while inside, when ``enabled``."""
+        if not enabled:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        for number in SIGNALS:
+            loop.add_signal_handler(number, self._on_signal, number)
+        try:
+            yield
+        finally:
+            for number in SIGNALS:
+                loop.remove_signal_handler(number)
+
+    async def drive(
+        self,
+        consumer: KeyrangeConsumer,
+        make_engine: Callable[[ConsumerSource], Engine],
+        *,
+        stopping: str,
+    ) -> None:
+        """Run ``consumer.drive(make_engine)`` until it ends by itself (a failure) or a stop
+        is requested; then stop the consumer, logging ``stopping``, and wait for the drive."""
+        driving = asyncio.create_task(consumer.drive(make_engine), name=f"keyrange-{self._runtime}")
+        requested = asyncio.create_task(self._requested.wait())
+        try:
+            await asyncio.wait({driving, requested}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            requested.cancel()
+        if not driving.done():
+            logger.info(f"{self._runtime} stopping: {stopping}")
+            await consumer.stop()
+        await driving
+
+    def _on_signal(self, number: int) -> None:
+        self._signals += 1
+        name = signal.Signals(number).name
+        if self._signals == 1:
+            logger.info("signal received; shutting down", extra={"signal": name})
+            self.request()
+            return
+        logger.warning("second signal; exiting at once", extra={"signal": name})
+        signal.signal(number, signal.SIG_DFL)
+        signal.raise_signal(number)
