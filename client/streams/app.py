@@ -10,6 +10,7 @@ close and checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from dataclasses import dataclass
@@ -25,10 +26,13 @@ from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.consumer_source import ConsumerSource
 from client.graceful import GracefulStop
 from client.http import Slices
+from client.metrics_server import MetricsServer
 from client.protocol.keyspace import key_hash
 from client.streams.config import StreamsConfig
 from client.streams.engine import StreamEngine
 from client.streams.errors import StreamsError, UnknownStore
+from client.streams.metrics import EXTRA as METRICS_EXTRA
+from client.streams.metrics import streams_families
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.state import StateManager
 from client.streams.topology import BuiltTopology, Topology
@@ -84,22 +88,36 @@ class StreamsApp:
         self._graceful.request()
 
     async def run(self, *, handle_signals: bool = False) -> None:
-        with self._graceful.signals_handled(handle_signals):
-            await self._create_changelogs()
-            self._producer, self._restorer = self._connections()
-            await self._producer.start()
-            try:
-                await self._restorer.start()
-                async with self._consumer:
-                    await self._graceful.drive(
-                        self._consumer,
-                        self._make_engine,
-                        stopping="committing, then leaving the group",
-                    )
-            finally:
-                await self._restorer.stop()
-                await self._producer.stop()
-                self._state.close()
+        metrics = (
+            None
+            if self.config.metrics_port is None
+            else MetricsServer(
+                self.config.metrics_port,
+                lambda: streams_families(self.metrics()),
+                asyncio.get_running_loop(),
+                extra=METRICS_EXTRA,
+            )
+        )
+        try:
+            with self._graceful.signals_handled(handle_signals):
+                await self._create_changelogs()
+                self._producer, self._restorer = self._connections()
+                await self._producer.start()
+                try:
+                    await self._restorer.start()
+                    async with self._consumer:
+                        await self._graceful.drive(
+                            self._consumer,
+                            self._make_engine,
+                            stopping="committing, then leaving the group",
+                        )
+                finally:
+                    await self._restorer.stop()
+                    await self._producer.stop()
+                    self._state.close()
+        finally:
+            if metrics is not None:
+                metrics.close()
 
     def _make_engine(self, source: ConsumerSource) -> StreamEngine:
         assert self._producer is not None and self._restorer is not None

@@ -42,6 +42,7 @@ _TABLE = (
     Option("processing-threads", "processing_threads", int, "threads running tasks (1: the loop)"),
     Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
     Option("instance-id", "instance_id", str, "a stable name for this instance"),
+    Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),
     Option(
         "changelog-replication-factor",
         "changelog_replication_factor",
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
     from aiokafka.errors import KafkaError
 
     from client.errors import KeyrangeClientError
+    from client.metrics_server import MetricsUnavailable
     from client.streams.app import StreamsApp
     from client.streams.config import StreamsConfig
     from client.streams.topology import Topology
@@ -103,6 +105,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         return 2
     try:
         asyncio.run(app.run(handle_signals=True))
+    except MetricsUnavailable as error:
+        print(f"keyrange streams: {error}", file=sys.stderr)
+        return 2
     except (KafkaError, KeyrangeClientError) as error:
         print(f"keyrange streams: {error}", file=sys.stderr)
         return 1

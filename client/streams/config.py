@@ -20,7 +20,8 @@ class StreamsConfig:
     thread pool of that size (for processors that block on I/O); 1 runs them on the event
     loop. ``kafka_security`` (TLS, SASL) applies to every Kafka connection the application
     opens: the consumer, the producer, the restorer and the admin client that creates the
-    changelogs, since a secured cluster refuses any one of them that comes in plaintext."""
+    changelogs, since a secured cluster refuses any one of them that comes in plaintext.
+    ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra)."""
 
     application_id: str
     bootstrap_servers: str
@@ -36,6 +37,7 @@ class StreamsConfig:
     instance_id: str | None = None
     changelog_replication_factor: int = 1
     show_progress: bool | None = None
+    metrics_port: int | None = None
     consumer_options: dict[str, Any] = field(default_factory=dict)
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
@@ -54,6 +56,8 @@ class StreamsConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_task_idle_ms < 0:
             raise ValueError("max_task_idle_ms must not be negative")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError("metrics_port must be in 0..65535")
         if self.changelog_replication_factor < 1:
             raise ValueError("changelog_replication_factor must be at least 1")
         problems = self.kafka_security.problems()

@@ -104,9 +104,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
     from aiokafka.errors import KafkaError
 
     from client.errors import KeyrangeClientError
+    from client.metrics_server import MetricsUnavailable
     from client.worker.config import WorkerConfig
     from client.worker.failures import WorkerFailed
-    from client.worker.metrics import MetricsUnavailable
     from client.worker.runtime import Worker
     from client.worker.task import WorkerTask
 

@@ -15,11 +15,13 @@ from aiokafka.structs import TopicPartition
 from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.graceful import GracefulStop
 from client.http import Slices
+from client.metrics_server import MetricsServer
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
 from client.worker.engine import Stats, WorkerEngine
-from client.worker.metrics import MetricsServer
+from client.worker.metrics import EXTRA as METRICS_EXTRA
+from client.worker.metrics import worker_families
 from client.worker.processes import Handler
 from client.worker.source import WorkerSource
 from client.worker.task import Partitioner, WorkerTask
@@ -112,7 +114,10 @@ class Worker:
             None
             if self.config.metrics_port is None
             else MetricsServer(
-                self.config.metrics_port, lambda: self.engine, asyncio.get_running_loop()
+                self.config.metrics_port,
+                lambda: worker_families(self.engine),
+                asyncio.get_running_loop(),
+                extra=METRICS_EXTRA,
             )
         )
         try:

@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from client import CoordinatorClient, key_hash
+from client.metrics_server import MetricsServer, MetricsUnavailable
 from client.worker import (
     SubPartition,
     Worker,
@@ -32,7 +33,6 @@ from client.worker import (
     WorkerFailed,
     WorkerTask,
 )
-from client.worker.metrics import MetricsServer, MetricsUnavailable
 from client.worker.task import RecordObserver
 from tests.client import worker_targets
 from tests.client.test_consumer import produce
@@ -562,7 +562,7 @@ def test_metrics_without_prometheus_client_say_which_extra_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(MetricsUnavailable, match=r"pip install 'keyrange\[worker\]'"):
-        MetricsServer(0, lambda: None, asyncio.new_event_loop())
+        MetricsServer(0, list, asyncio.new_event_loop(), extra="worker")
 
 
 async def test_a_plain_handler_runs_on_the_process_pool_with_acks_and_commits(

@@ -152,3 +152,33 @@ def test_the_worker_extra_brings_prometheus_client() -> None:
         "optional-dependencies"
     ]
     assert {requirement_name(r) for r in extras["worker"]} == {"prometheus-client"}
+
+
+def test_streams_metrics_without_prometheus_client_say_which_extra_brings_it() -> None:
+    argv = [
+        "streams",
+        "examples.streams_windowed:build_topology",
+        "--application-id",
+        "metrics",
+        "--bootstrap",
+        "127.0.0.1:1",
+        "--coordinator",
+        "http://127.0.0.1:1",
+        "--metrics-port",
+        "0",
+        "--log-level",
+        "CRITICAL",
+    ]
+    result = run_without_server_packages(
+        f"from coordinator.cli import main\nraise SystemExit(main({argv!r}))"
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'keyrange[streams]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_streams_extra_brings_its_store_engine_and_prometheus_client() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {requirement_name(r) for r in extras["streams"]} == {"rocksdict", "prometheus-client"}
