@@ -537,6 +537,10 @@ class KeyrangeConsumer:
         invariant); asking it is what notices a session deadline passed during a freeze."""
         return self._membership is None or not self._membership.session_lost()
 
+    def _session_deadline(self) -> float:
+        """``_may_hand_out`` as an instant, for checks made off the event loop."""
+        return float("inf") if self._membership is None else self._membership.session_deadline()
+
     def _change_future(self) -> asyncio.Future[None]:
         if self._changed is None or self._changed.done():
             self._changed = asyncio.get_running_loop().create_future()

@@ -26,6 +26,7 @@ class ConsumerSource:
         self._fetcher = consumer._fetcher
         self._handed = consumer._handed
         self.may_hand_out = consumer._may_hand_out
+        self.session_deadline = consumer._session_deadline
         self.mark_processed = consumer.mark_processed
 
     @property

@@ -248,6 +248,14 @@ class Membership:
         self._mark_lost()
         return True
 
+    def session_deadline(self) -> float:
+        """The monotonic instant from which this member may hand out nothing, for work that
+        cannot ask ``session_lost`` as it goes (a processing pool's thread: asking has
+        effects on the event loop). Past already once the membership is known lost."""
+        if self._lost:
+            return float("-inf")
+        return time.monotonic() + self._session_left()
+
     def _mark_lost(self) -> None:
         if not self._lost:
             self._lost = True

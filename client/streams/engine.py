@@ -284,7 +284,7 @@ class StreamEngine:
                 await self._send()
                 self._resume_drained()
                 now_ms = int(time.time() * 1000)
-                for task in self._active():
+                for task in self._active() if self._source.may_hand_out() else ():
                     task.punctuate(WALL_CLOCK, now_ms)
                 await self._send()
                 requested = any(task.commit_requested for task in self._active())
@@ -296,15 +296,23 @@ class StreamEngine:
         a thread of the pool. Work is left flagged only when records remain after progress:
         a task waiting out an idle input is looked at again on the next tick, not in a loop
         that never yields."""
+        if not self._source.may_hand_out():
+            # The session deadline passed (a frozen process, a blocked loop): asking has just
+            # halted every task, and the keys may be another member's already.
+            return
+        session_deadline = self._source.session_deadline()
         now_ms = int(time.time() * 1000)
         active = self._active()
         if self._pool is None:
-            progressed = _process_for(active, now_ms)
+            progressed = _process_for(active, now_ms, session_deadline)
         else:
             loop = asyncio.get_running_loop()
             busy = [task for task in active if task.inputs.buffered()]
             outcomes = await asyncio.gather(
-                *(loop.run_in_executor(self._pool, _process_for, [task], now_ms) for task in busy)
+                *(
+                    loop.run_in_executor(self._pool, _process_for, [task], now_ms, session_deadline)
+                    for task in busy
+                )
             )
             progressed = any(outcomes)
         if progressed and any(task.inputs.buffered() for task in self._active()):
@@ -446,14 +454,19 @@ class StreamEngine:
         logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
 
 
-def _process_for(tasks: list[StreamTask], now_ms: int) -> bool:
-    """Round robin over ``tasks`` for one budget; True when a record was processed."""
-    deadline = time.monotonic() + _ROUND_BUDGET_S
+def _process_for(tasks: list[StreamTask], now_ms: int, session_deadline: float) -> bool:
+    """Round robin over ``tasks`` for one budget, and not one record past the session
+    deadline (DESIGN §5, the client half: the coordinator may give the keys away then, and
+    a record processed after it would write the new owner's state); True when a record was
+    processed."""
+    budget_end = time.monotonic() + _ROUND_BUDGET_S
     progressed_any = False
     progressed = True
-    while progressed and time.monotonic() < deadline:
+    while progressed and time.monotonic() < budget_end:
         progressed = False
         for task in tasks:
+            if time.monotonic() >= session_deadline:
+                return progressed_any
             if not task.halted and task.process_next(now_ms) is True:
                 progressed = progressed_any = True
     return progressed_any

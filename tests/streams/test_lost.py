@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,58 @@ async def test_a_lost_membership_drops_a_task_only_after_its_processor_returns(
             assert events[:3] == ["process", "processed", "close"]
         finally:
             release.set()
+
+
+class Freezing(Processor):
+    """Blocks the event loop past the session on its first record, as a stop-the-world pause
+    or a processor doing blocking I/O on the loop would, and notes what ran when."""
+
+    def __init__(self, events: list[str], freeze_s: float) -> None:
+        self._events = events
+        self._freeze_s = freeze_s
+
+    def process(self, key: Any, value: Any) -> None:
+        self._events.append(f"process {self.context.offset}")
+        if len(self._events) == 1:
+            time.sleep(self._freeze_s)
+
+    def close(self) -> None:
+        self._events.append("close")
+
+
+async def test_a_member_frozen_past_its_session_processes_no_buffered_record(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """DESIGN §5, the client half: once the session deadline passed, the coordinator may have
+    given the keys to another member, so not one more of the records buffered before the
+    freeze is processed (its store writes would race the new owner's) until the member has
+    rejoined and been given the keys again."""
+    source = await make_topic(1)
+    await accept_range_fetch(coordinator_url, source)
+    events: list[str] = []
+    session_ms = 2_000
+    topology = (
+        Topology()
+        .add_source("in", source, key_serde=STRING, value_serde=STRING)
+        .add_processor("freeze", lambda: Freezing(events, session_ms / 1000 + 0.5), "in")
+    )
+    config = StreamsConfig(
+        application_id=f"frozen-{source}",
+        bootstrap_servers=kafka_bootstrap,
+        coordinator_url=coordinator_url,
+        state_dir=tmp_path,
+        session_timeout_ms=session_ms,
+        # No commit between the freeze and the next round: nothing else yields to the
+        # heartbeat task there.
+        commit_interval_ms=600_000,
+        show_progress=False,
+    )
+    await produce(kafka_bootstrap, source, [(b"k", b"v%d" % n, None) for n in range(20)])
+    async with running(StreamsApp(topology, config)):
+        await until(lambda: "close" in events, 30, "the frozen task dropped")
+        await until(
+            lambda: events.count("process 0") == 2, 30, "the rejoined member's first record"
+        )
+    # The task took nothing after the freeze: the loss dropped it, and the member, given the
+    # keys again, starts over from the last commit.
+    assert events[:3] == ["process 0", "close", "process 0"], events[:6]

@@ -3,7 +3,9 @@ the store's key-range guard and the context's record metadata."""
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -163,6 +165,38 @@ def test_a_task_halted_mid_round_takes_no_further_record() -> None:
     tasks.append(task_of(topology))
     for offset in range(3):
         tasks[0].add("in", Rec("in", offset, b"k", b"v%d" % offset, offset))
-    assert _process_for(tasks, 0) is True
+    assert _process_for(tasks, 0, math.inf) is True
     assert seen == ["v0"]
     assert tasks[0].inputs.buffered()
+
+
+def test_no_task_takes_a_record_once_the_session_deadline_passed_mid_round() -> None:
+    """The loop blocked, or the process froze, inside a round: the member's session may have
+    expired at the coordinator meanwhile, so the round stops there; not even another task's
+    buffered record is processed (DESIGN §5, the client half)."""
+    seen: list[str] = []
+    session_deadline = time.monotonic() + 0.05
+
+    class FreezeOnce(Processor):
+        def process(self, key: Any, value: Any) -> None:
+            seen.append(value)
+            if len(seen) == 1:
+                time.sleep(max(0.0, session_deadline - time.monotonic()) + 0.01)
+
+    topology = (
+        Topology()
+        .add_source("in", "in", key_serde=STRING, value_serde=STRING)
+        .add_processor("freeze", FreezeOnce, "in")
+    )
+    halves = FULL.split(2)
+    tasks = [task_of(topology, keys) for keys in halves]
+    for task, key in zip(tasks, (b"left", b"right"), strict=True):
+        for offset in range(3):
+            task.add("in", Rec("in", offset, key, f"{key.decode()}{offset}".encode(), offset))
+    assert _process_for(tasks, 0, session_deadline) is True
+    assert len(seen) == 1
+    assert sum(task.inputs.buffered() for task in tasks) == 5
+    # Before the deadline a round goes on as usual, task after task.
+    seen.clear()
+    assert _process_for(tasks, 0, math.inf) is True
+    assert len(seen) == 5
