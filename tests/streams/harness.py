@@ -162,20 +162,28 @@ async def start_streams(
     return StreamsProcess(process)
 
 
-async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
-    """Each live member's owned slices, as the coordinator sees them."""
+async def group_members(coordinator: str, group_id: str) -> list[dict[str, Any]]:
+    """Each live member as the coordinator describes it: ids, owned and target slices."""
     async with httpx.AsyncClient(base_url=coordinator) as api:
         reply = await api.get(f"/v1/admin/groups/{group_id}")
         if reply.status_code == 404:
             return []
         reply.raise_for_status()
-        return [member["owned"] for member in reply.json()["members"]]
+        members: list[dict[str, Any]] = reply.json()["members"]
+        return members
+
+
+async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
+    """Each live member's owned slices, as the coordinator sees them."""
+    return [member["owned"] for member in await group_members(coordinator, group_id)]
 
 
 # ------------------------------------------------------------------ the word count
 
 WORDS = [f"w{index}" for index in range(40)]
 WORDCOUNT_TARGET = "examples.streams_wordcount:build_topology"
+# `keyrange streams --instance-id`: the name the coordinator shows for the member.
+INSTANCE_ID_ENV = "KEYRANGE_STREAMS_INSTANCE_ID"
 
 
 def batch(start: int, count: int) -> list[tuple[bytes, bytes, None]]:
@@ -213,9 +221,10 @@ class WordCountRun:
         self.env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
         self.lines = lines
 
-    async def start(self, state: Path) -> StreamsProcess:
+    async def start(self, state: Path, instance_id: str | None = None) -> StreamsProcess:
+        env = self.env if instance_id is None else {**self.env, INSTANCE_ID_ENV: instance_id}
         process = await start_streams(
-            WORDCOUNT_TARGET, self.app_id, self.bootstrap, self.coordinator, state, self.env
+            WORDCOUNT_TARGET, self.app_id, self.bootstrap, self.coordinator, state, env
         )
         self.spawned.append(process)
         return process
