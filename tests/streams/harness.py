@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from aiokafka.structs import TopicPartition
 
 from client.http import CoordinatorClient
 from client.streams.app import StreamsApp
+from tests.fixtures.services import MakeTopic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,15 +118,11 @@ class StreamsProcess:
         return code
 
 
-async def start_streams(
-    target: str,
-    application_id: str,
-    bootstrap: str,
-    coordinator: str,
-    state_dir: Path,
-    env: dict[str, str],
-) -> StreamsProcess:
-    process = await asyncio.create_subprocess_exec(
+def streams_command(
+    target: str, application_id: str, bootstrap: str, coordinator: str, state_dir: Path
+) -> list[str]:
+    """The `keyrange streams` command line the tests run, logging JSON."""
+    return [
         sys.executable,
         "-m",
         "coordinator.cli",
@@ -144,6 +142,19 @@ async def start_streams(
         "200",
         "--log-format",
         "json",
+    ]
+
+
+async def start_streams(
+    target: str,
+    application_id: str,
+    bootstrap: str,
+    coordinator: str,
+    state_dir: Path,
+    env: dict[str, str],
+) -> StreamsProcess:
+    process = await asyncio.create_subprocess_exec(
+        *streams_command(target, application_id, bootstrap, coordinator, state_dir),
         cwd=ROOT,
         env={**os.environ, **env},
         stderr=asyncio.subprocess.PIPE,
@@ -151,11 +162,79 @@ async def start_streams(
     return StreamsProcess(process)
 
 
-async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
-    """Each live member's owned slices, as the coordinator sees them."""
+async def group_members(coordinator: str, group_id: str) -> list[dict[str, Any]]:
+    """Each live member as the coordinator describes it: ids, owned and target slices."""
     async with httpx.AsyncClient(base_url=coordinator) as api:
         reply = await api.get(f"/v1/admin/groups/{group_id}")
         if reply.status_code == 404:
             return []
         reply.raise_for_status()
-        return [member["owned"] for member in reply.json()["members"]]
+        members: list[dict[str, Any]] = reply.json()["members"]
+        return members
+
+
+async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
+    """Each live member's owned slices, as the coordinator sees them."""
+    return [member["owned"] for member in await group_members(coordinator, group_id)]
+
+
+# ------------------------------------------------------------------ the word count
+
+WORDS = [f"w{index}" for index in range(40)]
+WORDCOUNT_TARGET = "examples.streams_wordcount:build_topology"
+# `keyrange streams --instance-id`: the name the coordinator shows for the member.
+INSTANCE_ID_ENV = "KEYRANGE_STREAMS_INSTANCE_ID"
+
+
+def batch(start: int, count: int) -> list[tuple[bytes, bytes, None]]:
+    """Lines of five words each, spread over the word list."""
+    return [
+        (
+            b"line-%d" % index,
+            " ".join(WORDS[(index * 7 + step) % len(WORDS)] for step in range(5)).encode(),
+            None,
+        )
+        for index in range(start, start + count)
+    ]
+
+
+def truth_of(lines: list[tuple[bytes, bytes, None]]) -> Counter[str]:
+    return Counter(word for _, text, _ in lines for word in text.decode().split())
+
+
+class WordCountRun:
+    """`keyrange streams` processes of examples/streams_wordcount.py in one application."""
+
+    def __init__(
+        self,
+        spawned: list[StreamsProcess],
+        bootstrap: str,
+        coordinator: str,
+        lines: str,
+        words: str,
+        counts: str,
+    ) -> None:
+        self.spawned = spawned
+        self.bootstrap = bootstrap
+        self.coordinator = coordinator
+        self.app_id = f"wc-{lines}"
+        self.env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
+        self.lines = lines
+
+    async def start(self, state: Path, instance_id: str | None = None) -> StreamsProcess:
+        env = self.env if instance_id is None else {**self.env, INSTANCE_ID_ENV: instance_id}
+        process = await start_streams(
+            WORDCOUNT_TARGET, self.app_id, self.bootstrap, self.coordinator, state, env
+        )
+        self.spawned.append(process)
+        return process
+
+    async def settled(self, members: int) -> bool:
+        owners = await group_owners(self.coordinator, self.app_id)
+        return len(owners) == members and all(owners)
+
+
+async def wordcount_topics(make_topic: MakeTopic, coordinator: str) -> tuple[str, str, str]:
+    lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
+    await accept_range_fetch(coordinator, lines, words)
+    return lines, words, counts

@@ -5,7 +5,6 @@ no lost update after a SIGKILL."""
 from __future__ import annotations
 
 import signal
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,68 +13,15 @@ from tests.fixtures.services import MakeTopic
 from tests.streams.harness import (
     StreamsProcess,
     TopicReader,
-    accept_range_fetch,
-    group_owners,
+    WordCountRun,
+    batch,
     produce,
-    start_streams,
+    truth_of,
+    wordcount_topics,
 )
 from tests.waiting import until
 
 pytestmark = pytest.mark.slow
-
-WORDS = [f"w{index}" for index in range(40)]
-TARGET = "examples.streams_wordcount:build_topology"
-
-
-def batch(start: int, count: int) -> list[tuple[bytes, bytes, None]]:
-    """Lines of five words each, spread over the word list."""
-    return [
-        (
-            b"line-%d" % index,
-            " ".join(WORDS[(index * 7 + step) % len(WORDS)] for step in range(5)).encode(),
-            None,
-        )
-        for index in range(start, start + count)
-    ]
-
-
-def truth_of(lines: list[tuple[bytes, bytes, None]]) -> Counter[str]:
-    return Counter(word for _, text, _ in lines for word in text.decode().split())
-
-
-class WordCountRun:
-    def __init__(
-        self,
-        spawned: list[StreamsProcess],
-        bootstrap: str,
-        coordinator: str,
-        lines: str,
-        words: str,
-        counts: str,
-    ) -> None:
-        self.spawned = spawned
-        self.bootstrap = bootstrap
-        self.coordinator = coordinator
-        self.app_id = f"wc-{lines}"
-        self.env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
-        self.lines = lines
-
-    async def start(self, state: Path) -> StreamsProcess:
-        process = await start_streams(
-            TARGET, self.app_id, self.bootstrap, self.coordinator, state, self.env
-        )
-        self.spawned.append(process)
-        return process
-
-    async def settled(self, members: int) -> bool:
-        owners = await group_owners(self.coordinator, self.app_id)
-        return len(owners) == members and all(owners)
-
-
-async def topics(make_topic: MakeTopic, coordinator: str) -> tuple[str, str, str]:
-    lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
-    await accept_range_fetch(coordinator, lines, words)
-    return lines, words, counts
 
 
 async def test_counts_stay_exact_through_scale_out_one_three_two(
@@ -85,7 +31,7 @@ async def test_counts_stay_exact_through_scale_out_one_three_two(
     tmp_path: Path,
     spawned: list[StreamsProcess],
 ) -> None:
-    lines, words, counts = await topics(make_topic, coordinator_url)
+    lines, words, counts = await wordcount_topics(make_topic, coordinator_url)
     run = WordCountRun(spawned, kafka_bootstrap, coordinator_url, lines, words, counts)
     produced: list[tuple[bytes, bytes, None]] = []
     async with TopicReader(kafka_bootstrap, counts) as reader:
@@ -132,7 +78,7 @@ async def test_no_update_is_lost_after_an_instance_is_killed(
     tmp_path: Path,
     spawned: list[StreamsProcess],
 ) -> None:
-    lines, words, counts = await topics(make_topic, coordinator_url)
+    lines, words, counts = await wordcount_topics(make_topic, coordinator_url)
     run = WordCountRun(spawned, kafka_bootstrap, coordinator_url, lines, words, counts)
     # 5 ms a word: each instance counts for seconds, so the kill lands mid-stream.
     run.env["WORDCOUNT_LOOKUP_MS"] = "5"
