@@ -207,6 +207,7 @@ class StreamsApp:
             for task in engine.tasks.values():
                 if (
                     task.ready
+                    and not task.halted
                     and task.id.subtopology == sub.index
                     and task.id.partition == partition
                     and task.id.keys.contains(hashed)

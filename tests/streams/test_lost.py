@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client.streams import STRING, Processor, StreamsApp, Topology
+from client.streams import STRING, Processor, StoreSpec, StreamsApp, Topology
 from client.streams.config import StreamsConfig
 from tests.fixtures.services import MakeTopic
 from tests.streams.harness import accept_range_fetch, produce, running
@@ -30,6 +30,7 @@ class Blocking(Processor):
 
     def process(self, key: Any, value: Any) -> None:
         self._events.append("process")
+        self.context.state_store("latest").put(key, value)
         self._entered.set()
         self._release.wait(60)
         self._events.append("processed")
@@ -53,6 +54,7 @@ async def test_a_lost_membership_drops_a_task_only_after_its_processor_returns(
         Topology()
         .add_source("in", source, key_serde=STRING, value_serde=STRING)
         .add_processor("hold", lambda: Blocking(events, entered, release), "in")
+        .add_state_store(StoreSpec("latest", STRING, STRING), "hold")
     )
     app_id = f"lost-{source}"
     config = StreamsConfig(
@@ -82,6 +84,8 @@ async def test_a_lost_membership_drops_a_task_only_after_its_processor_returns(
             await until(lost, 30, "the instance knows its slices are lost")
             # The loss is known and its listener running: the task waits for its processor.
             assert events == ["process"]
+            # Its keys may be another instance's now: a query is not answered from its store.
+            assert not (await app.query("latest", "k")).local
             release.set()
             await until(lambda: "close" in events, 30, "the lost task closed")
             assert events[:3] == ["process", "processed", "close"]
