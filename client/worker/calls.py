@@ -1,7 +1,7 @@
 """Where user code runs: ``async def`` on the event loop, plain functions on a thread pool (a
 plain handler on a process pool when ``processes`` is set), so the loop that fetches,
-heartbeats and commits is never blocked by a handler. A record's call that waits for a
-thread does not start once its session deadline passed (``client.worker.deadline``)."""
+heartbeats and commits is never blocked by a handler. A record's call that waits in a pool
+does not start once its session deadline passed (``client.worker.deadline``)."""
 
 from __future__ import annotations
 
@@ -63,12 +63,12 @@ class Calls:
     ) -> Callable[[WorkerTask, Record, Observer], Awaitable[None]]:
         """The handler form's ``process``: success when the handler returns, failure when it
         raises, on the loop, the thread pool or the process pool as the handler needs;
-        ``NotStarted`` when a pool thread did not start it before ``deadline``."""
+        ``NotStarted`` when a pool did not start it before ``deadline``."""
         run: Callable[[Record], Awaitable[Any]]
         if is_async(handler):
             run = handler
         elif self._process_count > 0:
-            run = self._process_pool(handler).run
+            run = self._process_pool(handler, deadline).run
         else:
             run = partial(self.in_thread, handler, deadline=deadline)
 
@@ -97,7 +97,7 @@ class Calls:
             )
         return self._threads
 
-    def _process_pool(self, handler: Handler) -> ProcessPool:
+    def _process_pool(self, handler: Handler, deadline: SessionDeadline) -> ProcessPool:
         if self._processes is None:
-            self._processes = ProcessPool(handler, self._process_count)
+            self._processes = ProcessPool(handler, self._process_count, deadline)
         return self._processes

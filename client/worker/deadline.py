@@ -1,9 +1,9 @@
 """The session deadline where user code starts (DESIGN §5, the client half). The engine asks
 the hand-out guard before it hands a record to a pool, but the record can start in user code
-much later: it waits for a thread when ``worker_threads`` is below ``max_concurrency``. If the
-deadline passes meanwhile (the loop blocked, the process frozen, heartbeats failing), the
-coordinator may give the key to another member, so a pool thread checks again right before
-the record starts.
+much later: it waits for a thread when ``worker_threads`` is below ``max_concurrency``, and
+sits in a child's pipe behind the batch the child works on. If the deadline passes meanwhile
+(the loop blocked, the process frozen, heartbeats failing), the coordinator may give the key
+to another member, so the pools check again right before each record starts.
 
 Two things end a record's right to start: the session deadline of the membership it was
 handed out under, and that membership ending (lost, fenced). A generation number tells
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
 
 Result = TypeVar("Result")
@@ -62,3 +63,32 @@ class SessionDeadline:
 
     def on_end(self, listener: Callable[[], None]) -> None:
         self._on_end.append(listener)
+
+
+class SharedDeadline:
+    """A ``SessionDeadline`` as child processes see it: the generation and its deadline in
+    shared memory, written by the parent's event loop, read by a child before each record.
+
+    The children compare it with their own ``time.monotonic()``, which is CLOCK_MONOTONIC on
+    Linux: one clock for every process of the machine (of one time namespace, which forked
+    and spawned children share), so an instant means the same in parent and child. Measured
+    under fork, spawn and forkserver: a child's reading lies between the parent's before and
+    after starting it.
+
+    No lock: the parent is the only writer, and each value is one aligned double. The parent
+    writes the generation before its deadline and a child reads the deadline before the
+    generation, so a deadline written for a later generation is read with that generation,
+    never with the one before (stores are seen in order by other cores on x86; elsewhere the
+    window is far shorter than the rejoin between the two writes)."""
+
+    def __init__(self, context: BaseContext) -> None:
+        self._values: Any = context.RawArray("d", [0.0, float("-inf")])
+
+    def publish(self, generation: int, deadline: float) -> None:
+        self._values[0] = float(generation)
+        self._values[1] = deadline
+
+    def permits(self, generation: int) -> bool:
+        deadline: float = self._values[1]
+        published: float = self._values[0]
+        return published == generation and time.monotonic() < deadline

@@ -1,8 +1,8 @@
 """DESIGN §5, the client half, where the worker's pools queue records: a record handed out
-before the session deadline can still wait for a pool thread when the deadline passes. None
-of them may start after it (the coordinator may have given its key away by then) until the
-member has rejoined, and none is lost: the member processes them once it has the slice
-again.
+before the session deadline can still wait for a pool thread, or sit in a child process's
+pipe behind the batch it works on, when the deadline passes. None of them may start after it
+(the coordinator may have given its key away by then) until the member has rejoined, and
+none is lost: the member processes them once it has the slice again.
 
 The event loop is blocked from the test, as a synchronous call on it or a frozen process
 would block it; the coordinator here shares that loop, so it stalls too and reaps the member
@@ -28,6 +28,7 @@ from client.worker import Worker
 from client.worker.calls import Calls
 from client.worker.deadline import NotStarted, SessionDeadline
 from client.worker.engine import WorkerEngine
+from client.worker.processes import ProcessPool
 from tests.client import worker_targets
 from tests.client.test_consumer import produce
 from tests.client.test_worker import config, group, processed_offsets, running
@@ -65,6 +66,8 @@ def starts(journal: Path) -> list[tuple[int, float]]:
 @pytest.mark.parametrize(
     ("pool", "records", "sleep_s"),
     [
+        # Each process has about a dozen records of 0.3 s waiting in its pipe.
+        pytest.param({"processes": 2, "max_concurrency": 24}, 60, 0.3, id="processes"),
         # Fifteen calls of 0.25 s wait for the one thread.
         pytest.param({"worker_threads": 1, "max_concurrency": 16}, 40, 0.25, id="threads"),
     ],
@@ -161,6 +164,66 @@ class Deadline:
 
     def __call__(self) -> float:
         return self.at
+
+
+@pytest.mark.slow
+async def test_a_pool_process_starts_a_record_only_before_the_shared_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "0.5")
+    session = Deadline()
+    deadline = SessionDeadline(session)
+    pool = ProcessPool(worker_targets.notes_its_start, 1, deadline)
+
+    try:
+        await pool.run(record(0))
+        session.passed()
+        with pytest.raises(NotStarted):
+            await pool.run(record(1))
+        session.ahead()
+        # The deadline passes while offset 3 waits in the pipe: the pool copies it there.
+        both = asyncio.gather(pool.run(record(2)), pool.run(record(3)), return_exceptions=True)
+        await until(lambda: 2 in dict(starts(journal)), 30, "offset 2 started")
+        session.passed()
+        second = await both
+        session.ahead()
+        # The membership ends while offset 5 waits, and the member rejoins at once: the
+        # new membership's deadline lies ahead, but offset 5 was handed out under the old.
+        both = asyncio.gather(pool.run(record(4)), pool.run(record(5)), return_exceptions=True)
+        await until(lambda: 4 in dict(starts(journal)), 30, "offset 4 started")
+        deadline.end()
+        third = await both
+    finally:
+        pool.close()
+    assert second[0] is None and isinstance(second[1], NotStarted)
+    assert third[0] is None and isinstance(third[1], NotStarted)
+    assert [offset for offset, _ in starts(journal)] == [0, 2, 4]
+
+
+@pytest.mark.slow
+async def test_a_process_working_through_long_batches_is_not_refused_while_the_session_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership moves the deadline on with each heartbeat; the children's copy must
+    follow while they work, not only when a batch goes out."""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "0.2")
+    # A session of 0.5 s that heartbeats without pause: always half a second ahead.
+    pool = ProcessPool(
+        worker_targets.notes_its_start, 1, SessionDeadline(lambda: time.monotonic() + 0.5)
+    )
+    try:
+        # Eight records of 0.2 s in the one process's pipe at once: 1.6 s of work.
+        outcomes = await asyncio.gather(
+            *(pool.run(record(offset)) for offset in range(8)), return_exceptions=True
+        )
+    finally:
+        pool.close()
+    assert outcomes == [None] * 8
+    assert [offset for offset, _ in starts(journal)] == list(range(8))
 
 
 async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline() -> None:
