@@ -29,8 +29,9 @@ class NotStarted(Exception):
 
 
 class SessionDeadline:
-    """The membership records are handed out under: its generation, which ``end`` moves on
-    when the membership is lost, and its session deadline, read from the consumer."""
+    """Which membership records are handed out under, and until when they may start: a
+    generation that ``end`` moves on when the membership is lost, and the session deadline
+    read from the consumer."""
 
     def __init__(self, session_deadline: Callable[[], float]) -> None:
         # The monotonic instant from which nothing may be handed out (-inf once the loss is

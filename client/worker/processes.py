@@ -46,10 +46,10 @@ Outcomes = list[BaseException | None] | None
 _HEADER = struct.Struct("!Q")
 _READ_SIZE = 1 << 16
 # How often the loop copies the session deadline to the children while they have records.
-# The membership moves the deadline on with each successful heartbeat, a heartbeat interval
-# apart (at most a third of the session), so a copy this fresh stays far ahead of the
-# instant children work to. One that did fall behind only refuses records the engine then
-# sends again: it costs a round trip, never a record.
+# The membership moves the deadline on with each successful heartbeat, at most a third of a
+# session apart, so a copy this fresh lies most of a session ahead: children do not reach it
+# while the member is healthy. A copy that did fall behind only refuses records, which the
+# engine sends again: it costs a round trip, never a record.
 _REFRESH_S = 0.1
 
 
