@@ -41,6 +41,7 @@ from client.http import Slices
 from client.worker.calls import Calls, is_async, overrides
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
+from client.worker.deadline import NotStarted, SessionDeadline
 from client.worker.failures import (
     Backoff,
     FailureHistory,
@@ -74,13 +75,15 @@ class Stats:
 
 class WorkerEngine:
     """Processes one consumer's records with tasks (``task_factory``) or, in the handler
-    form, with ``process`` on lanes of one key each."""
+    form, with ``process`` on lanes of one key each. ``deadline`` is what the pools check
+    before a record starts; the engine ends it when the membership is lost."""
 
     def __init__(
         self,
         source: WorkerSource,
         config: WorkerConfig,
         calls: Calls,
+        deadline: SessionDeadline,
         *,
         task_factory: Callable[[], WorkerTask] | None = None,
         handler_process: Process | None = None,
@@ -93,6 +96,7 @@ class WorkerEngine:
         self._source = self.source = source
         self._config = config
         self._calls = calls
+        self._deadline = deadline
         self._task_factory = task_factory
         self._partitioner = partitioner or KeyHashPartitioner(config.subpartitions)
         self._dead_letters = dead_letters
@@ -290,6 +294,9 @@ class WorkerEngine:
         except asyncio.CancelledError:
             if not attempt.interrupted:
                 raise
+        except NotStarted:
+            if attempt.observer is observer:
+                self._not_started(attempt)
         except Exception as error:
             observer.failure(error)
         finally:
@@ -299,6 +306,22 @@ class WorkerEngine:
                 worker = asyncio.current_task()
                 if worker is not None and worker.uncancel() > 0:
                     raise asyncio.CancelledError
+
+    def _not_started(self, attempt: Attempt) -> None:
+        """A pool did not start the record: its session deadline had passed when its turn
+        came. No call of ``process`` happened, so nothing counts it as a failure, retries
+        or dead-letters it. Asking the hand-out guard notices the loss the pool saw, and
+        the loss gives the record back with everything else; a membership that still
+        holds (a heartbeat answered after the deadline the pool read, or a copy of the
+        deadline that lagged) gets it sent again, first in its lane."""
+        attempt.number -= 1
+        _detach(attempt)
+        if not self._source.may_hand_out():
+            return
+        if attempt.withdrawn or self._stopping:
+            self._give_back(attempt)
+        else:
+            attempt.lane.retries.appendleft(attempt)
 
     def _on_loop(self, lane: Lane) -> bool:
         if self._shared is not None:
@@ -324,7 +347,7 @@ class WorkerEngine:
             await asyncio.sleep(deadlines[0][0] - now if deadlines else self._timeout)
 
     async def _task_process(self, task: WorkerTask, record: Record, observer: Observer) -> None:
-        await self._calls.call(task.process, record, observer)
+        await self._calls.call(task.process, record, observer, deadline=self._deadline)
 
     async def _task_call(self, lane: Lane, method: str, *args: Any) -> None:
         if self._shared is not None or not overrides(lane.task, method):
@@ -550,14 +573,12 @@ class WorkerEngine:
     def lose(self) -> None:
         """The membership is lost: nothing queued is ours; calls running on the loop are
         cancelled (their keys may be another member's already), thread calls run out and
-        their outcome is ignored."""
+        their outcome is ignored, and calls waiting in a pool do not start."""
+        self._deadline.end()
         self.withdraw(None)
         for attempt in list(self._attempts):
             self._interrupt(attempt)
-            if attempt.observer is not None:
-                attempt.observer.resolved = True
-                attempt.observer.attempt = None
-                attempt.observer = None
+            _detach(attempt)
             self._give_back(attempt)
         self._waiting.clear()
 
@@ -629,6 +650,14 @@ class WorkerEngine:
             worker.cancel()
         for task in self._background:
             task.cancel()
+
+
+def _detach(attempt: Attempt) -> None:
+    """The attempt's current call has no say any more: its observer's outcome is ignored."""
+    if attempt.observer is not None:
+        attempt.observer.resolved = True
+        attempt.observer.attempt = None
+        attempt.observer = None
 
 
 def _key(item: Item) -> tuple[TopicPartition, int]:

@@ -13,6 +13,10 @@ out. Records handed out in the same turn of the event loop go together, in batch
 a process's share of the most records the pool has had at once, each sent to the process
 with the fewest records outstanding: a process then has its next batch waiting while it
 works, and does not sit idle while the loop hands out more records.
+
+A record waiting in a pipe can outlive the session it was handed out under, so a child
+checks the session deadline before each record (``SharedDeadline``) and reports the records
+it did not start as ``NotStarted``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from client.fetcher import Record
+from client.worker.deadline import NotStarted, SessionDeadline, SharedDeadline
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,12 @@ Outcomes = list[BaseException | None] | None
 
 _HEADER = struct.Struct("!Q")
 _READ_SIZE = 1 << 16
+# How often the loop copies the session deadline to the children while they have records.
+# The membership moves the deadline on with each successful heartbeat, at most a third of a
+# session apart, so a copy this fresh lies most of a session ahead: children do not reach it
+# while the member is healthy. A copy that did fall behind only refuses records, which the
+# engine sends again: it costs a round trip, never a record.
+_REFRESH_S = 0.1
 
 
 class PoolClosed(RuntimeError):
@@ -52,16 +63,29 @@ class ProcessDied(RuntimeError):
 
 class ProcessPool:
     """``processes`` children running ``handler``; ``run(record)`` resolves with the
-    handler's outcome (its exception, or one that survives pickling, when it raised)."""
+    handler's outcome (its exception, or one that survives pickling, when it raised), or
+    ``NotStarted`` when the record's turn came after ``deadline`` ended its right to start.
 
-    def __init__(self, handler: Handler, processes: int) -> None:
+    The children's copy of the deadline is written on the event loop: before every batch
+    goes out, every ``_REFRESH_S`` while records are out, and at once when the membership
+    ends. Not by the membership as each heartbeat succeeds: the pool needs nothing of the
+    consumer but the deadline's reader, and the loop that copies it is the loop that
+    heartbeats, so a blocked loop or a frozen process stops both alike. The copy then stays
+    at the last deadline the member knew, which is where children must stop."""
+
+    def __init__(self, handler: Handler, processes: int, deadline: SessionDeadline) -> None:
         self._handler = handler
         self._count = processes
+        self._deadline = deadline
+        self._shared = SharedDeadline(multiprocessing.get_context())
+        self._refresh: asyncio.TimerHandle | None = None
         self._children: list[_Child] = []
-        self._pending: list[tuple[Record, asyncio.Future[None]]] = []
+        # Each record with its outcome and the generation it was handed out under.
+        self._pending: list[tuple[Record, asyncio.Future[None], int]] = []
         self._closed = False
         self._waited_by_replaced = 0.0
         self._most_outstanding = 0
+        deadline.on_end(self._publish)
 
     @property
     def waited_s(self) -> float:
@@ -76,24 +100,46 @@ class ProcessPool:
         outcome: asyncio.Future[None] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._send)
-        self._pending.append((record, outcome))
+        self._pending.append((record, outcome, self._deadline.generation))
         await outcome
 
     def close(self) -> None:
-        """Close the children's pipes (each exits once its current batch is done, when its
-        outcomes find the pipe closed) and fail what is outstanding: its records were given
-        back, not committed."""
+        """Close the children's pipes and fail what is outstanding: its records were given
+        back, not committed. So a child starts no further record of the batch it works on,
+        and exits after the record it is on, when its outcomes find the pipe closed."""
         self._closed = True
-        for record_outcome in self._pending:
-            _settle(record_outcome[1], PoolClosed("the process pool was shut down"))
+        self._shared.publish(self._deadline.generation, float("-inf"))
+        if self._refresh is not None:
+            self._refresh.cancel()
+            self._refresh = None
+        for _, outcome, _ in self._pending:
+            _settle(outcome, PoolClosed("the process pool was shut down"))
         self._pending = []
         for child in self._children:
             child.close(PoolClosed("the process pool was shut down"))
         self._waited_by_replaced = self.waited_s
         self._children = []
 
+    def _publish(self) -> None:
+        if not self._closed:
+            self._shared.publish(self._deadline.generation, self._deadline.deadline())
+
+    def _keep_published(self) -> None:
+        self._refresh = None
+        self._publish()
+        if any(child.load() for child in self._children):
+            self._refresh = asyncio.get_running_loop().call_later(_REFRESH_S, self._keep_published)
+
     def _send(self) -> None:
-        pending, self._pending = self._pending, []
+        generation = self._deadline.generation
+        pending: list[tuple[Record, asyncio.Future[None]]] = []
+        for record, outcome, handed_out_under in self._pending:
+            if handed_out_under == generation:
+                pending.append((record, outcome))
+            else:
+                # Lost while it waited for this turn of the loop: it was given back.
+                _settle(outcome, NotStarted("the membership ended before the record was sent"))
+        self._pending = []
         if self._closed or not pending:
             return
         # Started on first use; a process that died (its records failed) is replaced.
@@ -102,7 +148,7 @@ class ProcessPool:
         try:
             loop = asyncio.get_running_loop()
             while len(alive) < self._count:
-                alive.append(_Child(self._handler, loop, alive))
+                alive.append(_Child(self._handler, self._shared, loop, alive))
         except Exception as error:
             # Nothing can run them; their failure goes to the policy like a handler's.
             logger.exception("a pool process could not be started")
@@ -118,15 +164,18 @@ class ProcessPool:
         outstanding = sum(child.load() for child in alive) + len(pending)
         self._most_outstanding = max(self._most_outstanding, outstanding)
         size = -(-self._most_outstanding // (2 * self._count))
+        self._publish()
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
             child = min(self._children, key=_Child.load)
             outcomes = [outcome for _, outcome in batch]
             try:
-                child.send([record for record, _ in batch], outcomes)
+                child.send([record for record, _ in batch], outcomes, generation)
             except Exception as error:  # a record that cannot be pickled
                 for outcome in outcomes:
                     _settle(outcome, error)
+        if self._refresh is None:
+            self._refresh = loop.call_later(_REFRESH_S, self._keep_published)
 
 
 class _Child:
@@ -134,7 +183,11 @@ class _Child:
     the outcomes of the batches sent, in order."""
 
     def __init__(
-        self, handler: Handler, loop: asyncio.AbstractEventLoop, siblings: list[_Child]
+        self,
+        handler: Handler,
+        deadline: SharedDeadline,
+        loop: asyncio.AbstractEventLoop,
+        siblings: list[_Child],
     ) -> None:
         self._loop = loop
         context = multiprocessing.get_context()
@@ -147,7 +200,9 @@ class _Child:
             parents_ends += [sibling._inbox, sibling._outbox]
         # Daemonic: an interpreter exiting does not wait for a handler that still runs.
         self._process: BaseProcess = context.Process(
-            target=_serve, args=(handler, to_child, from_child, parents_ends), daemon=True
+            target=_serve,
+            args=(handler, deadline, to_child, from_child, parents_ends),
+            daemon=True,
         )
         try:
             self._process.start()
@@ -176,13 +231,15 @@ class _Child:
     def load(self) -> int:
         return self._outstanding
 
-    def send(self, records: list[Record], outcomes: list[asyncio.Future[None]]) -> None:
+    def send(
+        self, records: list[Record], outcomes: list[asyncio.Future[None]], generation: int
+    ) -> None:
         if not self._open:
             # It died while this turn's batches went out.
             for outcome in outcomes:
                 _settle(outcome, ProcessDied(f"the pool process {self._process.pid} died"))
             return
-        payload = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((generation, records), protocol=pickle.HIGHEST_PROTOCOL)
         self._batches.append(outcomes)
         self._outstanding += len(outcomes)
         waiting = bool(self._unsent)
@@ -277,10 +334,15 @@ def _settle(outcome: asyncio.Future[None], error: BaseException | None) -> None:
 
 
 def _serve(
-    handler: Handler, inbox: Connection, outbox: Connection, parents: list[Connection]
+    handler: Handler,
+    deadline: SharedDeadline,
+    inbox: Connection,
+    outbox: Connection,
+    parents: list[Connection],
 ) -> None:
-    """A child's life: read a batch, run the handler on each record, write the outcomes
-    (None when every record succeeded), until the parent closes the pipe or goes away."""
+    """A child's life: read a batch, run the handler on each record the deadline lets
+    start, write the outcomes (None when every record succeeded), until the parent closes
+    the pipe or goes away."""
     # A Ctrl+C reaches the whole process group; the parent drains and closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for end in parents:
@@ -295,7 +357,8 @@ def _serve(
         payload = _read_exactly(reading, _HEADER.unpack(header)[0])
         if payload is None:
             return
-        outcomes = _run_batch(handler, pickle.loads(payload))
+        generation, records = pickle.loads(payload)
+        outcomes = _run_batch(handler, records, deadline, generation)
         reply = pickle.dumps((outcomes, waited), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             _write_all(writing, _HEADER.pack(len(reply)) + reply)
@@ -303,10 +366,16 @@ def _serve(
             return
 
 
-def _run_batch(handler: Handler, records: list[Record]) -> Outcomes:
+def _run_batch(
+    handler: Handler, records: list[Record], deadline: SharedDeadline, generation: int
+) -> Outcomes:
     errors: list[BaseException | None] = []
     failed = False
     for record in records:
+        if not deadline.permits(generation):
+            failed = True
+            errors.append(NotStarted("the session deadline passed before the record's turn"))
+            continue
         try:
             handler(record)
             errors.append(None)

@@ -19,6 +19,7 @@ from client.metrics_server import MetricsServer
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
+from client.worker.deadline import SessionDeadline
 from client.worker.engine import Stats, WorkerEngine
 from client.worker.metrics import EXTRA as METRICS_EXTRA
 from client.worker.metrics import worker_families
@@ -137,13 +138,15 @@ class Worker:
                 await self._dead_letters.stop()
 
     def _make_engine(self, source: WorkerSource) -> WorkerEngine:
+        deadline = SessionDeadline(source.session_deadline)
         handler_process = (
-            None if self._handler is None else self._calls.handler_process(self._handler)
+            None if self._handler is None else self._calls.handler_process(self._handler, deadline)
         )
         engine = WorkerEngine(
             source,
             self.config,
             self._calls,
+            deadline,
             task_factory=self._task,
             handler_process=handler_process,
             handler_on_loop=self._handler is None or is_async(self._handler),

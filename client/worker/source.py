@@ -17,6 +17,9 @@ class WorkerSource(RecordSource, Protocol):
 
     def give_back(self, record: Record) -> None: ...
 
+    def session_deadline(self) -> float:
+        """The monotonic instant from which nothing may be handed out; a thread may ask."""
+
     def pause(self, partitions: list[TopicPartition]) -> None: ...
 
     def resume(self, partitions: list[TopicPartition]) -> None: ...

@@ -78,15 +78,17 @@ async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def processed_offsets(coordinator: str, group_id: str, topic: str) -> set[int]:
-    """Offsets of partition 0 the group's commits count as processed."""
+async def processed_offsets(
+    coordinator: str, group_id: str, topic: str, keys: list[bytes] = KEYS
+) -> set[int]:
+    """Offsets of partition 0 the group's commits count as processed (``keys`` produced)."""
     async with CoordinatorClient(coordinator) as api:
         state = (await api.fetch_offsets(group_id, [topic])).get(TopicPartition(topic, 0))
     if state is None:
         return set()
     return {
         offset
-        for offset, key in enumerate(KEYS)
+        for offset, key in enumerate(keys)
         if state.is_processed(offset, key_hash(key, offset))
     }
 

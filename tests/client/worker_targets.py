@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any
 
 from client.worker import RecordObserver, WorkerTask
@@ -62,3 +63,12 @@ def dies_once(record: Any) -> None:
             died.write(str(os.getpid()))
         os._exit(3)
     _note(f"pid {os.getpid()} {record.offset} {len(record.value)}")
+
+
+def notes_its_start(record: Any) -> None:
+    """A synchronous handler for the session-deadline tests (threads or ``processes``): notes
+    the ``time.monotonic()`` at which it started the record (one clock for every process of
+    the machine), takes ``WORKER_TEST_SLEEP`` seconds, notes that it is done."""
+    _note(f"start {record.offset} {time.monotonic()!r}")
+    time.sleep(float(os.environ["WORKER_TEST_SLEEP"]))
+    _note(f"done {record.offset}")

@@ -1,0 +1,410 @@
+"""DESIGN §5, the client half, where the worker's pools queue records: a record handed out
+before the session deadline can still wait for a pool thread, or sit in a child process's
+pipe behind the batch it works on, when the deadline passes. None of them may start after it
+(the coordinator may have given its key away by then) until the member has rejoined, and
+none is lost: the member processes them once it has the slice again.
+
+The event loop is blocked from the test, as a synchronous call on it or a frozen process
+would block it; the coordinator here shares that loop, so it stalls too and reaps the member
+after. The pools' own checks are tested without Kafka, against a deadline the test moves, and what
+the engine makes of a record a pool did not start over an in-memory source."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from client.fetcher import FetchInterrupted, Item
+from client.worker import Worker
+from client.worker.calls import Calls
+from client.worker.deadline import NotStarted, SessionDeadline
+from client.worker.engine import WorkerEngine
+from client.worker.processes import ProcessPool
+from tests.client import worker_targets
+from tests.client.test_consumer import produce
+from tests.client.test_worker import config, group, processed_offsets, running
+from tests.fixtures.services import MakeTopic
+from tests.waiting import until
+
+SESSION_MS = 2_000
+
+
+class EpochLog(logging.Handler):
+    """When each member id got a new epoch, on the monotonic clock: the membership logs it as
+    it takes in the heartbeat's reply, so a rejoin is timed to the instant."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.epochs: list[tuple[float, str | None]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "member epoch changed":
+            self.epochs.append((time.monotonic(), getattr(record, "member_id", None)))
+
+
+def journal_lines(journal: Path) -> list[list[str]]:
+    if not journal.exists():
+        return []
+    return [line.split() for line in journal.read_text().split("\n")[:-1]]
+
+
+def starts(journal: Path) -> list[tuple[int, float]]:
+    """(offset, monotonic instant) of each start of a record in user code."""
+    return [(int(line[1]), float(line[2])) for line in journal_lines(journal) if line[0] == "start"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pool", "records", "sleep_s"),
+    [
+        # Each process has about a dozen records of 0.3 s waiting in its pipe.
+        pytest.param({"processes": 2, "max_concurrency": 24}, 60, 0.3, id="processes"),
+        # Fifteen calls of 0.25 s wait for the one thread.
+        pytest.param({"worker_threads": 1, "max_concurrency": 16}, 40, 0.25, id="threads"),
+    ],
+)
+async def test_records_queued_in_a_pool_do_not_start_past_the_session_deadline(
+    pool: dict[str, Any],
+    records: int,
+    sleep_s: float,
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = await make_topic(1)
+    # A key per record: each is its own lane, so max_concurrency records are out at once.
+    keys = [b"key-%d" % index for index in range(records)]
+    await produce(kafka_bootstrap, topic, keys)
+    group_id = group()
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", str(sleep_s))
+    session_s = SESSION_MS / 1000
+    caplog.set_level(logging.INFO, logger="client.membership")
+    epoch_log = EpochLog()
+    logging.getLogger("client.membership").addHandler(epoch_log)
+    worker = Worker(
+        config(
+            topic, kafka_bootstrap, coordinator_url, group_id, session_timeout_ms=SESSION_MS, **pool
+        ),
+        handler=worker_targets.notes_its_start,
+    )
+    blocked: list[float] = []
+    in_flight: list[int] = []
+
+    def block_the_loop() -> None:
+        assert worker.engine is not None
+        in_flight.append(worker.engine.in_flight)
+        blocked.append(time.monotonic())
+        time.sleep(session_s + 1)
+        blocked.append(time.monotonic())
+
+    async def all_processed() -> bool:
+        done = await processed_offsets(coordinator_url, group_id, topic, keys)
+        return len(done) == records
+
+    try:
+        async with running(worker):
+            await until(lambda: len(starts(journal)) >= 2, 60, "records flowing")
+            first_member = worker.consumer.member_id
+            asyncio.get_running_loop().call_soon(block_the_loop)
+            await until(lambda: len(blocked) == 2, 30, "the loop blocked past the session")
+            await until(all_processed, 60, "every record processed after the rejoin")
+    finally:
+        logging.getLogger("client.membership").removeHandler(epoch_log)
+    blocked_at, _ = blocked
+    workers = pool.get("processes") or pool["worker_threads"]
+    # The premise: more records were out than the pool could start before the deadline.
+    assert in_flight[0] > workers * (session_s / sleep_s + 1), in_flight
+    rejoins = [at for at, member in epoch_log.epochs if at > blocked_at and member != first_member]
+    assert rejoins, "the member did not rejoin under a new member id"
+    # The member's deadline is at most a session after the block began: its last
+    # successful heartbeat was sent before.
+    latest_deadline = blocked_at + session_s
+    late = [
+        (offset, round(at - blocked_at, 3))
+        for offset, at in starts(journal)
+        if latest_deadline <= at < rejoins[0]
+    ]
+    assert late == [], "records started past the session deadline (offset, s after the block)"
+    # A record not started is no failure (at_least_once would have stopped the worker).
+    assert worker.stats.failed == 0
+    # Nothing lost: every record ran to its end, the refused ones after the rejoin.
+    done = {int(line[1]) for line in journal_lines(journal) if line[0] == "done"}
+    assert done == set(range(records))
+
+
+def record(offset: int) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("orders", 0, offset, 0, 0, b"key", b"value", None, 3, 5, [])
+
+
+class Deadline:
+    """A session deadline the test moves, as heartbeats and a loss would move it."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic() + 60
+
+    def passed(self) -> None:
+        self.at = time.monotonic() - 1
+
+    def ahead(self, seconds: float = 60) -> None:
+        self.at = time.monotonic() + seconds
+
+    def __call__(self) -> float:
+        return self.at
+
+
+@pytest.mark.slow
+async def test_a_pool_process_starts_a_record_only_before_the_shared_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "0.5")
+    session = Deadline()
+    deadline = SessionDeadline(session)
+    pool = ProcessPool(worker_targets.notes_its_start, 1, deadline)
+
+    try:
+        await pool.run(record(0))
+        session.passed()
+        with pytest.raises(NotStarted):
+            await pool.run(record(1))
+        session.ahead()
+        # The deadline passes while offset 3 waits in the pipe: the pool copies it there.
+        both = asyncio.gather(pool.run(record(2)), pool.run(record(3)), return_exceptions=True)
+        await until(lambda: 2 in dict(starts(journal)), 30, "offset 2 started")
+        session.passed()
+        second = await both
+        session.ahead()
+        # The membership ends while offset 5 waits, and the member rejoins at once: the
+        # new membership's deadline lies ahead, but offset 5 was handed out under the old.
+        both = asyncio.gather(pool.run(record(4)), pool.run(record(5)), return_exceptions=True)
+        await until(lambda: 4 in dict(starts(journal)), 30, "offset 4 started")
+        deadline.end()
+        third = await both
+    finally:
+        pool.close()
+    assert second[0] is None and isinstance(second[1], NotStarted)
+    assert third[0] is None and isinstance(third[1], NotStarted)
+    assert [offset for offset, _ in starts(journal)] == [0, 2, 4]
+
+
+@pytest.mark.slow
+async def test_a_process_working_through_long_batches_is_not_refused_while_the_session_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership moves the deadline on with each heartbeat; the children's copy must
+    follow while they work, not only when a batch goes out."""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "0.2")
+    # A session of 0.5 s that heartbeats without pause: always half a second ahead.
+    pool = ProcessPool(
+        worker_targets.notes_its_start, 1, SessionDeadline(lambda: time.monotonic() + 0.5)
+    )
+    try:
+        # Eight records of 0.2 s in the one process's pipe at once: 1.6 s of work.
+        outcomes = await asyncio.gather(
+            *(pool.run(record(offset)) for offset in range(8)), return_exceptions=True
+        )
+    finally:
+        pool.close()
+    assert outcomes == [None] * 8
+    assert [offset for offset, _ in starts(journal)] == list(range(8))
+
+
+async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline() -> None:
+    calls = Calls(threads=1, processes=0)
+    session = Deadline()
+    deadline = SessionDeadline(session)
+    ran: list[int] = []
+    release = threading.Event()
+
+    def hold(offset: int) -> None:
+        ran.append(offset)
+        release.wait(30)
+
+    async def behind_a_busy_thread(
+        offset: int, then: Callable[[], None]
+    ) -> list[BaseException | None]:
+        """``offset`` runs and holds the one thread; ``offset + 1`` waits for it while
+        ``then`` happens."""
+        release.clear()
+        holding = calls.in_thread(hold, offset, deadline=deadline)
+        waiting = calls.in_thread(ran.append, offset + 1, deadline=deadline)
+        both = asyncio.gather(holding, waiting, return_exceptions=True)
+        await until(lambda: offset in ran, 30, f"offset {offset} holds the thread")
+        then()
+        release.set()
+        return await both
+
+    try:
+        await calls.in_thread(ran.append, 0, deadline=deadline)
+        session.passed()
+        with pytest.raises(NotStarted):
+            await calls.in_thread(ran.append, 1, deadline=deadline)
+        session.ahead()
+        passed = await behind_a_busy_thread(2, session.passed)
+        session.ahead()
+        # Lost, and rejoined at once: the new membership's deadline lies ahead.
+        ended = await behind_a_busy_thread(4, deadline.end)
+    finally:
+        release.set()
+        calls.close()
+    assert passed[0] is None and isinstance(passed[1], NotStarted)
+    assert ended[0] is None and isinstance(ended[1], NotStarted)
+    assert ran == [0, 2, 4]
+
+
+TP = TopicPartition("orders", 0)
+
+
+class Source:
+    """An in-memory ``WorkerSource``: records put in by the test, a session deadline it
+    moves, and a hand-out guard that loses the membership (once) when asked past it."""
+
+    def __init__(self) -> None:
+        self.items: asyncio.Queue[Item] = asyncio.Queue()
+        self.deadline_at = time.monotonic() + 60
+        # Readings of the deadline still to give an instant already past, as a copy that
+        # lagged behind the heartbeats would.
+        self.lagging = 0
+        self.engine: WorkerEngine | None = None
+        self.lost = False
+        self.stopped = False
+        self.handed: list[int] = []
+        self.marked: list[int] = []
+        self.given_back: list[int] = []
+
+    def put(self, offset: int) -> None:
+        self.items.put_nowait((TP, record(offset), offset))
+
+    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
+        getting = asyncio.ensure_future(self.items.get())
+        await asyncio.wait({getting, interrupt}, return_when=asyncio.FIRST_COMPLETED)
+        if not getting.done():
+            getting.cancel()
+            raise FetchInterrupted
+        return getting.result()
+
+    def may_hand_out(self) -> bool:
+        if not self.lost and time.monotonic() >= self.deadline_at:
+            self.lost = True
+            assert self.engine is not None
+            self.engine.lose()
+        return not self.lost
+
+    def session_deadline(self) -> float:
+        if self.lost:
+            return float("-inf")
+        if self.lagging:
+            self.lagging -= 1
+            return time.monotonic() - 1
+        return self.deadline_at
+
+    def hand_out(self, tp: TopicPartition, record: Any, hashed: int) -> None:
+        self.handed.append(record.offset)
+
+    def mark_processed(self, record: Any) -> None:
+        self.marked.append(record.offset)
+
+    def give_back(self, record: Any) -> None:
+        self.given_back.append(record.offset)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return None
+
+    def slice_watermarks(self) -> list[Any]:
+        return []
+
+
+@asynccontextmanager
+async def engine_over(
+    source: Source, handler: Callable[[Any], None], **settings: Any
+) -> AsyncIterator[tuple[WorkerEngine, asyncio.Task[None]]]:
+    """A handler-form engine on a thread pool over ``source``, and its run (policy
+    ``at_least_once``: a failure would end it)."""
+    settings = {"max_concurrency": 2, "worker_threads": 1, **settings}
+    calls = Calls(threads=settings["worker_threads"], processes=0)
+    deadline = SessionDeadline(source.session_deadline)
+    engine = WorkerEngine(
+        source,
+        config("orders", "unused:9092", "http://unused", "g", **settings),
+        calls,
+        deadline,
+        handler_process=calls.handler_process(handler, deadline),
+        handler_on_loop=False,
+    )
+    source.engine = engine
+    running = asyncio.create_task(engine.run())
+    try:
+        yield engine, running
+    finally:
+        await engine.finish(5.0)
+        await running
+        calls.close()
+
+
+async def test_a_record_a_pool_did_not_start_is_sent_again_while_the_membership_holds() -> None:
+    source = Source()
+    # The deadline the thread read had passed; a heartbeat answered since.
+    source.lagging = 1
+    ran: list[int] = []
+    async with engine_over(source, lambda record: ran.append(record.offset)) as (engine, running):
+        source.put(0)
+        await until(lambda: source.marked == [0], 30, "the record processed")
+        assert not running.done()
+        assert source.lagging == 0
+        stats = engine.stats
+        assert (stats.failed, stats.retried, stats.processed) == (0, 0, 1)
+    assert ran == [0]
+    assert source.given_back == []
+
+
+async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_the_loss() -> None:
+    source = Source()
+    ran: list[int] = []
+    release = threading.Event()
+
+    def handle(record: Any) -> None:
+        ran.append(record.offset)
+        if record.offset == 0:
+            release.wait(30)
+
+    try:
+        async with engine_over(source, handle) as (engine, running):
+            source.put(0)
+            source.put(1)
+            await until(lambda: ran == [0] and source.handed == [0, 1], 30, "1 waits for 0")
+            # The deadline passes while offset 1 waits for the thread, and nothing on the
+            # loop has asked the hand-out guard since: the refusal is the first to know.
+            source.deadline_at = time.monotonic() - 1
+            release.set()
+            await until(lambda: 1 in source.given_back, 30, "offset 1 given back")
+            assert source.lost
+            # Neither a failure (at_least_once would have stopped the engine) nor processed.
+            assert not running.done()
+            assert engine.stats.failed == 0
+    finally:
+        release.set()
+    assert ran == [0]
+    assert 1 not in source.marked
