@@ -84,7 +84,11 @@ async def _sleeping(admin: AsyncConnection) -> bool:
     found = await admin.execute(
         text("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'")
     )
-    return bool(found.scalar_one())
+    sleeping = bool(found.scalar_one())
+    # pg_stat_activity is read once per transaction: without ending it, a first look taken
+    # before the query started (a loaded machine) is all every later look sees.
+    await admin.rollback()
+    return sleeping
 
 
 async def test_background_loops_meeting_a_stopped_database_warn_without_tracebacks(
