@@ -18,6 +18,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import asyncpg
 from sqlalchemy.engine import URL
@@ -137,7 +138,7 @@ class MembershipWatch:
 
         connection.add_termination_listener(on_lost)
         try:
-            await connection.add_listener(CHANNEL, on_notice)
+            await _subscribe(connection, on_notice)
             self._listening = True
             log.info("listening for membership changes", extra={"channel": CHANNEL})
             await lost
@@ -150,3 +151,19 @@ class MembershipWatch:
                 connection.terminate()
             elif not connection.is_closed():
                 await connection.close(timeout=5)
+
+
+async def _subscribe(connection: asyncpg.Connection, on_notice: Any) -> None:
+    """LISTEN on ``connection``. A database shutting down can close a connection right after
+    it opened (its closing message arrives while LISTEN is being sent), which asyncpg reports
+    as an ``InternalClientError`` about its own state rather than as a lost connection; a
+    connection closed by then is the outage it looks like to an operator. Any other
+    ``InternalClientError`` stays what it is."""
+    try:
+        await connection.add_listener(CHANNEL, on_notice)
+    except asyncpg.InternalClientError as error:
+        if connection.is_closed():
+            raise ConnectionError(
+                "the membership watch lost its database connection as it opened"
+            ) from error
+        raise
