@@ -11,6 +11,7 @@ commit listener call it: Spark actions therefore run in a worker thread
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -66,6 +67,9 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+    # py4j says at INFO that it closes each connection when the interpreter collects it at
+    # exit, after pytest closed the streams the log handlers of earlier tests write to.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
