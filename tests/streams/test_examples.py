@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
-from client.streams import QueryAnswer, StreamsApp
+from client.streams import QueryAnswer, StreamsApp, Topology
 from client.streams.config import StreamsConfig
 from examples import streams_join, streams_windowed, streams_wordcount
 from tests.fixtures.services import MakeTopic
@@ -40,10 +41,24 @@ def config(
     )
 
 
-@pytest.mark.parametrize("threads", [1, 4])
-async def test_word_count_counts_every_word_exactly(
-    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path, threads: int
-) -> None:
+@dataclass
+class WordCount:
+    """The word-count example on fresh topics, fed with ``LINES``: what the in-process tests
+    run, and the counts it must reach."""
+
+    topology: Topology
+    lines: str
+    counts: str
+    truth: Counter[str]
+
+    async def counted(self, reader: TopicReader) -> bool:
+        await reader.poll()
+        return reader.latest() == dict(self.truth)
+
+
+async def fed_word_count(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> WordCount:
     lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
     await accept_range_fetch(coordinator_url, lines, words)
     env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
@@ -53,22 +68,25 @@ async def test_word_count_counts_every_word_exactly(
         kafka_bootstrap, lines, [(b"l%d" % i, line.encode(), None) for i, line in enumerate(LINES)]
     )
     truth = Counter(word for line in LINES for word in line.split())
+    return WordCount(topology, lines, counts, truth)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+async def test_word_count_counts_every_word_exactly(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path, threads: int
+) -> None:
+    wc = await fed_word_count(kafka_bootstrap, coordinator_url, make_topic)
     app = StreamsApp(
-        topology,
+        wc.topology,
         config(
-            f"wc-{lines}", kafka_bootstrap, coordinator_url, tmp_path, processing_threads=threads
+            f"wc-{wc.lines}", kafka_bootstrap, coordinator_url, tmp_path, processing_threads=threads
         ),
     )
-    async with running(app), TopicReader(kafka_bootstrap, counts) as reader:
-
-        async def counted() -> bool:
-            await reader.poll()
-            return reader.latest() == dict(truth)
-
-        await until(counted, 60, "every word counted")
+    async with running(app), TopicReader(kafka_bootstrap, wc.counts) as reader:
+        await until(lambda: wc.counted(reader), 60, "every word counted")
         answer = await app.query("counts", "fox")
-        assert answer.local and answer.value == truth["fox"]
-    assert len(reader.records) == sum(truth.values())
+        assert answer.local and answer.value == wc.truth["fox"]
+    assert len(reader.records) == sum(wc.truth.values())
 
 
 @pytest.mark.parametrize("threads", [1, 4])
@@ -168,30 +186,19 @@ async def test_the_windowed_count_emits_closed_windows_in_stream_time_order(
 async def test_a_restart_restores_from_its_checkpoint_not_the_whole_changelog(
     kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
-    await accept_range_fetch(coordinator_url, lines, words)
-    env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
-    with mock.patch.dict(os.environ, env):
-        topology = streams_wordcount.build_topology()
-    settings = config(f"wc-{lines}", kafka_bootstrap, coordinator_url, tmp_path)
-    await produce(
-        kafka_bootstrap, lines, [(b"l%d" % i, line.encode(), None) for i, line in enumerate(LINES)]
-    )
-    truth = Counter(word for line in LINES for word in line.split())
-    async with TopicReader(kafka_bootstrap, counts) as reader:
-
-        async def counted() -> bool:
-            await reader.poll()
-            return reader.latest() == dict(truth)
-
-        async with running(StreamsApp(topology, settings)):
-            await until(counted, 60, "every word counted")
+    wc = await fed_word_count(kafka_bootstrap, coordinator_url, make_topic)
+    settings = config(f"wc-{wc.lines}", kafka_bootstrap, coordinator_url, tmp_path)
+    async with TopicReader(kafka_bootstrap, wc.counts) as reader:
+        async with running(StreamsApp(wc.topology, settings)):
+            await until(lambda: wc.counted(reader), 60, "every word counted")
         assert list((tmp_path / settings.application_id / "counts").glob("*/checkpoint"))
-        restarted = StreamsApp(topology, settings)
+        restarted = StreamsApp(wc.topology, settings)
         async with running(restarted):
-            await produce(kafka_bootstrap, lines, [(b"again", b"fox fox", None)])
-            truth.update(["fox", "fox"])
-            await until(counted, 60, "the new words counted on the restored state")
+            await produce(kafka_bootstrap, wc.lines, [(b"again", b"fox fox", None)])
+            wc.truth.update(["fox", "fox"])
+            await until(
+                lambda: wc.counted(reader), 60, "the new words counted on the restored state"
+            )
             restores = [
                 entry
                 for task in restarted.metrics().values()

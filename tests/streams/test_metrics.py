@@ -4,29 +4,26 @@ of `keyrange streams` sees of records, stream-time lag and restore progress, whi
 
 from __future__ import annotations
 
-import os
 import re
-from collections import Counter
 from pathlib import Path
-from unittest import mock
+from typing import Any
 
 import httpx
 
 from client.metrics_server import Family
 from client.streams import StreamsApp
 from client.streams.metrics import streams_families
-from examples import streams_wordcount
 from tests.fixtures.coordinator import free_port
 from tests.fixtures.services import MakeTopic
-from tests.streams.harness import TopicReader, accept_range_fetch, produce, running
-from tests.streams.test_examples import LINES, config
+from tests.streams.harness import TopicReader, running
+from tests.streams.test_examples import LINES, config, fed_word_count
 from tests.waiting import until
 
 TASK = "0_0[0-7fffffffffffffff]"
 
 
 def test_each_task_figure_becomes_a_family_labelled_by_task_and_store() -> None:
-    tasks = {
+    tasks: dict[str, dict[str, Any]] = {
         TASK: {
             "records": 7,
             "punctuations": 2,
@@ -77,36 +74,23 @@ def scraped(text: str, name: str) -> dict[str, float]:
 async def test_the_metrics_port_serves_every_tasks_records_lag_and_restore(
     kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
-    await accept_range_fetch(coordinator_url, lines, words)
-    env = {"WORDCOUNT_LINES": lines, "WORDCOUNT_WORDS": words, "WORDCOUNT_COUNTS": counts}
-    with mock.patch.dict(os.environ, env):
-        topology = streams_wordcount.build_topology()
-    await produce(
-        kafka_bootstrap, lines, [(b"l%d" % i, line.encode(), None) for i, line in enumerate(LINES)]
-    )
-    truth = Counter(word for line in LINES for word in line.split())
+    wc = await fed_word_count(kafka_bootstrap, coordinator_url, make_topic)
     port = free_port()
     app = StreamsApp(
-        topology,
-        config(f"wcm-{lines}", kafka_bootstrap, coordinator_url, tmp_path, metrics_port=port),
+        wc.topology,
+        config(f"wcm-{wc.lines}", kafka_bootstrap, coordinator_url, tmp_path, metrics_port=port),
     )
     async with (
         running(app),
-        TopicReader(kafka_bootstrap, counts) as reader,
+        TopicReader(kafka_bootstrap, wc.counts) as reader,
         httpx.AsyncClient() as http,
     ):
-
-        async def counted() -> bool:
-            await reader.poll()
-            return reader.latest() == dict(truth)
-
-        await until(counted, 60, "every word counted")
+        await until(lambda: wc.counted(reader), 60, "every word counted")
         page = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
         expected = app.metrics()
     records = scraped(page, "keyrange_streams_task_records_total")
     # One line and one word per record, through the re-keying sub-topology and the count.
-    assert sum(records.values()) == len(LINES) + sum(truth.values())
+    assert sum(records.values()) == len(LINES) + sum(wc.truth.values())
     assert records == {f'task="{task}"': figures["records"] for task, figures in expected.items()}
     assert set(scraped(page, "keyrange_streams_task_stream_time_lag_seconds")) == set(records)
     fractions = scraped(page, "keyrange_streams_restore_fraction")
