@@ -17,7 +17,8 @@ records does not starve the others (the backlog-driven scheduling of the Kafka S
 threading design, with a turn of one call).
 
 The module is a little over the 600-line guideline on purpose: its parts (lanes, calls, the
-failure policy, the byte budget, deadlines, dead letters) are modules of their own, and what
+failure policy, the byte budget, processing deadlines, the session deadline the pools check,
+dead letters) are modules of their own, and what
 stays is the one state the ordering rules above govern; split further, the rules would be
 enforced in two places.
 """

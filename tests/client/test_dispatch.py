@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from aiokafka.structs import TopicPartition
 
 from client.dispatch import Dispatcher
 from client.errors import ConsumerStopped
-from client.fetcher import FetchInterrupted, Item
+from tests.client.in_memory_source import InMemorySource
 from tests.waiting import until
 
 TP = TopicPartition("t", 0)
@@ -23,39 +22,22 @@ class FakeRecord:
     key: int
 
 
-class Source:
+class Source(InMemorySource):
     """Records put in by the test; the hand-out guard is a flag the test flips."""
 
     def __init__(self) -> None:
-        self.items: asyncio.Queue[Item] = asyncio.Queue()
+        super().__init__()
         self.allowed = True
         self.on_loss: list[Dispatcher] = []
-        self.handed: list[int] = []
-        self.marked: list[int] = []
-        self.stopped = False
 
     def put(self, offset: int, key: int) -> None:
         self.items.put_nowait((TP, FakeRecord(offset, key), key))
-
-    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
-        getting = asyncio.ensure_future(self.items.get())
-        await asyncio.wait({getting, interrupt}, return_when=asyncio.FIRST_COMPLETED)
-        if not getting.done():
-            getting.cancel()
-            raise FetchInterrupted
-        return getting.result()
 
     def may_hand_out(self) -> bool:
         if not self.allowed:
             for dispatcher in self.on_loss:
                 dispatcher.lose()
         return self.allowed
-
-    def hand_out(self, tp: TopicPartition, record: Any, hashed: int) -> None:
-        self.handed.append(record.offset)
-
-    def mark_processed(self, record: Any) -> None:
-        self.marked.append(record.offset)
 
 
 async def test_records_of_one_key_run_one_at_a_time_in_offset_order() -> None:

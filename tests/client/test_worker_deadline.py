@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from client.fetcher import FetchInterrupted, Item
 from client.worker import Worker
 from client.worker.calls import Calls
 from client.worker.deadline import NotStarted, SessionDeadline
 from client.worker.engine import WorkerEngine
 from client.worker.processes import ProcessPool
 from tests.client import worker_targets
+from tests.client.in_memory_source import InMemorySource
 from tests.client.test_consumer import produce
 from tests.client.test_worker import config, group, processed_offsets, running
 from tests.fixtures.services import MakeTopic
@@ -272,33 +272,22 @@ async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline(
 TP = TopicPartition("orders", 0)
 
 
-class Source:
+class Source(InMemorySource):
     """An in-memory ``WorkerSource``: records put in by the test, a session deadline it
     moves, and a hand-out guard that loses the membership (once) when asked past it."""
 
     def __init__(self) -> None:
-        self.items: asyncio.Queue[Item] = asyncio.Queue()
+        super().__init__()
         self.deadline_at = time.monotonic() + 60
         # Readings of the deadline still to give an instant already past, as a copy that
         # lagged behind the heartbeats would.
         self.lagging = 0
         self.engine: WorkerEngine | None = None
         self.lost = False
-        self.stopped = False
-        self.handed: list[int] = []
-        self.marked: list[int] = []
         self.given_back: list[int] = []
 
     def put(self, offset: int) -> None:
         self.items.put_nowait((TP, record(offset), offset))
-
-    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
-        getting = asyncio.ensure_future(self.items.get())
-        await asyncio.wait({getting, interrupt}, return_when=asyncio.FIRST_COMPLETED)
-        if not getting.done():
-            getting.cancel()
-            raise FetchInterrupted
-        return getting.result()
 
     def may_hand_out(self) -> bool:
         if not self.lost and time.monotonic() >= self.deadline_at:
@@ -314,12 +303,6 @@ class Source:
             self.lagging -= 1
             return time.monotonic() - 1
         return self.deadline_at
-
-    def hand_out(self, tp: TopicPartition, record: Any, hashed: int) -> None:
-        self.handed.append(record.offset)
-
-    def mark_processed(self, record: Any) -> None:
-        self.marked.append(record.offset)
 
     def give_back(self, record: Any) -> None:
         self.given_back.append(record.offset)
