@@ -48,9 +48,10 @@ from client.fetcher import Fetcher, OutsideLog, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices
 from client.log_reset import OutsideLogReset
-from client.membership import Membership, Reconciler
+from client.membership import Membership, Reconciler, slices_minus
 from client.protocol.keyspace import KeyRange, normalize
 from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
+from client.runtime.gate import OwnershipGate, Running, pieces_of
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]
@@ -60,6 +61,12 @@ logger = logging.getLogger(__name__)
 # Time for the final commit and the leave after in-flight handlers had revoke_timeout_s:
 # a few HTTP calls with their retries.
 _CLOSE_GRACE_S = 30.0
+# How often a call that cannot be stopped, holding its key, is named again in the log: often
+# enough that an operator watching sees it is still there, rarely enough not to flood.
+_HOLD_WARNING_INTERVAL_S = 10.0
+# How long calls that were just stopped (cancelled, their process killed) get to be seen
+# ending before a revocation counts them as calls that cannot be stopped.
+_STOPPED_CALLS_GRACE_S = 1.0
 
 
 class RebalanceListener:
@@ -186,6 +193,12 @@ class KeyrangeConsumer:
             withdraw=self._withdraw,
         )
         self._handed = HandedOut()
+        # Asked by every runtime right before user code starts a record (DESIGN §5).
+        self._gate = OwnershipGate(self._session_deadline)
+        # Calls that cannot be stopped, holding their keys after the slice was revoked.
+        self._stuck: list[Running] = []
+        self._holds: set[asyncio.Task[None]] = set()
+        self._held: Slices = {}
         self._committer = Committer(
             self._client, group_id, self._tracker, may_commit=self._may_hand_out
         )
@@ -251,38 +264,57 @@ class KeyrangeConsumer:
         self._committer.start(self._auto_commit_s)
 
     async def stop(self) -> None:
-        """Commit what was processed, leave the group and close every connection."""
+        """Let what runs finish, commit what was processed, leave the group and close every
+        connection.
+
+        Nothing starts in user code once this is called. Records in processing get
+        ``revoke_timeout_s``; then calls that can be stopped are (cancelled, their process
+        killed) and those that cannot, on threads, hold the leave: the member goes on
+        heartbeating, so their keys stay here until they end (DESIGN §5). A second signal or
+        a kill ends the process, and the calls with it, for an operator who will not wait.
+        """
         if self._closed or not self._started:
             self._closed = True
             return
         self._closed = True
+        self._gate.close()
         self._notify()
         try:
-            # Bounded, so a handler that ignores cancellation or an unreachable coordinator
-            # cannot hang shutdown: past the bound the session expiry frees the slices and
-            # whatever was not committed is redelivered (at-least-once).
-            async with asyncio.timeout(self._revoke_timeout_s + _CLOSE_GRACE_S):
-                await self._finish_and_leave()
-        except TimeoutError:
-            logger.warning(
-                "stop() exceeded its bound; closing without a final commit and leave",
-                extra={"bound_s": self._revoke_timeout_s + _CLOSE_GRACE_S},
-            )
+            if self._reconciler is not None:
+                await self._reconciler.stop()
+            for hold in list(self._holds):
+                hold.cancel()
+            try:
+                # Bounded, so an engine whose shutdown hangs cannot hang this one.
+                async with asyncio.timeout(self._revoke_timeout_s + _CLOSE_GRACE_S):
+                    for engine in list(self._dispatchers):
+                        await engine.finish(self._revoke_timeout_s)
+            except TimeoutError:
+                logger.warning(
+                    "the processing engine did not finish in time",
+                    extra={"group_id": self._group_id, "bound_s": self._revoke_timeout_s},
+                )
+            await self._hold(None)
+            try:
+                async with asyncio.timeout(_CLOSE_GRACE_S):
+                    await self._commit_and_leave()
+            except TimeoutError:
+                logger.warning(
+                    "stop() exceeded its bound; closing without a final commit and leave",
+                    extra={"bound_s": _CLOSE_GRACE_S},
+                )
         finally:
             await self._fetcher.stop()
             if self._owns_client:
                 await self._client.aclose()
 
-    async def _finish_and_leave(self) -> None:
-        for dispatcher in list(self._dispatchers):
-            await dispatcher.finish(self._revoke_timeout_s)
+    async def _commit_and_leave(self) -> None:
         await self._committer.stop()
-        if self._reconciler is not None:
-            await self._reconciler.stop()
         await self._committer.commit(raise_errors=False)
         held = self.owned_slices()
         if held:
             await self._call_listener(self._listener.on_slices_revoked, held)
+        self._gate.end()
         if self._membership is not None:
             await self._membership.leave()
 
@@ -315,6 +347,11 @@ class KeyrangeConsumer:
         finally:
             settled.cancel()
         return self.assignment()
+
+    @property
+    def gate(self) -> OwnershipGate:
+        """Asked by every runtime right before user code starts a record (DESIGN §5)."""
+        return self._gate
 
     @property
     def member_id(self) -> str | None:
@@ -456,11 +493,16 @@ class KeyrangeConsumer:
             raise self._failure
         starts = await self._fetcher.start_positions(fresh, self._auto_offset_reset)
         async with self._fetcher.lock:
+            # Keys kept for a call that could not be stopped, granted back: ours again; the
+            # runtime runs the key's next record only after that call (one chain per key).
+            self._tracker.remove_inactive(added)
+            self._held = slices_minus(self._held, added)
             for tp, ranges in added.items():
                 state = committed.get(tp)
                 for keys in normalize(ranges):
                     position = state.min_watermark(keys) if state is not None else starts[tp]
                     self._tracker.add_slice(tp, keys, position=position, committed=state)
+            self._gate.grant(added)
             self._fetcher.sync(seek=added)
         logger.info(
             "slices assigned",
@@ -470,29 +512,105 @@ class KeyrangeConsumer:
         await self._call_listener(self._listener.on_slices_assigned, added)
 
     async def release(self, revoked: Slices) -> None:
+        """Give ``revoked`` up: nothing of it starts from now on; records in processing get
+        ``revoke_timeout_s`` to finish; then calls that can be stopped are, and the keys of
+        calls that cannot (a handler on a thread) stay owned, as single-hash slices, until
+        those calls end (DESIGN §5: a slice is released only when none of its keys runs).
+        The rest is committed and released at once."""
         async with self._fetcher.lock:
             for tp, ranges in revoked.items():
                 self._tracker.deactivate(tp, ranges)
+            self._gate.revoke(revoked)
             self._withdraw(revoked)
+        held: Slices = {}
         if not await self._handed.drain(revoked, self._revoke_timeout_s):
-            logger.warning(
-                "revoke timeout: releasing slices with records still in processing",
-                extra={"group_id": self._group_id, "slices": _describe(revoked)},
-            )
+            for engine in list(self._dispatchers):
+                await engine.stop_calls(revoked)
+            await self._gate.until_ended(revoked, _STOPPED_CALLS_GRACE_S)
+            held = pieces_of(self._gate.running_in(revoked))
+            if not held and self._handed.any_in(revoked):
+                # Handed out by ``async for`` or ``getmany`` and not marked: the consumer
+                # cannot see whether user code still works on them (docs/guarantees.md).
+                logger.warning(
+                    "revoke timeout: releasing slices with records handed out and not marked",
+                    extra={"group_id": self._group_id, "slices": _describe(revoked)},
+                )
         await self._committer.commit(raise_errors=False)
-        await self._call_listener(self._listener.on_slices_revoked, revoked)
+        released = slices_minus(revoked, held)
+        if released:
+            await self._call_listener(self._listener.on_slices_revoked, released)
         async with self._fetcher.lock:
-            self._tracker.remove_inactive()
-            self._handed.forget(revoked)
+            self._held = _union(self._held, held)
+            self._tracker.remove_inactive(revoked, keep=self._held)
+            self._handed.forget(released)
             self._fetcher.sync(seek={})
         logger.info(
             "slices released",
-            extra={"group_id": self._group_id, "slices": _describe(revoked)},
+            extra={"group_id": self._group_id, "slices": _describe(released)},
         )
+        if held:
+            hold = asyncio.create_task(self._release_when_ended(held), name="keyrange-hold")
+            self._holds.add(hold)
+            hold.add_done_callback(self._holds.discard)
+
+    async def _release_when_ended(self, held: Slices) -> None:
+        """Release the keys a revocation kept for calls that could not be stopped, once
+        those calls have ended."""
+        if not await self._hold(held):
+            return
+        await self._committer.commit(raise_errors=False)
+        await self._call_listener(self._listener.on_slices_revoked, held)
+        async with self._fetcher.lock:
+            self._held = slices_minus(self._held, held)
+            self._tracker.remove_inactive(held, keep=self._held)
+            self._handed.forget(held)
+        logger.info(
+            "held keys released", extra={"group_id": self._group_id, "slices": _describe(held)}
+        )
+        if self._membership is not None:
+            self._membership.wake()
+
+    async def _hold(self, slices: Slices | None) -> bool:
+        """Until no call of ``slices`` (of any slice with None) is in user code: True, or
+        False when the membership was lost meanwhile (its keys are gone; what still runs is
+        the frozen-mid-call case). Each call still running is named in a WARNING now and
+        then, reported to the coordinator (``stuck``) and counted by ``stuck_calls``."""
+        generation = self._gate.generation
+        warned_at = float("-inf")
+        while calls := self._gate.running_in(slices):
+            if self._gate.generation != generation:
+                return False
+            now = time.monotonic()
+            if now - warned_at >= _HOLD_WARNING_INTERVAL_S:
+                warned_at = now
+                self._stuck = _merge_stuck(self._stuck, calls)
+                for call in calls:
+                    logger.warning(
+                        "a call that cannot be stopped holds its key; the key moves once it ends",
+                        extra={
+                            "group_id": self._group_id,
+                            "topic": call.tp.topic,
+                            "partition": call.tp.partition,
+                            "key_hash": call.hashed,
+                            "offset": call.offset,
+                            "running_s": round(call.running_s(now), 3),
+                        },
+                    )
+                if self._membership is not None:
+                    self._membership.wake()
+            await self._gate.until_ended(slices, _HOLD_WARNING_INTERVAL_S)
+        self._stuck = [call for call in self._stuck if self._gate.is_running(call)]
+        return True
+
+    def stuck_calls(self) -> list[Running]:
+        """Calls that cannot be stopped, holding keys of slices this member gave up (or the
+        leave): for metrics and for the coordinator to show."""
+        return [call for call in self._stuck if self._gate.is_running(call)]
 
     def withhold(self) -> None:
         # Synchronous on purpose: it runs the instant the loss is known, before any other task
         # of this loop can hand a buffered or queued record to user code.
+        self._gate.end()
         self._fetcher.clear()
         self._last_auto = None
         for dispatcher in self._dispatchers:
@@ -503,6 +621,7 @@ class KeyrangeConsumer:
             lost = self._tracker.clear()
             self.withhold()
             self._handed.clear()
+            self._held = {}
             self._fetcher.sync(seek={})
         if lost:
             logger.warning(
@@ -573,6 +692,17 @@ class KeyrangeConsumer:
 
 def _nothing() -> None:
     return None
+
+
+def _union(left: Slices, right: Slices) -> Slices:
+    union: Slices = {tp: list(ranges) for tp, ranges in left.items()}
+    for tp, ranges in right.items():
+        union[tp] = normalize([*union.get(tp, []), *ranges])
+    return union
+
+
+def _merge_stuck(known: list[Running], calls: list[Running]) -> list[Running]:
+    return known + [call for call in calls if call not in known]
 
 
 def _describe(slices: Slices) -> list[str]:

@@ -12,6 +12,7 @@ from aiokafka.structs import TopicPartition
 
 from client.fetcher import Item, Record
 from client.protocol.keyspace import KeyRange
+from client.runtime.gate import Lease, OwnershipGate
 
 if TYPE_CHECKING:
     from client.consumer import KeyrangeConsumer
@@ -25,6 +26,7 @@ class ConsumerSource:
         self._consumer = consumer
         self._fetcher = consumer._fetcher
         self._handed = consumer._handed
+        self.gate: OwnershipGate = consumer.gate
         self.may_hand_out = consumer._may_hand_out
         self.session_deadline = consumer._session_deadline
         self.mark_processed = consumer.mark_processed
@@ -36,8 +38,10 @@ class ConsumerSource:
     async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
         return await self._fetcher.next_item(None, interrupt)
 
-    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> None:
+    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> Lease | None:
+        """Record ``record`` as with user code; the lease it may start under (the gate's)."""
         self._handed.hand_out(tp, record.offset, hashed)
+        return self.gate.lease(tp, hashed)
 
     def give_back(self, record: Record) -> None:
         """No longer with user code and not processed: a revocation stops waiting for it and

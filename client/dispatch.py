@@ -18,8 +18,13 @@ from aiokafka.structs import TopicPartition
 from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted, Item, Record, in_slices
 from client.http import Slices
+from client.runtime.gate import Lease, OwnershipGate
 
 Handler = Callable[[Record], Awaitable[object]]
+
+# How long cancelled handlers get to end at shutdown before the consumer's stop takes over
+# waiting for them (it holds their keys until they end).
+_STOPPED_GRACE_S = 1.0
 
 
 class RecordSource(Protocol):
@@ -32,10 +37,18 @@ class RecordSource(Protocol):
     async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
         """The next record to hand out; ``FetchInterrupted`` once ``interrupt`` is done."""
 
-    def may_hand_out(self) -> bool:
-        """Asked right before each hand-out (DESIGN §5)."""
+    @property
+    def gate(self) -> OwnershipGate:
+        """Asked immediately before user code starts a record (DESIGN §5)."""
 
-    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> None: ...
+    def may_hand_out(self) -> bool:
+        """Asked right before each hand-out (DESIGN §5); notices a passed session deadline."""
+
+    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> Lease | None:
+        """The record is with user code from now on; the lease it may start under."""
+
+    def give_back(self, record: Record) -> None:
+        """Handed out and not processed: no longer with user code."""
 
     def mark_processed(self, record: Record) -> None: ...
 
@@ -52,6 +65,11 @@ class Engine(Protocol):
 
     def lose(self) -> None:
         """The membership is lost: drop what is queued; running work is not ours any more."""
+
+    async def stop_calls(self, slices: Slices) -> None:
+        """A revocation of ``slices`` timed out: stop the calls of their keys that can be
+        stopped (cancel them, kill their process) and give their records back; calls that
+        cannot be stopped run on, and the gate shows them holding their keys."""
 
     async def finish(self, timeout_s: float | None) -> None:
         """Stop taking records; let started work end (up to ``timeout_s``), drop the rest."""
@@ -133,7 +151,7 @@ class Dispatcher:
         self._ready.put_nowait(ident)
 
     async def _work(self) -> None:
-        chains, ready = self._chains, self._ready
+        chains, ready, gate = self._chains, self._ready, self._source.gate
         worker = asyncio.current_task()
         assert worker is not None
         while True:
@@ -148,7 +166,18 @@ class Dispatcher:
                 del chains[ident]
                 continue
             tp, record, hashed = chain[0]
-            self._source.hand_out(tp, record, hashed)
+            lease = self._source.hand_out(tp, record, hashed)
+            running = gate.enter(lease, tp, hashed, record.offset)
+            if running is None:
+                # Its slice is being revoked or the member stops: not ours to start.
+                self._source.give_back(record)
+                chain.popleft()
+                self._done(1)
+                if chain:
+                    ready.put_nowait(ident)
+                else:
+                    del chains[ident]
+                continue
             self._running[ident] = worker
             try:
                 await self._handler(record)
@@ -161,14 +190,17 @@ class Dispatcher:
                 return
             finally:
                 del self._running[ident]
+                gate.exit(running)
             chain.popleft()
             self._done(1)
             if ident in self._cancelled:
-                # Cancelled for a lost membership (or it swallowed the cancellation): the
-                # key may be another member's already, so the record is not marked.
+                # Cancelled (a lost membership, a revocation or a shutdown that timed out),
+                # or it swallowed the cancellation: what it did is not trusted, and the key
+                # may be another member's already, so the record is not marked.
                 self._cancelled.discard(ident)
                 if worker.cancelling():
                     worker.uncancel()
+                self._source.give_back(record)
             else:
                 self._source.mark_processed(record)
             if chain:
@@ -186,16 +218,24 @@ class Dispatcher:
         running (unless ``cancel_on_loss`` is off), since their keys may be another member's
         already."""
         self.withdraw(None)
-        if not self._cancel_on_loss:
-            return
+        if self._cancel_on_loss:
+            self._cancel(None)
+
+    async def stop_calls(self, slices: Slices) -> None:
+        """The revoke timeout passed with handlers of ``slices`` still running: cancel them
+        (their records are not marked); one that ignores the cancellation holds its key."""
+        self._cancel(slices)
+
+    def _cancel(self, slices: Slices | None) -> None:
         current = asyncio.current_task()
         for ident, worker in self._running.items():
-            if ident not in self._cancelled:
-                self._cancelled.add(ident)
-                # A handler that noticed the loss itself (``still_owned``) is told by the
-                # answer; cancelling its own running task would strike after it returned.
-                if worker is not current:
-                    worker.cancel()
+            if ident in self._cancelled or (slices is not None and not in_slices(slices, *ident)):
+                continue
+            self._cancelled.add(ident)
+            # A handler that noticed the loss itself (``still_owned``) is told by the
+            # answer; cancelling its own running task would strike after it returned.
+            if worker is not current:
+                worker.cancel()
 
     def withdraw(self, slices: Slices | None) -> None:
         """Drop queued records of ``slices`` (all with None) that no handler started."""
@@ -219,7 +259,11 @@ class Dispatcher:
             self._ready.put_nowait(None)
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=timeout_s)
-            for task in late:
-                task.cancel()
             if late:
-                await asyncio.wait(late)
+                # Through ``_cancel``, so a handler that swallows it is not marked either.
+                self._cancel(None)
+                for task in late:
+                    task.cancel()
+                # Those that ignore it keep running; the consumer's stop waits for them
+                # through the gate, holding their keys.
+                await asyncio.wait(late, timeout=_STOPPED_GRACE_S)

@@ -338,20 +338,30 @@ class OffsetTracker:
             self._slices[tp] = result
         self._recount()
 
-    def remove_inactive(self) -> dict[TopicPartition, list[KeyRange]]:
-        """Forget deactivated slices (after their final commit); returns what was removed."""
-        removed: dict[TopicPartition, list[KeyRange]] = {}
+    def remove_inactive(
+        self,
+        within: Mapping[TopicPartition, Sequence[KeyRange]] | None = None,
+        *,
+        keep: Mapping[TopicPartition, Sequence[KeyRange]] | None = None,
+    ) -> None:
+        """Forget deactivated slices (after their final commit) that lie in ``within``
+        (every one with None), except their parts in ``keep``: keys a call that cannot be
+        stopped still runs, which the member goes on reporting as owned until it ends."""
         for tp in list(self._slices):
-            gone = [progress.keys for progress in self._slices[tp] if not progress.active]
-            if gone:
-                removed[tp] = gone
-                kept = [progress for progress in self._slices[tp] if progress.active]
-                if kept:
-                    self._slices[tp] = kept
-                else:
-                    del self._slices[tp]
+            result: list[SliceProgress] = []
+            for progress in self._slices[tp]:
+                if progress.active or (within is not None and not _within(within, tp, progress)):
+                    result.append(progress)
+                    continue
+                for piece in intersect([progress.keys], keep.get(tp, ()) if keep else ()):
+                    part = progress.restricted_to(piece, self.mode)
+                    part.active = False
+                    result.append(part)
+            if result:
+                self._slices[tp] = result
+            else:
+                del self._slices[tp]
         self._recount()
-        return removed
 
     def clear(self) -> dict[TopicPartition, list[KeyRange]]:
         """Forget everything (slices lost): nothing of it may be committed any more."""
@@ -447,6 +457,15 @@ class OffsetTracker:
                 if offset in progress.uncommitted:
                     progress.forget_uncommitted(offset)
                     break
+
+
+def _within(
+    slices: Mapping[TopicPartition, Sequence[KeyRange]], tp: TopicPartition, progress: SliceProgress
+) -> bool:
+    return any(
+        keys.start <= progress.keys.start and progress.keys.end <= keys.end
+        for keys in slices.get(tp, ())
+    )
 
 
 def _covers_whole_partition(slices: Sequence[SliceProgress]) -> bool:

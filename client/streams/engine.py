@@ -125,6 +125,10 @@ class StreamEngine:
         for task in self.tasks.values():
             task.halted = True
 
+    async def stop_calls(self, slices: Slices) -> None:
+        """Processing runs under the round lock, on the loop or on a pool thread, and a
+        thread cannot be stopped: the revocation waits for the round (``revoked``)."""
+
     async def drop_lost(self) -> None:
         """Drop the tasks halted by ``lose``, without a commit, after the round under way:
         closing a task's processors or deleting its keys while a pool thread is inside it

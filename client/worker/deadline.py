@@ -1,95 +1,122 @@
-"""The session deadline where user code starts (DESIGN §5, the client half). The engine asks
-the hand-out guard before it hands a record to a pool, but the record can start in user code
-much later: it waits for a thread when ``worker_threads`` is below ``max_concurrency``, and
-sits in a child's pipe behind the batch the child works on. If the deadline passes meanwhile
-(the loop blocked, the process frozen, heartbeats failing), the coordinator may give the key
-to another member, so the pools check again right before each record starts.
-
-Two things end a record's right to start: the session deadline of the membership it was
-handed out under, and that membership ending (lost, fenced). A generation number tells
-memberships apart: once the membership was lost and the member rejoined, the new
-membership's deadline lies in the future again, and must not let a record of the old one
-start."""
+"""The ownership gate where user code starts in the worker's pools (DESIGN §5). The engine
+hands a record to a pool under its slice's lease, but the record can start in user code much
+later: it waits for a thread when ``worker_threads`` is below ``max_concurrency``, and sits in
+a child's pipe behind the batch the child works on. If its right to start ends meanwhile (the
+session deadline passes, its slice is revoked, the membership is lost, the member stops), the
+key may be another member's, so the pools ask the gate again right before each record starts:
+threads the gate itself (``call_through``), children its shared copy (``SharedGate``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from aiokafka.structs import TopicPartition
+
+from client.runtime.gate import Lease, OwnershipGate
 
 Result = TypeVar("Result")
 
+# No record has this sequence number: nothing is refused.
+_NONE_REFUSED = 2**62
+
 
 class NotStarted(Exception):
-    """A pool did not start the record: when its turn came, the session deadline of the
-    membership it was handed out under had passed, or that membership had ended. Not a
-    failure of the handler: the failure policy never sees it; the record goes back to the
-    slice's owner (or is sent again when the membership turns out to hold)."""
+    """A pool did not start the record: when its turn came, its right to start had ended
+    (the session deadline passed, its slice revoked or lost, the member stopping), or the
+    call was stopped before it started. Not a failure of the handler: the failure policy
+    never sees it; the record goes back to the slice's owner (or is sent again when its
+    slice is still this member's)."""
 
 
-class SessionDeadline:
-    """Which membership records are handed out under, and until when they may start: a
-    generation that ``end`` moves on when the membership is lost, and the session deadline
-    read from the consumer."""
+class Stoppable(Protocol):
+    """Where a pool puts how to end the call it runs for a record (cancel a queued thread
+    call, kill a process), while it runs."""
 
-    def __init__(self, session_deadline: Callable[[], float]) -> None:
-        # The monotonic instant from which nothing may be handed out (-inf once the loss is
-        # known, +inf while not a member); reads attributes only, so a thread may call it.
-        self._session_deadline = session_deadline
-        self.generation = 0
-        self._on_end: list[Callable[[], None]] = []
+    stop: Callable[[], None] | None
 
-    def deadline(self) -> float:
-        return self._session_deadline()
 
-    def permits(self, generation: int) -> bool:
-        """Whether a record handed out under ``generation`` may start now; for a pool
-        thread. The deadline is read before the generation: a deadline read after ``end``
-        (a rejoined membership's, in the future again) then meets the moved generation."""
-        deadline = self._session_deadline()
-        return generation == self.generation and time.monotonic() < deadline
-
-    def call(self, generation: int, function: Callable[..., Result], *args: Any) -> Result:
-        """``function(*args)`` unless the record's right to start ended (``NotStarted``)."""
-        if not self.permits(generation):
-            raise NotStarted("the session deadline passed before the record's turn came")
+def call_through(
+    gate: OwnershipGate,
+    lease: Lease | None,
+    tp: TopicPartition,
+    hashed: int,
+    offset: int,
+    function: Callable[..., Result],
+    *args: Any,
+) -> Result:
+    """``function(*args)`` on a pool thread, if the gate lets the record start now
+    (``NotStarted`` else); the gate knows the call runs until it returns."""
+    running = gate.enter(lease, tp, hashed, offset)
+    if running is None:
+        raise NotStarted("the record's right to start ended before its turn came")
+    try:
         return function(*args)
-
-    def end(self) -> None:
-        """The membership was lost: no record handed out so far may start any more."""
-        self.generation += 1
-        for listener in self._on_end:
-            listener()
-
-    def on_end(self, listener: Callable[[], None]) -> None:
-        self._on_end.append(listener)
+    finally:
+        gate.exit(running)
 
 
-class SharedDeadline:
-    """A ``SessionDeadline`` as child processes see it: the generation and its deadline in
-    shared memory, written by the parent's event loop, read by a child before each record.
+class SharedGate:
+    """The gate as child processes see it: the revision the gate is at and the instant from
+    which nothing may start, in shared memory, written by the parent's event loop, read by a
+    child before each record. A record sent under an older revision is refused (a revocation,
+    a loss or a stop happened since; the parent sends it again if its slice is still ours).
 
-    The children compare it with their own ``time.monotonic()``, which is CLOCK_MONOTONIC on
-    Linux: one clock for every process of the machine (of one time namespace, which forked
-    and spawned children share), so an instant means the same in parent and child. Measured
-    under fork, spawn and forkserver: a child's reading lies between the parent's before and
-    after starting it.
+    The children compare the deadline with their own ``time.monotonic()``, which is
+    CLOCK_MONOTONIC on Linux: one clock for every process of the machine (of one time
+    namespace, which forked and spawned children share), so an instant means the same in
+    parent and child.
 
     No lock: the parent is the only writer, and each value is one aligned double. The parent
-    writes the generation before its deadline and a child reads the deadline before the
-    generation, so a deadline written for a later generation is read with that generation,
-    never with the one before (stores are seen in order by other cores on x86; elsewhere the
-    window is far shorter than the rejoin between the two writes)."""
+    writes the revision before the deadline and a child reads the deadline before the
+    revision, so a deadline written for a later revision is read with that revision."""
 
     def __init__(self, context: BaseContext) -> None:
         self._values: Any = context.RawArray("d", [0.0, float("-inf")])
 
-    def publish(self, generation: int, deadline: float) -> None:
-        self._values[0] = float(generation)
+    def publish(self, revision: int, deadline: float) -> None:
+        self._values[0] = float(revision)
         self._values[1] = deadline
 
-    def permits(self, generation: int) -> bool:
+    def permits(self, revision: int) -> bool:
         deadline: float = self._values[1]
         published: float = self._values[0]
-        return published == generation and time.monotonic() < deadline
+        return published == revision and time.monotonic() < deadline
+
+
+class ChildProgress:
+    """Which record a child started last, and from which sequence number it must refuse:
+    shared by the child and the parent under one lock, so the parent's "do not start it" and
+    the child's "starting it" are never both true. The parent reads it to stop a call: a
+    record not started yet is refused when its turn comes; a record started is running or
+    done, and stopping it means killing the process."""
+
+    def __init__(self, context: BaseContext) -> None:
+        self._lock = context.Lock()
+        self._values: Any = context.RawArray("q", [-1, _NONE_REFUSED])
+
+    def start(self, sequence: int, gate: SharedGate, revision: int) -> bool:
+        """In the child, right before user code: whether record ``sequence`` may start."""
+        with self._lock:
+            if sequence >= self._values[1] or not gate.permits(revision):
+                return False
+            self._values[0] = sequence
+            return True
+
+    def refuse_from(self, sequence: int) -> bool:
+        """In the parent: make the child refuse record ``sequence`` (and any after it, which
+        are sent again); False when it has started that record already and it may still run."""
+        with self._lock:
+            started: int = self._values[0]
+            if started == sequence:
+                return False
+            if started < sequence:
+                self._values[1] = min(self._values[1], sequence)
+            return True
+
+    def started(self) -> int:
+        with self._lock:
+            last: int = self._values[0]
+            return last

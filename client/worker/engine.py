@@ -37,12 +37,12 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from client.errors import ConsumerStopped
-from client.fetcher import FetchInterrupted, Item, Record, in_slices
+from client.fetcher import FetchInterrupted, Item, in_slices
 from client.http import Slices
 from client.worker.calls import Calls, is_async, overrides
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
-from client.worker.deadline import NotStarted, SessionDeadline
+from client.worker.deadline import NotStarted
 from client.worker.failures import (
     Backoff,
     FailureHistory,
@@ -58,7 +58,7 @@ from client.worker.task import KeyHashPartitioner, Partitioner, SubPartition, Wo
 
 logger = logging.getLogger(__name__)
 
-Process = Callable[[WorkerTask, Record, Observer], Awaitable[None]]
+Process = Callable[[WorkerTask, Attempt, Observer], Awaitable[None]]
 
 
 class Stats:
@@ -76,15 +76,14 @@ class Stats:
 
 class WorkerEngine:
     """Processes one consumer's records with tasks (``task_factory``) or, in the handler
-    form, with ``process`` on lanes of one key each. ``deadline`` is what the pools check
-    before a record starts; the engine ends it when the membership is lost."""
+    form, with ``process`` on lanes of one key each. User code starts a record only when
+    the source's ownership gate lets it (``calls``)."""
 
     def __init__(
         self,
         source: WorkerSource,
         config: WorkerConfig,
         calls: Calls,
-        deadline: SessionDeadline,
         *,
         task_factory: Callable[[], WorkerTask] | None = None,
         handler_process: Process | None = None,
@@ -97,7 +96,6 @@ class WorkerEngine:
         self._source = self.source = source
         self._config = config
         self._calls = calls
-        self._deadline = deadline
         self._task_factory = task_factory
         self._partitioner = partitioner or KeyHashPartitioner(config.subpartitions)
         self._dead_letters = dead_letters
@@ -272,8 +270,8 @@ class WorkerEngine:
         if not self._source.may_hand_out():
             return  # the membership is lost; ``lose`` withdraws what is queued
         lane.queue.popleft()
-        self._source.hand_out(tp, record, hashed)
-        attempt = Attempt(item, lane, weight(record))
+        lease = self._source.hand_out(tp, record, hashed)
+        attempt = Attempt(item, lane, weight(record), lease)
         self._open[(tp, hashed)] = attempt
         self._attempts.add(attempt)
         self._settled.clear()
@@ -281,45 +279,60 @@ class WorkerEngine:
         await self._attempt(attempt)
 
     async def _attempt(self, attempt: Attempt) -> None:
-        """One call of ``process``, awaited in this worker. A call that runs on the loop is
-        interrupted (cancelled) when its record times out or the membership is lost; a
-        call in a thread cannot be, and keeps its lane busy until it returns."""
+        """One call of ``process``, awaited in this worker, so no other record of the lane
+        (of the key, in the handler form) starts before it has ended. A call that has not
+        started, or runs on the loop or in a process, is ended when its record times out or
+        its slice must go (``Attempt.stop``); a call running on a thread cannot be, and the
+        record's outcome waits for it."""
         attempt.number += 1
         observer = Observer(attempt, self._resolve, self._loop)
         attempt.observer = observer
         self._deadlines.append((self._loop.time() + self._timeout, observer))
-        if self._on_loop(attempt.lane):
-            attempt.call = asyncio.current_task()
+        attempt.calling = True
         try:
-            await self._process(attempt.lane.task, attempt.item[1], observer)
+            await self._process(attempt.lane.task, attempt, observer)
         except asyncio.CancelledError:
             if not attempt.interrupted:
                 raise
         except NotStarted:
-            if attempt.observer is observer:
+            if attempt.observer is observer and attempt.overdue is None:
                 self._not_started(attempt)
         except Exception as error:
             observer.failure(error)
         finally:
-            attempt.call = None
+            attempt.calling = False
+            attempt.stop = None
             if attempt.interrupted:
                 attempt.interrupted = False
                 worker = asyncio.current_task()
                 if worker is not None and worker.uncancel() > 0:
                     raise asyncio.CancelledError
+        self._call_ended(attempt, observer)
+
+    def _call_ended(self, attempt: Attempt, observer: Observer) -> None:
+        """What waited for the call to end: a timeout's outcome, or giving the record back
+        after its slice was lost or revoked past the timeout."""
+        if attempt.overdue is not None:
+            overdue, attempt.overdue = attempt.overdue, None
+            if attempt.observer is observer:
+                self._resolve(observer, overdue)
+                return
+        if attempt.given_back_on_end:
+            attempt.given_back_on_end = False
+            self._give_back(attempt)
 
     def _not_started(self, attempt: Attempt) -> None:
-        """A pool did not start the record: its session deadline had passed when its turn
-        came. No call of ``process`` happened, so nothing counts it as a failure, retries
-        or dead-letters it. Asking the hand-out guard notices the loss the pool saw, and
-        the loss gives the record back with everything else; a membership that still
-        holds (a heartbeat answered after the deadline the pool read, or a copy of the
-        deadline that lagged) gets it sent again, first in its lane."""
+        """A pool did not start the record: its right to start had ended when its turn came,
+        or its call was stopped first. No call of ``process`` happened, so nothing counts it
+        as a failure, retries or dead-letters it. Asking the hand-out guard notices a loss
+        the pool saw, and the loss gives the record back with everything else; a record
+        whose slice is still ours (a heartbeat answered after the deadline the pool read,
+        a revocation of another slice) is sent again, first in its lane."""
         attempt.number -= 1
         _detach(attempt)
         if not self._source.may_hand_out():
             return
-        if attempt.withdrawn or self._stopping:
+        if attempt.withdrawn or self._stopping or attempt.lease is None or not attempt.lease.valid:
             self._give_back(attempt)
         else:
             attempt.lane.retries.appendleft(attempt)
@@ -328,11 +341,6 @@ class WorkerEngine:
         if self._shared is not None:
             return self._handler_on_loop
         return is_async(lane.task.process)
-
-    def _interrupt(self, attempt: Attempt) -> None:
-        if attempt.call is not None and not attempt.interrupted:
-            attempt.interrupted = True
-            attempt.call.cancel()
 
     async def _expire_periodically(self) -> None:
         """Processing timeouts without a timer per record: every attempt has the same
@@ -347,8 +355,8 @@ class WorkerEngine:
                     self._timed_out(observer)
             await asyncio.sleep(deadlines[0][0] - now if deadlines else self._timeout)
 
-    async def _task_process(self, task: WorkerTask, record: Record, observer: Observer) -> None:
-        await self._calls.call(task.process, record, observer, deadline=self._deadline)
+    async def _task_process(self, task: WorkerTask, attempt: Attempt, observer: Observer) -> None:
+        await self._calls.for_record(attempt, task.process, attempt.item[1], observer)
 
     async def _task_call(self, lane: Lane, method: str, *args: Any) -> None:
         if self._shared is not None or not overrides(lane.task, method):
@@ -376,11 +384,28 @@ class WorkerEngine:
     # ----------------------------------------------------------------- outcomes
 
     def _timed_out(self, observer: Observer) -> None:
-        if observer.attempt is not None:
-            self._interrupt(observer.attempt)
-        self._resolve(
-            observer,
-            ProcessingTimeout(f"no acknowledgement within {self._config.processing_timeout_s} s"),
+        error = ProcessingTimeout(
+            f"no acknowledgement within {self._config.processing_timeout_s} s"
+        )
+        attempt = observer.attempt
+        if attempt is None or not attempt.calling or attempt.observer is not observer:
+            self._resolve(observer, error)
+            return
+        # Its call is still under way: stopped where it can be; the outcome waits for it to
+        # end, so no retry (and no next record of the key) overlaps it.
+        attempt.overdue = error
+        if attempt.stop is not None:
+            attempt.stop()
+        tp, record, hashed = attempt.item
+        logger.warning(
+            "processing timeout; the record's outcome waits for its call to end",
+            extra={
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "offset": record.offset,
+                "key_hash": hashed,
+                "timeout_s": self._config.processing_timeout_s,
+            },
         )
 
     def _resolve(self, observer: Observer, error: BaseException | None) -> None:
@@ -572,16 +597,34 @@ class WorkerEngine:
                 del self._open[key]
 
     def lose(self) -> None:
-        """The membership is lost: nothing queued is ours; calls running on the loop are
-        cancelled (their keys may be another member's already), thread calls run out and
-        their outcome is ignored, and calls waiting in a pool do not start."""
-        self._deadline.end()
+        """The membership is lost: nothing queued is ours; calls on the loop are cancelled
+        and calls in a process killed (their keys may be another member's already), calls
+        waiting in a pool do not start (the gate ended with the membership), and thread
+        calls run out with their outcome ignored."""
         self.withdraw(None)
-        for attempt in list(self._attempts):
-            self._interrupt(attempt)
-            _detach(attempt)
-            self._give_back(attempt)
+        self._stop_attempts(None)
         self._waiting.clear()
+
+    async def stop_calls(self, slices: Slices) -> None:
+        """The revoke timeout passed with records of ``slices`` in processing: end the
+        calls that can be ended and give their records back once they have; a thread call
+        that has started runs on, its key held (the gate shows it), and its record goes
+        back when it ends."""
+        self._stop_attempts(slices)
+        await self._calls.until_stopped()
+
+    def _stop_attempts(self, slices: Slices | None) -> None:
+        for attempt in list(self._attempts):
+            if not _within(slices, attempt) or attempt.dead_lettering:
+                continue
+            if attempt.calling:
+                attempt.given_back_on_end = True
+                if attempt.stop is not None:
+                    attempt.stop()
+                _detach(attempt)
+            else:
+                _detach(attempt)
+                self._give_back(attempt)
 
     def _give_back(self, attempt: Attempt) -> None:
         if attempt.timer is not None:
@@ -608,14 +651,25 @@ class WorkerEngine:
             _, late = await asyncio.wait(waits, timeout=self._config.drain_timeout_s)
             for lane in lanes:
                 if lane.closed in late:
+                    # Its task is still in a call: the lane stays (a re-acquired partition's
+                    # records wait in it) until the call ends and the task is closed, so one
+                    # sub-partition never has two tasks running at once.
                     logger.warning("task not closed in time", extra={"lane": str(lane.ident)})
-                self._lanes.pop(lane.ident, None)
 
     async def _close_task(self, lane: Lane) -> None:
         await self._task_call(lane, "close")
         assert lane.closed is not None
         if not lane.closed.done():
             lane.closed.set_result(None)
+        if self._lanes.get(lane.ident) is lane:
+            del self._lanes[lane.ident]
+            if lane.queue and not self._stopping:
+                # The partition was granted again while the task closed: a new task takes
+                # the records that waited.
+                heir = self._new_lane(lane.ident)
+                if heir is not None:
+                    heir.queue = lane.queue
+                    self._schedule(heir)
 
     async def finish(self, timeout_s: float | None) -> None:
         """Stop taking records, give back what no task started, let records in processing
@@ -635,9 +689,12 @@ class WorkerEngine:
             await asyncio.wait_for(self._settled.wait(), timeout_s)
         except TimeoutError:
             logger.warning(
-                "records still in processing at shutdown; they are delivered again",
+                "records still in processing at shutdown; their calls are stopped where they "
+                "can be, and they are delivered again",
                 extra={"in_flight": len(self._attempts)},
             )
+            self._stop_attempts(None)
+            await self._calls.until_stopped()
         if self._shared is None:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 1.0)
             with contextlib.suppress(TimeoutError):

@@ -9,11 +9,11 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from aiokafka.structs import TopicPartition
 
 from client.fetcher import Item, Record
+from client.runtime.gate import Lease
 from client.worker.task import WorkerTask
 
 # A lane is a sub-partition: (partition, index); in the handler form, (partition, key hash).
@@ -74,32 +74,45 @@ class Attempt:
     back. ``number`` counts the calls to ``process`` so far."""
 
     __slots__ = (
-        "call",
+        "calling",
         "dead_lettering",
         "first_failure_ms",
+        "given_back_on_end",
         "interrupted",
         "item",
         "lane",
         "last_failure_ms",
+        "lease",
         "number",
         "observer",
+        "overdue",
+        "stop",
         "timer",
         "weight",
         "withdrawn",
     )
 
-    def __init__(self, item: Item, lane: Lane, weight: int) -> None:
+    def __init__(self, item: Item, lane: Lane, weight: int, lease: Lease | None) -> None:
         self.item = item
         self.lane = lane
         self.weight = weight
+        # The right its record was handed out under; the gate asks it before each call.
+        self.lease = lease
         self.number = 0
         self.observer: Observer | None = None
         # The wait before the next try.
         self.timer: asyncio.TimerHandle | None = None
-        # The worker awaiting ``process`` when the call runs on the event loop; cancelled
-        # (``interrupted``) when the record times out or the membership is lost.
-        self.call: asyncio.Future[Any] | None = None
+        # A call of ``process`` on it is under way (queued in a pool or running), and how to
+        # end it (set by the pool while it can: ``client.worker.calls``).
+        self.calling = False
+        self.stop: Callable[[], None] | None = None
+        # Its loop call was cancelled by ``stop``.
         self.interrupted = False
+        # It timed out while its call was under way: the outcome, once the call has ended.
+        self.overdue: BaseException | None = None
+        # Its slice was lost or revoked past the timeout while its call was under way: its
+        # record goes back once the call has ended (no other record of the key runs before).
+        self.given_back_on_end = False
         self.first_failure_ms = 0
         self.last_failure_ms = 0
         self.dead_lettering = False

@@ -14,9 +14,13 @@ a process's share of the most records the pool has had at once, each sent to the
 with the fewest records outstanding: a process then has its next batch waiting while it
 works, and does not sit idle while the loop hands out more records.
 
-A record waiting in a pipe can outlive the session it was handed out under, so a child
-checks the session deadline before each record (``SharedDeadline``) and reports the records
-it did not start as ``NotStarted``.
+A record waiting in a pipe can outlive the right it was handed out under (the session
+deadline passed, its slice revoked, the member stopping), so a child asks the ownership
+gate's shared copy before each record (``SharedGate``) and reports the records it did not
+start as ``NotStarted``. A call that must end now (its key revoked, its processing timed
+out, the membership lost) is ended by killing its process: the pool then knows which of the
+process's records had started (``ProcessDied``), which was running (``Stopped``) and which
+never started (``NotStarted``, sent again without counting an attempt).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from client.fetcher import Record
-from client.worker.deadline import NotStarted, SessionDeadline, SharedDeadline
+from client.runtime.gate import Lease, OwnershipGate
+from client.worker.deadline import ChildProgress, NotStarted, SharedGate, Stoppable
 
 logger = logging.getLogger(__name__)
 
@@ -61,31 +66,40 @@ class ProcessDied(RuntimeError):
     """The process running the record ended without reporting its outcome."""
 
 
-class ProcessPool:
-    """``processes`` children running ``handler``; ``run(record)`` resolves with the
-    handler's outcome (its exception, or one that survives pickling, when it raised), or
-    ``NotStarted`` when the record's turn came after ``deadline`` ended its right to start.
+class Stopped(RuntimeError):
+    """The record's call was ended by killing its process (``ProcessPool.stop``)."""
 
-    The children's copy of the deadline is written on the event loop: before every batch
-    goes out, every ``_REFRESH_S`` while records are out, and at once when the membership
-    ends. Not by the membership as each heartbeat succeeds: the pool needs nothing of the
-    consumer but the deadline's reader, and the loop that copies it is the loop that
+
+# Each record sent gets a sequence number; a child notes the one it starts in shared memory.
+_Pending = tuple[Record, asyncio.Future[None], int, Lease | None, int]
+
+
+class ProcessPool:
+    """``processes`` children running ``handler``; ``run(record, lease, slot)`` resolves
+    with the handler's outcome (its exception, or one that survives pickling, when it
+    raised), ``NotStarted`` when the record's turn came after its right to start ended, or
+    ``Stopped`` when ``slot.stop()`` ended the call by killing its process.
+
+    The children's copy of the gate is written on the event loop: before every batch goes
+    out, every ``_REFRESH_S`` while records are out, and at once when the gate changes (a
+    revocation, a loss, a stop). Not by the membership as each heartbeat succeeds: the pool
+    needs nothing of the consumer but the gate, and the loop that copies it is the loop that
     heartbeats, so a blocked loop or a frozen process stops both alike. The copy then stays
     at the last deadline the member knew, which is where children must stop."""
 
-    def __init__(self, handler: Handler, processes: int, deadline: SessionDeadline) -> None:
+    def __init__(self, handler: Handler, processes: int, gate: OwnershipGate) -> None:
         self._handler = handler
         self._count = processes
-        self._deadline = deadline
-        self._shared = SharedDeadline(multiprocessing.get_context())
+        self._gate = gate
+        self._shared = SharedGate(multiprocessing.get_context())
         self._refresh: asyncio.TimerHandle | None = None
         self._children: list[_Child] = []
-        # Each record with its outcome and the generation it was handed out under.
-        self._pending: list[tuple[Record, asyncio.Future[None], int]] = []
+        self._pending: list[_Pending] = []
+        self._sequence = 0
         self._closed = False
         self._waited_by_replaced = 0.0
         self._most_outstanding = 0
-        deadline.on_end(self._publish)
+        gate.on_change(self._publish)
 
     @property
     def waited_s(self) -> float:
@@ -93,26 +107,52 @@ class ProcessPool:
         cores, whether ``max_concurrency`` keeps them fed (or the loop falls behind)."""
         return self._waited_by_replaced + sum(child.waited_s for child in self._children)
 
-    async def run(self, record: Record) -> None:
+    async def run(self, record: Record, lease: Lease | None, slot: Stoppable) -> None:
         if self._closed:
             raise PoolClosed("the process pool was shut down")
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[None] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._send)
-        self._pending.append((record, outcome, self._deadline.generation))
-        await outcome
+        self._sequence += 1
+        sequence = self._sequence
+        self._pending.append((record, outcome, self._gate.revision, lease, sequence))
+        slot.stop = lambda: self._stop(outcome, sequence)
+        try:
+            await outcome
+        finally:
+            slot.stop = None
+
+    async def until_stopped(self) -> None:
+        """Until every process killed by ``stop`` has exited: their calls are over."""
+        dying = [child for child in self._children if child.killed]
+        self._children = [child for child in self._children if not child.killed]
+        for child in dying:
+            await child.exited()
+
+    def _stop(self, outcome: asyncio.Future[None], sequence: int) -> None:
+        """End the record's call: not sent yet, it never starts; waiting in a child's pipe,
+        the child skips it; running, its process is killed (and replaced on the next send)."""
+        for index, pending in enumerate(self._pending):
+            if pending[1] is outcome:
+                del self._pending[index]
+                _settle(outcome, NotStarted("stopped before it was sent"))
+                return
+        for child in self._children:
+            if child.holds(sequence):
+                child.stop(sequence)
+                return
 
     def close(self) -> None:
         """Close the children's pipes and fail what is outstanding: its records were given
         back, not committed. So a child starts no further record of the batch it works on,
         and exits after the record it is on, when its outcomes find the pipe closed."""
         self._closed = True
-        self._shared.publish(self._deadline.generation, float("-inf"))
+        self._shared.publish(self._gate.revision, float("-inf"))
         if self._refresh is not None:
             self._refresh.cancel()
             self._refresh = None
-        for _, outcome, _ in self._pending:
+        for _, outcome, _, _, _ in self._pending:
             _settle(outcome, PoolClosed("the process pool was shut down"))
         self._pending = []
         for child in self._children:
@@ -122,7 +162,7 @@ class ProcessPool:
 
     def _publish(self) -> None:
         if not self._closed:
-            self._shared.publish(self._deadline.generation, self._deadline.deadline())
+            self._shared.publish(self._gate.revision, self._gate.start_deadline())
 
     def _keep_published(self) -> None:
         self._refresh = None
@@ -131,14 +171,15 @@ class ProcessPool:
             self._refresh = asyncio.get_running_loop().call_later(_REFRESH_S, self._keep_published)
 
     def _send(self) -> None:
-        generation = self._deadline.generation
-        pending: list[tuple[Record, asyncio.Future[None]]] = []
-        for record, outcome, handed_out_under in self._pending:
-            if handed_out_under == generation:
-                pending.append((record, outcome))
+        revision = self._gate.revision
+        pending: list[_Pending] = []
+        for entry in self._pending:
+            _, outcome, handed_out_under, lease, _ = entry
+            if handed_out_under == revision or self._gate.permits(lease):
+                pending.append(entry)
             else:
-                # Lost while it waited for this turn of the loop: it was given back.
-                _settle(outcome, NotStarted("the membership ended before the record was sent"))
+                # Its right ended while it waited for this turn of the loop: given back.
+                _settle(outcome, NotStarted("its slice was revoked or lost before it was sent"))
         self._pending = []
         if self._closed or not pending:
             return
@@ -152,11 +193,11 @@ class ProcessPool:
         except Exception as error:
             # Nothing can run them; their failure goes to the policy like a handler's.
             logger.exception("a pool process could not be started")
-            for _, outcome in pending:
+            for _, outcome, _, _, _ in pending:
                 _settle(outcome, error)
             return
         finally:
-            self._children = alive
+            self._children = alive + [child for child in self._children if child.killed]
         # A batch is a share of the most records the pool has had at once: two per process
         # (outcomes of one batch free as many records, which go out again as one batch), so
         # a process has its next batch waiting while it works, and the batches do not shrink
@@ -167,10 +208,10 @@ class ProcessPool:
         self._publish()
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
-            child = min(self._children, key=_Child.load)
-            outcomes = [outcome for _, outcome in batch]
+            child = min(alive, key=_Child.load)
+            outcomes = [entry[1] for entry in batch]
             try:
-                child.send([record for record, _ in batch], outcomes, generation)
+                child.send([(entry[4], entry[0]) for entry in batch], outcomes, self._gate.revision)
             except Exception as error:  # a record that cannot be pickled
                 for outcome in outcomes:
                     _settle(outcome, error)
@@ -179,13 +220,14 @@ class ProcessPool:
 
 
 class _Child:
-    """One child process and the parent's side of its pipes: the bytes not written yet and
-    the outcomes of the batches sent, in order."""
+    """One child process and the parent's side of its pipes: the bytes not written yet, the
+    outcomes of the batches sent (in order, with each record's sequence number), and the
+    shared note of which record the child started last."""
 
     def __init__(
         self,
         handler: Handler,
-        deadline: SharedDeadline,
+        gate: SharedGate,
         loop: asyncio.AbstractEventLoop,
         siblings: list[_Child],
     ) -> None:
@@ -193,6 +235,7 @@ class _Child:
         context = multiprocessing.get_context()
         to_child, self._inbox = context.Pipe(duplex=False)
         self._outbox, from_child = context.Pipe(duplex=False)
+        self._progress = ChildProgress(context)
         # A forked child inherits the parent's ends of every pipe; it closes them, or a
         # pipe the parent closes would not end for the child holding its other copy.
         parents_ends = [self._inbox, self._outbox]
@@ -201,7 +244,7 @@ class _Child:
         # Daemonic: an interpreter exiting does not wait for a handler that still runs.
         self._process: BaseProcess = context.Process(
             target=_serve,
-            args=(handler, deadline, to_child, from_child, parents_ends),
+            args=(handler, gate, self._progress, to_child, from_child, parents_ends),
             daemon=True,
         )
         try:
@@ -217,36 +260,75 @@ class _Child:
         self._unsent = bytearray()
         self._writing = False
         self._received = bytearray()
-        self._batches: deque[list[asyncio.Future[None]]] = deque()
+        self._batches: deque[list[tuple[int, asyncio.Future[None]]]] = deque()
         self._outstanding = 0
         # Seconds the child waited with nothing to do, as it reported with its outcomes.
         self.waited_s = 0.0
         self._open = True
+        # Killed by ``stop``; its records get their outcomes once it has exited.
+        self.killed = False
+        self._exit: asyncio.Future[None] | None = None
         loop.add_reader(self._outbox.fileno(), self._read)
 
     @property
     def alive(self) -> bool:
-        return self._open
+        return self._open and not self.killed
 
     def load(self) -> int:
         return self._outstanding
 
+    def holds(self, sequence: int) -> bool:
+        return any(seq == sequence for batch in self._batches for seq, _ in batch)
+
     def send(
-        self, records: list[Record], outcomes: list[asyncio.Future[None]], generation: int
+        self, records: list[tuple[int, Record]], outcomes: list[asyncio.Future[None]], revision: int
     ) -> None:
         if not self._open:
             # It died while this turn's batches went out.
             for outcome in outcomes:
-                _settle(outcome, ProcessDied(f"the pool process {self._process.pid} died"))
+                _settle(outcome, NotStarted(f"the pool process {self._process.pid} died"))
             return
-        payload = pickle.dumps((generation, records), protocol=pickle.HIGHEST_PROTOCOL)
-        self._batches.append(outcomes)
+        payload = pickle.dumps((revision, records), protocol=pickle.HIGHEST_PROTOCOL)
+        self._batches.append(
+            [(seq, outcome) for (seq, _), outcome in zip(records, outcomes, strict=True)]
+        )
         self._outstanding += len(outcomes)
         waiting = bool(self._unsent)
         self._unsent += _HEADER.pack(len(payload))
         self._unsent += payload
         if not waiting:
             self._write()
+
+    def stop(self, sequence: int) -> None:
+        """End the call of record ``sequence``: the child skips it if it has not started it,
+        else the child is killed."""
+        if self._progress.refuse_from(sequence) or self.killed:
+            return
+        self.killed = True
+        self._process.kill()
+        self._exit = asyncio.ensure_future(self._settle_after_exit(sequence))
+
+    async def exited(self) -> None:
+        """Until a killed process is gone and its records have their outcomes."""
+        if self._exit is not None:
+            await asyncio.shield(self._exit)
+
+    async def _settle_after_exit(self, sequence: int) -> None:
+        """Outcomes only once the process is gone: until then its call may still run. Its
+        sentinel turns readable when it has exited; the loop must not block on ``join``."""
+        exited: asyncio.Future[None] = self._loop.create_future()
+        sentinel = self._process.sentinel
+        self._loop.add_reader(sentinel, _settle, exited, None)
+        try:
+            await exited
+        finally:
+            self._loop.remove_reader(sentinel)
+        self._process.join(0)
+        logger.info(
+            "a pool process killed to end a call has exited",
+            extra={"pid": self._process.pid},
+        )
+        self._finish(sequence, stopped=True)
 
     def close(self, error: BaseException) -> None:
         if not self._open:
@@ -258,9 +340,26 @@ class _Child:
         self._inbox.close()
         self._outbox.close()
         while self._batches:
-            for outcome in self._batches.popleft():
+            for _, outcome in self._batches.popleft():
                 _settle(outcome, error)
         self._outstanding = 0
+
+    def _finish(self, running: int | None, *, stopped: bool) -> None:
+        """The child is gone with batches outstanding: the records it had started before the
+        last one ran (their outcome is lost), the last one was running (``Stopped`` when we
+        killed it), and the rest never started."""
+        started = self._progress.started()
+        pid, code = self._process.pid, self._process.exitcode
+        outcomes = [entry for batch in self._batches for entry in batch]
+        self._batches.clear()
+        self.close(NotStarted(f"the pool process {pid} ended before the record's turn"))
+        for seq, outcome in outcomes:
+            if seq > started:
+                _settle(outcome, NotStarted(f"the pool process {pid} ended before its turn"))
+            elif stopped and seq == running:
+                _settle(outcome, Stopped(f"the call was ended by killing process {pid}"))
+            else:
+                _settle(outcome, ProcessDied(f"the pool process {pid} died (exit code {code})"))
 
     def _write(self) -> None:
         try:
@@ -268,7 +367,11 @@ class _Child:
         except BlockingIOError:
             written = 0
         except OSError:
-            self._died()
+            if self.killed:
+                self._loop.remove_writer(self._inbox.fileno())
+                self._writing = False
+            else:
+                self._died()
             return
         del self._unsent[:written]
         if self._unsent and not self._writing:
@@ -286,7 +389,10 @@ class _Child:
         except OSError:
             data = b""
         if not data:
-            self._died()
+            if self.killed:
+                self._loop.remove_reader(self._outbox.fileno())
+            else:
+                self._died()
             return
         received = self._received
         received += data
@@ -307,18 +413,20 @@ class _Child:
         outcomes = self._batches.popleft()
         self._outstanding -= len(outcomes)
         if errors is None:
-            for outcome in outcomes:
+            for _, outcome in outcomes:
                 if not outcome.done():
                     outcome.set_result(None)
             return
-        for outcome, error in zip(outcomes, errors, strict=True):
+        for (_, outcome), error in zip(outcomes, errors, strict=True):
             _settle(outcome, error)
 
     def _died(self) -> None:
         # Not joined: the loop does not wait for a process that is still on its way out.
-        code = self._process.exitcode
-        logger.error("a pool process died", extra={"pid": self._process.pid, "exitcode": code})
-        self.close(ProcessDied(f"the pool process {self._process.pid} died (exit code {code})"))
+        logger.error(
+            "a pool process died",
+            extra={"pid": self._process.pid, "exitcode": self._process.exitcode},
+        )
+        self._finish(None, stopped=False)
 
 
 def _settle(outcome: asyncio.Future[None], error: BaseException | None) -> None:
@@ -335,14 +443,15 @@ def _settle(outcome: asyncio.Future[None], error: BaseException | None) -> None:
 
 def _serve(
     handler: Handler,
-    deadline: SharedDeadline,
+    gate: SharedGate,
+    progress: ChildProgress,
     inbox: Connection,
     outbox: Connection,
     parents: list[Connection],
 ) -> None:
-    """A child's life: read a batch, run the handler on each record the deadline lets
-    start, write the outcomes (None when every record succeeded), until the parent closes
-    the pipe or goes away."""
+    """A child's life: read a batch, run the handler on each record the gate lets start,
+    write the outcomes (None when every record succeeded), until the parent closes the pipe
+    or goes away."""
     # A Ctrl+C reaches the whole process group; the parent drains and closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for end in parents:
@@ -357,8 +466,8 @@ def _serve(
         payload = _read_exactly(reading, _HEADER.unpack(header)[0])
         if payload is None:
             return
-        generation, records = pickle.loads(payload)
-        outcomes = _run_batch(handler, records, deadline, generation)
+        revision, records = pickle.loads(payload)
+        outcomes = _run_batch(handler, records, gate, progress, revision)
         reply = pickle.dumps((outcomes, waited), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             _write_all(writing, _HEADER.pack(len(reply)) + reply)
@@ -367,14 +476,18 @@ def _serve(
 
 
 def _run_batch(
-    handler: Handler, records: list[Record], deadline: SharedDeadline, generation: int
+    handler: Handler,
+    records: list[tuple[int, Record]],
+    gate: SharedGate,
+    progress: ChildProgress,
+    revision: int,
 ) -> Outcomes:
     errors: list[BaseException | None] = []
     failed = False
-    for record in records:
-        if not deadline.permits(generation):
+    for sequence, record in records:
+        if not progress.start(sequence, gate, revision):
             failed = True
-            errors.append(NotStarted("the session deadline passed before the record's turn"))
+            errors.append(NotStarted("its right to start ended before its turn"))
             continue
         try:
             handler(record)

@@ -19,7 +19,6 @@ from client.metrics_server import MetricsServer
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
-from client.worker.deadline import SessionDeadline
 from client.worker.engine import Stats, WorkerEngine
 from client.worker.metrics import EXTRA as METRICS_EXTRA
 from client.worker.metrics import worker_families
@@ -62,7 +61,6 @@ class Worker:
         self._task = task
         self._handler = handler
         self._partitioner = partitioner
-        self._calls = Calls(config.threads, config.processes)
         security = config.kafka_security.aiokafka_options()
         self._dead_letters = (
             DeadLetters(
@@ -90,6 +88,7 @@ class Worker:
             rebalance_listener=_Listener(self),
             **{**security, **config.consumer_options},
         )
+        self._calls = Calls(config.threads, config.processes, self._consumer.gate)
         self.engine: WorkerEngine | None = None
         self._graceful = GracefulStop("worker")
 
@@ -138,15 +137,13 @@ class Worker:
                 await self._dead_letters.stop()
 
     def _make_engine(self, source: WorkerSource) -> WorkerEngine:
-        deadline = SessionDeadline(source.session_deadline)
         handler_process = (
-            None if self._handler is None else self._calls.handler_process(self._handler, deadline)
+            None if self._handler is None else self._calls.handler_process(self._handler)
         )
         engine = WorkerEngine(
             source,
             self.config,
             self._calls,
-            deadline,
             task_factory=self._task,
             handler_process=handler_process,
             handler_on_loop=self._handler is None or is_async(self._handler),

@@ -1,6 +1,8 @@
 """The record feed the engine tests drive an engine with, without Kafka: records the test
-puts in, and what the engine handed out and marked. Each test module adds the hand-out
-guard it needs."""
+puts in, what the engine handed out, gave back and marked, and the ownership gate the
+runtimes ask before user code (every partition a record arrives from is granted whole on
+its first record; ``revoke`` takes slices away as the consumer's revocation does). Each test
+module adds the hand-out guard it needs."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from client.fetcher import FetchInterrupted, Item
+from client.protocol.keyspace import KeyRange
+from client.runtime.gate import Lease, OwnershipGate, Slices
 
 
 class InMemorySource:
@@ -17,7 +21,16 @@ class InMemorySource:
         self.items: asyncio.Queue[Item] = asyncio.Queue()
         self.handed: list[int] = []
         self.marked: list[int] = []
+        self.given_back: list[int] = []
         self.stopped = False
+        self.gate = OwnershipGate(self.session_deadline)
+        self._granted: set[TopicPartition] = set()
+
+    def session_deadline(self) -> float:
+        return float("inf")
+
+    def may_hand_out(self) -> bool:
+        return True
 
     async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
         getting = asyncio.ensure_future(self.items.get())
@@ -25,10 +38,21 @@ class InMemorySource:
         if not getting.done():
             getting.cancel()
             raise FetchInterrupted
-        return getting.result()
+        item = getting.result()
+        if item[0] not in self._granted:
+            self._granted.add(item[0])
+            self.gate.grant({item[0]: [KeyRange.full()]})
+        return item
 
-    def hand_out(self, tp: TopicPartition, record: Any, hashed: int) -> None:
+    def hand_out(self, tp: TopicPartition, record: Any, hashed: int) -> Lease | None:
         self.handed.append(record.offset)
+        return self.gate.lease(tp, hashed)
+
+    def give_back(self, record: Any) -> None:
+        self.given_back.append(record.offset)
 
     def mark_processed(self, record: Any) -> None:
         self.marked.append(record.offset)
+
+    def revoke(self, slices: Slices) -> None:
+        self.gate.revoke(slices)

@@ -10,6 +10,7 @@ from aiokafka.structs import TopicPartition
 
 from client.dispatch import Dispatcher
 from client.errors import ConsumerStopped
+from client.protocol.keyspace import KeyRange
 from tests.client.in_memory_source import InMemorySource
 from tests.waiting import until
 
@@ -35,6 +36,10 @@ class Source(InMemorySource):
 
     def may_hand_out(self) -> bool:
         if not self.allowed:
+            # Lost, as the consumer's loss ends the gate; the records put in later are
+            # handed out after the member rejoined, under new leases.
+            self.gate.end()
+            self.gate.grant({TP: [KeyRange.full()]})
             for dispatcher in self.on_loss:
                 dispatcher.lose()
         return self.allowed

@@ -202,8 +202,21 @@ def test_deactivated_ranges_keep_their_progress_until_removed() -> None:
     assert batch is not None
     assert list(batch.partitions[0].watermarks) == [Watermark(HIGH, 2)]
     tracker.commit_succeeded(batch, ok(batch))
-    assert tracker.remove_inactive() == {TP: [HIGH]}
+    tracker.remove_inactive()
     assert [progress.keys for progress in tracker.slices_of(TP)] == [LOW]
+
+
+def test_removing_inactive_slices_keeps_the_pieces_still_held_and_what_lies_elsewhere() -> None:
+    tracker = OffsetTracker()
+    tracker.add_slice(TP, KeyRange.full(), position=0)
+    tracker.deactivate(TP, [HIGH])
+    held = KeyRange(HIGH_HASH, HIGH_HASH)
+    tracker.remove_inactive({TP: [HIGH]}, keep={TP: [held]})
+    assert [(p.keys, p.active) for p in tracker.slices_of(TP)] == [(LOW, True), (held, False)]
+    tracker.deactivate(TP, [LOW])
+    # Removing the held piece's slice alone leaves the other revocation's slice alone.
+    tracker.remove_inactive({TP: [held]})
+    assert [(p.keys, p.active) for p in tracker.slices_of(TP)] == [(LOW, False)]
 
 
 def test_a_slice_added_later_keeps_its_own_read_position() -> None:

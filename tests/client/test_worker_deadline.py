@@ -23,11 +23,15 @@ from typing import Any
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from client.protocol.keyspace import KeyRange
+from client.runtime.gate import OwnershipGate
 from client.worker import Worker
 from client.worker.calls import Calls
-from client.worker.deadline import NotStarted, SessionDeadline
+from client.worker.deadline import NotStarted
 from client.worker.engine import WorkerEngine
+from client.worker.lanes import Attempt, Lane
 from client.worker.processes import ProcessPool
+from client.worker.task import WorkerTask
 from tests.client import worker_targets
 from tests.client.in_memory_source import InMemorySource
 from tests.client.test_consumer import produce
@@ -146,6 +150,9 @@ async def test_records_queued_in_a_pool_do_not_start_past_the_session_deadline(
     assert done == set(range(records))
 
 
+TP = TopicPartition("orders", 0)
+
+
 def record(offset: int) -> ConsumerRecord[bytes, bytes]:
     return ConsumerRecord("orders", 0, offset, 0, 0, b"key", b"value", None, 3, 5, [])
 
@@ -174,26 +181,30 @@ async def test_a_pool_process_starts_a_record_only_before_the_shared_deadline(
     monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
     monkeypatch.setenv("WORKER_TEST_SLEEP", "0.5")
     session = Deadline()
-    deadline = SessionDeadline(session)
-    pool = ProcessPool(worker_targets.notes_its_start, 1, deadline)
+    gate = granted_gate(session)
+    pool = ProcessPool(worker_targets.notes_its_start, 1, gate)
+
+    def run(offset: int) -> Any:
+        return pool.run(record(offset), gate.lease(TP, offset), Slot())
 
     try:
-        await pool.run(record(0))
+        await run(0)
         session.passed()
         with pytest.raises(NotStarted):
-            await pool.run(record(1))
+            await run(1)
         session.ahead()
         # The deadline passes while offset 3 waits in the pipe: the pool copies it there.
-        both = asyncio.gather(pool.run(record(2)), pool.run(record(3)), return_exceptions=True)
+        both = asyncio.gather(run(2), run(3), return_exceptions=True)
         await until(lambda: 2 in dict(starts(journal)), 30, "offset 2 started")
         session.passed()
         second = await both
         session.ahead()
         # The membership ends while offset 5 waits, and the member rejoins at once: the
         # new membership's deadline lies ahead, but offset 5 was handed out under the old.
-        both = asyncio.gather(pool.run(record(4)), pool.run(record(5)), return_exceptions=True)
+        both = asyncio.gather(run(4), run(5), return_exceptions=True)
         await until(lambda: 4 in dict(starts(journal)), 30, "offset 4 started")
-        deadline.end()
+        gate.end()
+        gate.grant({TP: [KeyRange.full()]})
         third = await both
     finally:
         pool.close()
@@ -212,13 +223,13 @@ async def test_a_process_working_through_long_batches_is_not_refused_while_the_s
     monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
     monkeypatch.setenv("WORKER_TEST_SLEEP", "0.2")
     # A session of 0.5 s that heartbeats without pause: always half a second ahead.
-    pool = ProcessPool(
-        worker_targets.notes_its_start, 1, SessionDeadline(lambda: time.monotonic() + 0.5)
-    )
+    gate = granted_gate(lambda: time.monotonic() + 0.5)
+    pool = ProcessPool(worker_targets.notes_its_start, 1, gate)
     try:
         # Eight records of 0.2 s in the one process's pipe at once: 1.6 s of work.
         outcomes = await asyncio.gather(
-            *(pool.run(record(offset)) for offset in range(8)), return_exceptions=True
+            *(pool.run(record(offset), gate.lease(TP, offset), Slot()) for offset in range(8)),
+            return_exceptions=True,
         )
     finally:
         pool.close()
@@ -227,9 +238,9 @@ async def test_a_process_working_through_long_batches_is_not_refused_while_the_s
 
 
 async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline() -> None:
-    calls = Calls(threads=1, processes=0)
     session = Deadline()
-    deadline = SessionDeadline(session)
+    gate = granted_gate(session)
+    calls = Calls(threads=1, processes=0, gate=gate)
     ran: list[int] = []
     release = threading.Event()
 
@@ -243,8 +254,8 @@ async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline(
         """``offset`` runs and holds the one thread; ``offset + 1`` waits for it while
         ``then`` happens."""
         release.clear()
-        holding = calls.in_thread(hold, offset, deadline=deadline)
-        waiting = calls.in_thread(ran.append, offset + 1, deadline=deadline)
+        holding = calls.for_record(attempt(offset, gate), hold, offset)
+        waiting = calls.for_record(attempt(offset + 1, gate), ran.append, offset + 1)
         both = asyncio.gather(holding, waiting, return_exceptions=True)
         await until(lambda: offset in ran, 30, f"offset {offset} holds the thread")
         then()
@@ -252,15 +263,20 @@ async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline(
         return await both
 
     try:
-        await calls.in_thread(ran.append, 0, deadline=deadline)
+        await calls.for_record(attempt(0, gate), ran.append, 0)
         session.passed()
         with pytest.raises(NotStarted):
-            await calls.in_thread(ran.append, 1, deadline=deadline)
+            await calls.for_record(attempt(1, gate), ran.append, 1)
         session.ahead()
         passed = await behind_a_busy_thread(2, session.passed)
         session.ahead()
-        # Lost, and rejoined at once: the new membership's deadline lies ahead.
-        ended = await behind_a_busy_thread(4, deadline.end)
+
+        def lost_and_rejoined() -> None:
+            # The new membership's deadline lies ahead; its leases are new.
+            gate.end()
+            gate.grant({TP: [KeyRange.full()]})
+
+        ended = await behind_a_busy_thread(4, lost_and_rejoined)
     finally:
         release.set()
         calls.close()
@@ -269,7 +285,19 @@ async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline(
     assert ran == [0, 2, 4]
 
 
-TP = TopicPartition("orders", 0)
+class Slot:
+    stop: Callable[[], None] | None = None
+
+
+def granted_gate(session: Callable[[], float]) -> OwnershipGate:
+    gate = OwnershipGate(session)
+    gate.grant({TP: [KeyRange.full()]})
+    return gate
+
+
+def attempt(offset: int, gate: OwnershipGate) -> Attempt:
+    lane = Lane((TP, offset), WorkerTask())
+    return Attempt((TP, record(offset), offset), lane, 0, gate.lease(TP, offset))
 
 
 class Source(InMemorySource):
@@ -284,7 +312,6 @@ class Source(InMemorySource):
         self.lagging = 0
         self.engine: WorkerEngine | None = None
         self.lost = False
-        self.given_back: list[int] = []
 
     def put(self, offset: int) -> None:
         self.items.put_nowait((TP, record(offset), offset))
@@ -293,6 +320,7 @@ class Source(InMemorySource):
         if not self.lost and time.monotonic() >= self.deadline_at:
             self.lost = True
             assert self.engine is not None
+            self.gate.end()
             self.engine.lose()
         return not self.lost
 
@@ -303,9 +331,6 @@ class Source(InMemorySource):
             self.lagging -= 1
             return time.monotonic() - 1
         return self.deadline_at
-
-    def give_back(self, record: Any) -> None:
-        self.given_back.append(record.offset)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         pass
@@ -327,14 +352,12 @@ async def engine_over(
     """A handler-form engine on a thread pool over ``source``, and its run (policy
     ``at_least_once``: a failure would end it)."""
     settings = {"max_concurrency": 2, "worker_threads": 1, **settings}
-    calls = Calls(threads=settings["worker_threads"], processes=0)
-    deadline = SessionDeadline(source.session_deadline)
+    calls = Calls(threads=settings["worker_threads"], processes=0, gate=source.gate)
     engine = WorkerEngine(
         source,
         config("orders", "unused:9092", "http://unused", "g", **settings),
         calls,
-        deadline,
-        handler_process=calls.handler_process(handler, deadline),
+        handler_process=calls.handler_process(handler),
         handler_on_loop=False,
     )
     source.engine = engine

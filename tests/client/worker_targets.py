@@ -72,3 +72,29 @@ def notes_its_start(record: Any) -> None:
     _note(f"start {record.offset} {time.monotonic()!r}")
     time.sleep(float(os.environ["WORKER_TEST_SLEEP"]))
     _note(f"done {record.offset}")
+
+
+def _ledger(event: str, member: str, record: Any) -> None:
+    """One line per event, written whole by one ``write`` to a file opened for appending, so
+    lines from several processes never mix: event, member, key, offset, wall-clock time."""
+    line = f"{event} {member} {record.key.decode()} {record.offset} {time.time()!r}\n"
+    fd = os.open(os.environ["WORKER_TEST_JOURNAL"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def slow_keys_stick_on_first(record: Any) -> None:
+    """Member "first" in a process: the first record of each key named ``slow-*`` runs for
+    ``WORKER_TEST_SLEEP`` seconds (longer than any timeout of the test), the rest at once."""
+    _ledger("start", "first", record)
+    if record.key.startswith(b"slow-") and record.offset < int(os.environ["WORKER_TEST_FIRST_N"]):
+        time.sleep(float(os.environ["WORKER_TEST_SLEEP"]))
+    _ledger("end", "first", record)
+
+
+def never_sticks(record: Any) -> None:
+    """Member "second" in a process: every record at once."""
+    _ledger("start", "second", record)
+    _ledger("end", "second", record)
