@@ -1,12 +1,14 @@
 """What a worker reports on its optional metrics port (``client.metrics_server``): records
 processed, failed, retried, dead-lettered and skipped, records in flight, buffered bytes,
-paused partitions and the lag of every owned slice."""
+paused partitions, the lag of every owned slice, and calls that cannot be stopped holding the
+keys of slices the member gave up."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from client.metrics_server import Family
+from client.runtime.gate import Running
 from client.worker.source import slice_lag
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ _COUNTER_HELP = {
 }
 
 
-def worker_families(engine: WorkerEngine | None) -> list[Family]:
+def worker_families(engine: WorkerEngine | None, stuck: list[Running]) -> list[Family]:
     """Before the engine exists (the member has not joined yet) the gauges read 0 and the
     counters are absent, as they were before the worker had counted anything."""
     families: list[Family] = []
@@ -55,6 +57,16 @@ def worker_families(engine: WorkerEngine | None) -> list[Family]:
             "paused_partitions",
             "Partitions whose fetching is paused (backpressure).",
             0 if engine is None else len(engine.paused),
+        ),
+        (
+            "stuck_calls",
+            "Calls that cannot be stopped (on threads) holding keys of slices given up.",
+            len(stuck),
+        ),
+        (
+            "stuck_call_max_seconds",
+            "How long the oldest stuck call has been running (0 with none).",
+            max((call.running_s() for call in stuck), default=0.0),
         ),
     ):
         families.append(Family(f"keyrange_worker_{name}", text, samples=[((), value)]))

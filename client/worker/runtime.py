@@ -115,7 +115,7 @@ class Worker:
             if self.config.metrics_port is None
             else MetricsServer(
                 self.config.metrics_port,
-                lambda: worker_families(self.engine),
+                lambda: worker_families(self.engine, self._consumer.stuck_calls()),
                 asyncio.get_running_loop(),
                 extra=METRICS_EXTRA,
             )

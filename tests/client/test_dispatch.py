@@ -121,3 +121,27 @@ async def test_a_handler_that_notices_the_loss_itself_leaves_its_worker_alive() 
     await dispatcher.finish(5)
     await task
     assert not isinstance(task.exception(), ConsumerStopped)
+
+
+async def test_a_handler_that_swallows_its_cancellation_at_shutdown_is_not_marked() -> None:
+    """Cancelled because the drain timed out: whatever it did after swallowing the
+    cancellation is not trusted, and the record goes to the next owner (issue 27 item 7)."""
+    source = Source()
+    started = asyncio.Event()
+
+    async def handle(record: FakeRecord) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return
+
+    dispatcher = Dispatcher(source, handle, 1, cancel_on_loss=True)
+    source.put(0, 1)
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.wait_for(started.wait(), 30)
+    source.stopped = True
+    await dispatcher.finish(0.1)
+    await task
+    assert source.marked == []
+    assert source.given_back == [0]

@@ -28,6 +28,7 @@ from aiokafka.structs import TopicPartition
 
 from client import KeyrangeConsumer, key_hash
 from client.worker import Worker
+from client.worker.metrics import worker_families
 from tests.client import worker_targets
 from tests.client.test_consumer import produce
 from tests.client.test_worker import config, group, processed_offsets, running
@@ -270,6 +271,13 @@ async def test_a_thread_call_past_the_drain_timeout_holds_only_its_key_until_it_
                 await produce(kafka_bootstrap, topic, list(FAST))
                 await until(lambda: ledger.of("second"), 60, "the heir to process meanwhile")
                 assert first.consumer.stuck_calls()
+                gauges = {
+                    family.name: family.samples[0][1]
+                    for family in worker_families(first.engine, first.consumer.stuck_calls())
+                    if family.name.startswith("keyrange_worker_stuck")
+                }
+                assert gauges["keyrange_worker_stuck_calls"] == len(held)
+                assert gauges["keyrange_worker_stuck_call_max_seconds"] > 1.0
                 named = client_log.saying("a call that cannot be stopped holds its key")
                 assert {record.key_hash for record in named} == held  # type: ignore[attr-defined]
                 assert all(r.group_id == group_id for r in named)  # type: ignore[attr-defined]

@@ -414,3 +414,107 @@ async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_th
         release.set()
     assert ran == [0]
     assert 1 not in source.marked
+
+
+@pytest.mark.slow
+async def test_records_a_dead_process_never_started_are_not_counted_as_its_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that dies fails the record it ran (and those it ran before it in the same
+    batch, whose outcomes died with it); the ones queued behind it never ran, so they come
+    back as not started, to be sent again without counting an attempt or being dead-lettered
+    (issue 27 item 7)."""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    gate = granted_gate(lambda: time.monotonic() + 60)
+    pool = ProcessPool(worker_targets.dies_at_offset_one, 1, gate)
+    try:
+        outcomes = await asyncio.gather(
+            *(pool.run(record(offset), gate.lease(TP, offset), Slot()) for offset in range(4)),
+            return_exceptions=True,
+        )
+    finally:
+        pool.close()
+    assert [type(outcome).__name__ for outcome in outcomes] == [
+        "ProcessDied",
+        "ProcessDied",
+        "NotStarted",
+        "NotStarted",
+    ]
+    assert [line[1] for line in journal_lines(journal)] == ["0", "1"]
+
+
+@pytest.mark.slow
+async def test_stopping_a_queued_process_call_skips_it_and_a_running_one_kills_its_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "30")
+    gate = granted_gate(lambda: time.monotonic() + 60)
+    pool = ProcessPool(worker_targets.notes_its_start, 1, gate)
+    slots = [Slot(), Slot()]
+    try:
+        both = asyncio.gather(
+            *(pool.run(record(offset), gate.lease(TP, offset), slots[offset]) for offset in (0, 1)),
+            return_exceptions=True,
+        )
+        await until(lambda: 0 in dict(starts(journal)), 30, "offset 0 running")
+        assert slots[1].stop is not None and slots[0].stop is not None
+        slots[1].stop()
+        slots[0].stop()
+        outcomes = await asyncio.wait_for(both, 30)
+        await pool.until_stopped()
+    finally:
+        pool.close()
+    assert [type(outcome).__name__ for outcome in outcomes] == ["Stopped", "NotStarted"]
+    assert [offset for offset, _ in starts(journal)] == [0]
+
+
+async def test_a_sub_partition_never_has_two_tasks_at_once_when_its_partition_comes_back() -> None:
+    """The partition is closed while its task is inside a call that outlives the drain
+    timeout, and granted again at once: the new task starts only after the old one's call
+    ended and it was closed (issue 27 item 7)."""
+    source = Source()
+    events: list[tuple[str, int]] = []
+    release = threading.Event()
+    instances = iter(range(100))
+
+    class Blocking(WorkerTask):
+        def init(self, subpartition: Any, config: Any) -> None:
+            self.instance = next(instances)
+            events.append(("init", self.instance))
+
+        def process(self, record: Any, observer: Any) -> None:
+            events.append(("process", self.instance))
+            if record.offset == 0:
+                release.wait(30)
+            observer.success()
+
+        def close(self) -> None:
+            events.append(("close", self.instance))
+
+    calls = Calls(threads=4, processes=0, gate=source.gate)
+    engine = WorkerEngine(
+        source,
+        config("orders", "unused:9092", "http://unused", "g", drain_timeout_s=0.2),
+        calls,
+        task_factory=Blocking,
+    )
+    source.engine = engine
+    running = asyncio.create_task(engine.run())
+    try:
+        source.put(0)
+        await until(lambda: ("process", 0) in events, 30, "the first task in its call")
+        await engine.close_partitions({TP})
+        engine.open_partitions([TP])
+        source.put(1)
+        release.set()
+        await until(lambda: source.marked == [0, 1], 30, "both records processed")
+    finally:
+        release.set()
+        await engine.finish(5.0)
+        await running
+        calls.close()
+    assert events[:4] == [("init", 0), ("process", 0), ("close", 0), ("init", 1)]
+    assert ("process", 1) in events

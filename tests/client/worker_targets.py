@@ -98,3 +98,11 @@ def never_sticks(record: Any) -> None:
     """Member "second" in a process: every record at once."""
     _ledger("start", "second", record)
     _ledger("end", "second", record)
+
+
+def dies_at_offset_one(record: Any) -> None:
+    """A synchronous handler for ``processes`` whose process exits at offset 1, as a crash
+    would end it, with records queued behind it in its pipe."""
+    _note(f"start {record.offset}")
+    if record.offset == 1:
+        os._exit(3)
