@@ -96,6 +96,29 @@ class PartitionCommitReply:
 
 
 @dataclass(frozen=True, slots=True)
+class StuckCall:
+    """A call of this member's user code still running on a key of a slice it was asked to
+    give up: the key, and its slice, stay held until it ends (DESIGN §5). The coordinator
+    shows it to operators (docs/api.md, "Stuck calls")."""
+
+    topic: str
+    partition: int
+    key_hash: int
+    offset: int
+    # Seconds the call has been running when the heartbeat is sent.
+    running_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "key_hash": self.key_hash,
+            "offset": self.offset,
+            "running_s": self.running_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatRequest:
     """Join (epoch 0), heartbeat (current epoch) or leave (epoch -1); None means unchanged."""
 
@@ -110,11 +133,16 @@ class HeartbeatRequest:
     session_timeout_ms: int | None = None
     owned: Mapping[TopicPartition, Sequence[KeyRange]] | None = None
     wait_ms: int | None = None
+    # The member's stuck calls now; None leaves what it last reported, () clears it.
+    stuck: Sequence[StuckCall] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        # ``wait_ms`` only when offered: coordinators older than prompt hand-offs refuse
-        # fields they do not know, and joins and leaves never offer it.
-        offer = {} if self.wait_ms is None else {"wait_ms": self.wait_ms}
+        # ``wait_ms`` only when offered and ``stuck`` only when reported: coordinators older
+        # than either refuse fields they do not know, and never see them from a member that
+        # has nothing to say.
+        offer: dict[str, Any] = {} if self.wait_ms is None else {"wait_ms": self.wait_ms}
+        if self.stuck is not None:
+            offer["stuck"] = [call.to_json() for call in self.stuck]
         return {
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,

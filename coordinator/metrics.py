@@ -64,6 +64,15 @@ GROUPS_EXPIRED = Counter(
     "keyrange_groups_expired_total",
     "Groups deleted after offsets_retention_minutes without members or commits",
 )
+STUCK_CALLS = Gauge(
+    "keyrange_stuck_calls",
+    "Calls live members report stuck over all groups: still running on keys of slices their "
+    "members were asked to give up, holding those slices (docs/operations.md)",
+)
+STUCK_CALL_MAX_SECONDS = Gauge(
+    "keyrange_stuck_call_max_seconds",
+    "How long the longest stuck call over all groups has been running (0: none)",
+)
 QUOTA_REFUSALS = Counter(
     "keyrange_quota_refusals_total", "Requests refused by a per-tenant cap", ["cap"]
 )
@@ -90,7 +99,27 @@ GROUP_DESIRED_MEMBERS = Gauge(
     ["group_id"],
     registry=TENANT_REGISTRY,
 )
-_GROUP_SERIES = (GROUP_MEMBERS, MEMBER_LOAD, PARTITION_LAG, GROUP_DESIRED_MEMBERS)
+MEMBER_STUCK_CALLS = Gauge(
+    "keyrange_member_stuck_calls",
+    "Calls the group's live members report stuck, each holding its key's slice",
+    ["group_id"],
+    registry=TENANT_REGISTRY,
+)
+MEMBER_STUCK_CALL_MAX_SECONDS = Gauge(
+    "keyrange_member_stuck_call_max_seconds",
+    "How long the group's longest stuck call has been running: as its member last reported, "
+    "plus the report's age (0: none)",
+    ["group_id"],
+    registry=TENANT_REGISTRY,
+)
+_GROUP_SERIES = (
+    GROUP_MEMBERS,
+    MEMBER_LOAD,
+    PARTITION_LAG,
+    GROUP_DESIRED_MEMBERS,
+    MEMBER_STUCK_CALLS,
+    MEMBER_STUCK_CALL_MAX_SECONDS,
+)
 
 
 def forget_groups(group_ids: Collection[str]) -> None:

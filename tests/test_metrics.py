@@ -112,11 +112,58 @@ async def test_the_operator_may_opt_in_to_per_group_series_for_everyone(
         assert 'keyrange_group_member_load{bound="max",group_id="opted-in"}' in await scrape(api)
 
 
+async def test_stuck_calls_are_counted_per_group_for_the_token_and_in_total_for_anyone(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    async with serving(await make_migrated_database(), metrics_tokens=[METRICS_TOKEN]) as api:
+        reply = await api.post(
+            "/v1/groups/stuck-payments/heartbeat",
+            json={
+                "member_epoch": 0,
+                "subscribed_topics": ["payments"],
+                "stuck": [
+                    {
+                        "topic": "payments",
+                        "partition": 0,
+                        "key_hash": h,
+                        "offset": 7,
+                        "running_s": 90.0,
+                    }
+                    for h in (11, 12)
+                ],
+            },
+        )
+        assert reply.status_code == 200, reply.text
+        scraper = {"authorization": f"Bearer {METRICS_TOKEN}"}
+        await until(
+            lambda: _has(
+                api, 'keyrange_member_stuck_calls{group_id="stuck-payments"} 2.0', **scraper
+            ),
+            10,
+            "the group's stuck calls, for the metrics token",
+        )
+        longest = next(
+            float(line.rpartition(" ")[2])
+            for line in (await scrape(api, **scraper)).splitlines()
+            if line.startswith('keyrange_member_stuck_call_max_seconds{group_id="stuck-payments"}')
+        )
+        assert 90 <= longest < 120
+        # The totals name no group: anyone may alert on them (values: tests/groups).
+        exposition = await scrape(api)
+        assert "stuck-payments" not in exposition
+        assert _exports_text(exposition, "keyrange_stuck_calls", "keyrange_stuck_call_max_seconds")
+
+
+def _exports_text(exposition: str, *names: str) -> bool:
+    """Whether the exposition has a sample of every unlabelled metric named."""
+    samples = {line.split(" ")[0] for line in exposition.splitlines()}
+    return all(name in samples for name in names)
+
+
 async def _has(api: httpx.AsyncClient, line: str, **headers: str) -> bool:
     return line in (await scrape(api, **headers)).splitlines()
 
 
 async def _exports(api: httpx.AsyncClient, *names: str) -> bool:
     """Whether one scrape has a sample of every unlabelled metric named."""
-    samples = {line.split(" ")[0] for line in (await scrape(api)).splitlines()}
-    return all(name in samples for name in names)
+    return _exports_text(await scrape(api), *names)

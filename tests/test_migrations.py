@@ -21,6 +21,10 @@ def _diff(connection: Connection) -> list[object]:
     return list(compare_metadata(context, Base.metadata))
 
 
+def _columns(connection: Connection, table: str) -> set[str]:
+    return {column["name"] for column in inspect(connection).get_columns(table)}
+
+
 def _tables(connection: Connection) -> set[str]:
     return set(inspect(connection).get_table_names())
 
@@ -37,6 +41,11 @@ async def test_downgrade_to_base_and_upgrade_again(make_migrated_database: MakeD
     url = await make_migrated_database()
     config = migrate.alembic_config(url)
     engine = create_async_engine(url)
+    await asyncio.to_thread(command.downgrade, config, "0003")
+    async with engine.connect() as connection:
+        columns = await connection.run_sync(_columns, "members")
+        assert {"stuck", "stuck_reported_at"}.isdisjoint(columns)
+        assert "expires_at" in columns
     await asyncio.to_thread(command.downgrade, config, "0002")
     async with engine.connect() as connection:
         columns = await connection.run_sync(
@@ -77,4 +86,33 @@ async def test_deleting_members_stamps_when_the_group_last_had_one(
         await connection.execute(text("DELETE FROM members WHERE group_id = 'a'"))
         stamped = {row[0]: row[1] for row in await connection.execute(text(left_at))}
         assert stamped["a"] is not None and stamped["b"] is None
+    await engine.dispose()
+
+
+async def test_members_stored_before_stuck_calls_existed_report_none(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    """Migration 0004 gives rows of older members an empty report, not NULL: the admin API
+    and the gauges read every live member's list."""
+    url = await make_migrated_database()
+    config = migrate.alembic_config(url)
+    await asyncio.to_thread(command.downgrade, config, "0003")
+    engine = create_async_engine(url)
+    async with engine.begin() as connection:
+        await connection.execute(text("INSERT INTO groups (group_id) VALUES ('old')"))
+        await connection.execute(
+            text(
+                "INSERT INTO members (group_id, member_id, member_epoch, previous_member_epoch, "
+                "subscribed_topics, allow_individual_commit, session_timeout_ms, expires_at) "
+                "VALUES ('old', 'm-old', 1, 0, '{t}', true, 1000, now())"
+            )
+        )
+    await asyncio.to_thread(command.upgrade, config, "head")
+    async with engine.connect() as connection:
+        row = (
+            await connection.execute(
+                text("SELECT stuck, stuck_reported_at FROM members WHERE member_id = 'm-old'")
+            )
+        ).one()
+        assert (row.stuck, row.stuck_reported_at) == ([], None)
     await engine.dispose()

@@ -41,6 +41,9 @@ EXAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "allow_individual_commit": True,
         "session_timeout_ms": 3_000,
         "owned": [{"topic": "orders", "partition": 0, "ranges": [[0, 9]]}],
+        "stuck": [
+            {"topic": "orders", "partition": 0, "key_hash": 5, "offset": 3, "running_s": 1.5}
+        ],
     },
     ("post", "/v1/admin/groups/{group_id}/offsets/reset"): {
         "topic": "orders",

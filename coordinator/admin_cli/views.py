@@ -50,14 +50,16 @@ def group(body: Body) -> str:
         ],
     )
     owned = _owned_ranges(body["members"])
-    return "\n\n".join(
-        [
-            header,
-            partitions(body["partitions"], owned.keys()),
-            key_ranges(owned),
-            members(body["members"]),
-        ]
-    )
+    sections = [
+        header,
+        partitions(body["partitions"], owned.keys()),
+        key_ranges(owned),
+        members(body["members"]),
+    ]
+    # Only when there are any, so a healthy group's printout stays as it always was.
+    if any(member.get("stuck") for member in body["members"]):
+        sections.append(stuck_calls(body["members"]))
+    return "\n\n".join(sections)
 
 
 def offsets(body: Body) -> str:
@@ -160,6 +162,40 @@ def members(member_list: list[Body]) -> str:
                 len({(piece["topic"], piece["partition"]) for piece in m["owned"]}),
             ]
             for m in member_list
+        ],
+    )
+
+
+def stuck_calls(member_list: list[Body]) -> str:
+    """Each call still running on a key of a slice its member was asked to give up, holding
+    that slice (docs/operations.md, "Stuck calls"): where the member runs, which key, which
+    record, and how long, aged from the member's last report."""
+    return table(
+        [
+            "MEMBER-ID",
+            "CLIENT-ID",
+            "HOST",
+            "TOPIC",
+            "PARTITION",
+            "KEY-HASH",
+            "OFFSET",
+            "RUNNING-FOR-S",
+            "REPORT-AGE-S",
+        ],
+        [
+            [
+                m["member_id"],
+                m["client_id"],
+                m["client_host"],
+                call["topic"],
+                call["partition"],
+                call["key_hash"],
+                call["offset"],
+                round(call["running_for_s"], 1),
+                round(call["report_age_s"], 1),
+            ]
+            for m in member_list
+            for call in m.get("stuck", [])
         ],
     )
 

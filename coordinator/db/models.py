@@ -163,6 +163,15 @@ class Member(Base):
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    # Calls of the member's user code still running on keys of slices it was asked to give
+    # up, as its last heartbeat carrying them reported (docs/api.md, "Stuck calls"), and when
+    # that heartbeat was stored.
+    stuck: Mapped[list[dict[str, object]]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'[]'::jsonb")
+    )
+    stuck_reported_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
 
 
 class TopicMetadata(Base):

@@ -7,6 +7,9 @@ membership state lives anywhere else.
 
 One kind of heartbeat skips the step: a stable member renewing its session, one statement
 (:func:`stable_heartbeat`) whose guard matches only when the step would change nothing.
+
+A heartbeat may also carry the member's stuck calls (docs/api.md, "Stuck calls"): stored on
+its row in the same transaction as the rest of the heartbeat, never read by the step.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from coordinator.core.topic_pattern import matching_topics
 from coordinator.db import quotas as quota_store
 from coordinator.db.engine import driver_connection
 from coordinator.errors import InvalidRequest, ServiceUnavailable
-from coordinator.groups import metadata_repository, repository
+from coordinator.groups import metadata_repository, repository, stuck_repository
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleReply, SliceJson
 from coordinator.groups.settle import (
     announce,
@@ -130,8 +133,13 @@ async def stable_heartbeat(
     """Renew a stable member's session, or None when the request needs :func:`heartbeat`.
     The common case by far, so it is one statement on its own (autocommit: no transaction to
     begin and commit); :func:`stable_reply` answers without decoding the stored assignment.
-    A stable member has nothing to do, so its reply may always wait for a change."""
+    A stable member has nothing to do, so its reply may always wait for a change.
+    A report of stuck calls takes the full path, which stores it: reports are rare (a
+    member sends one when its list changes), so the common heartbeat's statement stays as
+    it is."""
     if request.member_epoch <= JOIN_EPOCH or request.member_id is None:
+        return None
+    if request.stuck is not None:
         return None
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
     # anything else falls through to the full path, which normalizes.
@@ -223,6 +231,13 @@ async def heartbeat(
             facts = replace(facts, member=leaving)
     outcome = await _decide(connection, facts, settings)
     await _store(connection, group, outcome)
+    if request.stuck is not None and outcome.member is not None:
+        await stuck_repository.save_stuck(
+            connection,
+            group_id,
+            outcome.member.member_id,
+            [call.model_dump() for call in request.stuck],
+        )
     for note in outcome.notes:
         log.log(logging.WARNING if note.warning else logging.INFO, note.message, extra=note.fields)
     record_rebalance(group_id, outcome.rebalance)

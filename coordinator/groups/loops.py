@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from coordinator import metrics
 from coordinator.core.membership import GroupRecord, expiry_reasons
 from coordinator.core.topic_pattern import matching_topics
-from coordinator.groups import metadata_repository, repository
+from coordinator.groups import metadata_repository, repository, stuck_repository
 from coordinator.groups.settle import (
     lock_existing_group,
     save_group,
@@ -113,6 +113,7 @@ async def update_gauges(
         counts = await metadata_repository.live_member_counts(connection)
         groups = await metadata_repository.group_count(connection)
         ic_ranges = await metadata_repository.stored_ic_range_count(connection)
+        stuck = await stuck_repository.stuck_figures(connection)
         stable = (
             await metadata_repository.stable_offsets(connection) if lag_cluster is not None else {}
         )
@@ -122,10 +123,18 @@ async def update_gauges(
     metrics.IC_RANGES_STORED.set(ic_ranges)
     metrics.GROUPS.set(groups)
     metrics.LIVE_MEMBERS.set(sum(counts.values()))
+    metrics.STUCK_CALLS.set(sum(figures.calls for figures in stuck.values()))
+    metrics.STUCK_CALL_MAX_SECONDS.set(max((f.longest_s for f in stuck.values()), default=0))
     for group_id in exported.members - counts.keys():
         metrics.GROUP_MEMBERS.remove(group_id)
+        metrics.MEMBER_STUCK_CALLS.remove(group_id)
+        metrics.MEMBER_STUCK_CALL_MAX_SECONDS.remove(group_id)
+    none_stuck = stuck_repository.StuckFigures(0, 0.0)
     for group_id, count in counts.items():
         metrics.GROUP_MEMBERS.labels(group_id).set(count)
+        figures = stuck.get(group_id, none_stuck)
+        metrics.MEMBER_STUCK_CALLS.labels(group_id).set(figures.calls)
+        metrics.MEMBER_STUCK_CALL_MAX_SECONDS.labels(group_id).set(figures.longest_s)
     exported.members = set(counts)
     if lag_cluster is None or not stable:
         return

@@ -10,13 +10,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from coordinator.core.assignment import Slice, slices_to_wire
 from coordinator.core.membership import expiry_reasons, group_state
 from coordinator.errors import GroupIdNotFound, UnknownMemberId
-from coordinator.groups import repository
+from coordinator.groups import repository, stuck_repository
 from coordinator.groups.schemas import (
     GroupDescription,
     MemberDescription,
     RebalanceReply,
     RemovedMemberReply,
     SliceJson,
+    StuckCallDescription,
 )
 from coordinator.groups.settle import (
     lock_existing_group,
@@ -32,11 +33,36 @@ def _slices_json(slices: tuple[Slice, ...]) -> list[SliceJson]:
     return [SliceJson.model_validate(s) for s in slices_to_wire(slices)]
 
 
+def _stuck_calls(report: stuck_repository.StuckReport | None) -> list[StuckCallDescription]:
+    """A member's report, aged to now and in key order, each call also said in one line."""
+    if report is None:
+        return []
+    described = []
+    for call in sorted(
+        report.calls, key=lambda c: (c["topic"], c["partition"], c["key_hash"], c["offset"])
+    ):
+        running_for_s = call["running_s"] + report.age_s
+        described.append(
+            StuckCallDescription(
+                **call,
+                reported_at=report.reported_at,
+                report_age_s=round(report.age_s, 3),
+                running_for_s=round(running_for_s, 3),
+                summary=(
+                    f"slice {call['topic']}[{call['partition']}] key hash {call['key_hash']} "
+                    f"held by a stuck call at offset {call['offset']} for {running_for_s:.1f} s"
+                ),
+            )
+        )
+    return described
+
+
 async def describe(connection: AsyncConnection, group_id: str) -> GroupDescription:
     group = await repository.find_group(connection, group_id, lock=False)
     if group is None:
         raise GroupIdNotFound(f"group '{group_id}' does not exist")
     members = await repository.read_members(connection, group_id, live_only=True)
+    stuck = await stuck_repository.read_stuck(connection, group_id)
     return GroupDescription(
         group_id=group_id,
         state=group_state(group, members),
@@ -62,6 +88,7 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
                 owned=_slices_json(m.owned),
                 assigned=_slices_json(m.assigned),
                 target=_slices_json(m.target),
+                stuck=_stuck_calls(stuck.get(m.member_id)),
             )
             for m in members
         ],

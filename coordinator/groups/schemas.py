@@ -24,6 +24,7 @@ from coordinator.validation import (
     Label,
     MemberEpoch,
     MemberId,
+    Offset,
     PartitionId,
     TopicName,
 )
@@ -33,6 +34,8 @@ MAX_SUBSCRIBED_TOPICS = 10_000
 MAX_OWNED_SLICES = 100_000
 MAX_RANGES_PER_SLICE = 10_000
 MAX_REGEX_CHARS = 1_000
+# A member reports one entry per key its threads cannot stop: a handful, even on a bad day.
+MAX_STUCK_CALLS = 1_000
 
 KeyRangeJson = tuple[KeyHash, KeyHash]
 
@@ -54,6 +57,19 @@ class SliceJson(StrictModel):
         return self
 
 
+class StuckCallJson(StrictModel):
+    """A call of the member's user code still running on a key of a slice it was asked to
+    give up: it holds that key, and the slice, until it ends (DESIGN §5, "Release means
+    nothing of it runs")."""
+
+    topic: TopicName
+    partition: PartitionId
+    key_hash: KeyHash
+    offset: Offset
+    # Seconds the call has been running when the member sent the heartbeat.
+    running_s: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+
+
 class HeartbeatRequest(StrictModel):
     member_id: MemberId | None = None
     member_epoch: MemberEpoch
@@ -72,6 +88,8 @@ class HeartbeatRequest(StrictModel):
     # How long the member is willing to wait for a change before the reply (prompt
     # hand-offs, docs/api.md); the coordinator waits at most the member's heartbeat interval.
     wait_ms: Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)] | None = None
+    # The member's stuck calls now: None leaves what it last reported, [] clears it.
+    stuck: Annotated[list[StuckCallJson], Field(max_length=MAX_STUCK_CALLS)] | None = None
 
     @field_validator("subscribed_topic_regex")
     @classmethod
@@ -120,6 +138,23 @@ class HeartbeatReply(BaseModel):
     idle: IdleReply | None = None
 
 
+class StuckCallDescription(BaseModel):
+    """A stuck call as its member last reported it, aged to the moment of the description
+    (docs/api.md, "Stuck calls")."""
+
+    topic: str
+    partition: int
+    key_hash: int
+    offset: int
+    # As reported; ``running_for_s`` adds the report's age: the member keeps a call in its
+    # list until it ends, so a live member's report still holds.
+    running_s: float
+    reported_at: datetime
+    report_age_s: float
+    running_for_s: float
+    summary: str
+
+
 class MemberDescription(BaseModel):
     member_id: str
     instance_id: str | None
@@ -137,6 +172,7 @@ class MemberDescription(BaseModel):
     owned: list[SliceJson]
     assigned: list[SliceJson]
     target: list[SliceJson]
+    stuck: list[StuckCallDescription] = Field(default_factory=list)
 
 
 class GroupDescription(BaseModel):

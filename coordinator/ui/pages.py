@@ -21,3 +21,4 @@ templates = Environment(
 templates.filters["thousands"] = lambda value: f"{value:,}"
 templates.filters["percent"] = lambda fraction: f"{fraction * 100:.1f}%"
 templates.filters["at"] = lambda fraction: f"{fraction * 1000:.3f}"
+templates.filters["seconds"] = lambda seconds: f"{seconds:,.1f} s"

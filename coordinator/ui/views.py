@@ -14,7 +14,7 @@ from coordinator.admin.schemas import (
     GroupSummary,
     TopicConfigReply,
 )
-from coordinator.groups.schemas import SliceJson
+from coordinator.groups.schemas import MemberDescription, SliceJson
 from coordinator.ui.drawing import (
     UNOWNED_COLOUR,
     OffsetAxis,
@@ -74,6 +74,28 @@ class MemberRow:
     last_heartbeat: datetime
     colour: str
     key_share: float
+    stuck_calls: int
+
+
+# A stuck call's mark on the key-space bar, in thousandths of the bar: wide enough to see
+# for a single hash, kept inside the bar at its right end.
+STUCK_MARK_WIDTH = 0.003
+
+
+@dataclass(frozen=True)
+class StuckMark:
+    """A call still running on a key of a slice its member was asked to give up: the key's
+    slice stays with that member until the call ends (docs/operations.md, "Stuck calls")."""
+
+    member_id: str
+    client_id: str | None
+    colour: str
+    key_hash: int
+    offset: int
+    running_for_s: float
+    report_age_s: float
+    summary: str
+    at: float  # where the key hash sits on the key-space bar
 
 
 @dataclass(frozen=True)
@@ -117,6 +139,7 @@ class PartitionView:
     partition: int
     segments: list[BarSegment]
     offsets: OffsetsView | None  # None: nothing committed yet
+    stuck: list[StuckMark]
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,10 @@ class GroupPage:
     @property
     def empty(self) -> bool:
         return not self.members
+
+    @property
+    def stuck_calls(self) -> int:
+        return sum(member.stuck_calls for member in self.members)
 
     @property
     def total_lag(self) -> int | None:
@@ -156,9 +183,10 @@ def group_page(
         for piece in member.owned:
             owned[(piece.topic, piece.partition)][member.member_id] = list(piece.ranges)
     offsets = {(item.topic, item.partition): item for item in description.partitions}
+    stuck = _stuck_marks(description.members, colours)
     partitions = [
-        _partition_view(key, owned.get(key, {}), offsets.get(key), colours)
-        for key in sorted(owned.keys() | offsets.keys())
+        _partition_view(key, owned.get(key, {}), offsets.get(key), colours, stuck.get(key, []))
+        for key in sorted(owned.keys() | offsets.keys() | stuck.keys())
     ]
     members = [
         MemberRow(
@@ -170,6 +198,7 @@ def group_page(
             last_heartbeat=member.last_heartbeat,
             colour=colours[member.member_id],
             key_share=_key_share(member.owned, len(partitions)),
+            stuck_calls=len(member.stuck),
         )
         for member in sorted(description.members, key=lambda member: member.member_id)
     ]
@@ -182,6 +211,33 @@ def group_page(
         partitions=partitions,
         topics=list(topic_configs),
     )
+
+
+def _stuck_marks(
+    members: Iterable[MemberDescription], colours: dict[str, str]
+) -> dict[TopicPartition, list[StuckMark]]:
+    """Each partition's stuck calls, longest running first."""
+    marks: dict[TopicPartition, list[StuckMark]] = defaultdict(list)
+    for member in members:
+        for call in member.stuck:
+            marks[(call.topic, call.partition)].append(
+                StuckMark(
+                    member_id=member.member_id,
+                    client_id=member.client_id,
+                    colour=colours[member.member_id],
+                    key_hash=call.key_hash,
+                    offset=call.offset,
+                    running_for_s=call.running_for_s,
+                    report_age_s=call.report_age_s,
+                    summary=call.summary,
+                    at=min(
+                        key_range_span(call.key_hash, call.key_hash).start, 1 - STUCK_MARK_WIDTH
+                    ),
+                )
+            )
+    for calls in marks.values():
+        calls.sort(key=lambda mark: (-mark.running_for_s, mark.key_hash))
+    return marks
 
 
 def _key_share(owned: Iterable[SliceJson], partition_count: int) -> float:
@@ -199,6 +255,7 @@ def _partition_view(
     owners: dict[str, list[tuple[int, int]]],
     offsets: AdminPartitionOffsets | None,
     colours: dict[str, str],
+    stuck: list[StuckMark],
 ) -> PartitionView:
     segments = [
         BarSegment(
@@ -212,7 +269,7 @@ def _partition_view(
     ]
     topic, partition = key
     return PartitionView(
-        topic, partition, segments, None if offsets is None else _offsets_view(offsets)
+        topic, partition, segments, None if offsets is None else _offsets_view(offsets), stuck
     )
 
 

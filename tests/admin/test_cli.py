@@ -67,11 +67,11 @@ def rows_by(table: Table, *key: str) -> list[dict[str, str]]:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def shared_group(
+async def shared_members(
     cli_cluster: CliCluster, kafka_bootstrap: str, cluster_metadata: ClusterMetadata
-) -> AsyncIterator[tuple[str, str, list[str]]]:
+) -> AsyncIterator[tuple[str, str, list[HeartbeatingMember]]]:
     """A group of three live members sharing the one partition of its topic, with offsets, an
-    IC range and a watermark piece stored there: the group, the topic, the members' ids."""
+    IC range and a watermark piece stored there: the group, the topic, the members."""
     api = cli_cluster.api
     topic = cli_cluster.group("cli-shared")
     await cluster_metadata.create_topic(topic, 1)
@@ -91,10 +91,19 @@ async def shared_group(
 
     try:
         await until(shared, 30, "three members sharing the partition")
-        yield group, topic, [str(member.member_id) for member in members]
+        yield group, topic, members
     finally:
         for member in members:
             await member.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_group(
+    shared_members: tuple[str, str, list[HeartbeatingMember]],
+) -> tuple[str, str, list[str]]:
+    """The shared group, its topic and its members' ids."""
+    group, topic, members = shared_members
+    return group, topic, [str(member.member_id) for member in members]
 
 
 async def test_describe_shows_offsets_lag_and_the_owner_of_every_key_range(
@@ -126,6 +135,51 @@ async def test_describe_shows_offsets_lag_and_the_owner_of_every_key_range(
     assert bounds[0][0] == 0 and bounds[-1][1] == HASH_SPACE - 1
     assert all(later[0] == earlier[1] + 1 for earlier, later in itertools.pairwise(bounds))
     assert {row["MEMBER-ID"] for row in rows_by(members, "MEMBER-ID")} == set(member_ids)
+
+
+async def test_describe_lists_stuck_calls_with_their_member_key_offset_and_age(
+    cli_cluster: CliCluster,
+    shared_members: tuple[str, str, list[HeartbeatingMember]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    group, topic, heartbeating = shared_members
+    holder = heartbeating[1]
+    key_hash = 2**62 + 5
+    holder.report_stuck(
+        [{"topic": topic, "partition": 0, "key_hash": key_hash, "offset": 33, "running_s": 61.5}]
+    )
+
+    async def described_calls() -> list[dict[str, object]]:
+        reply = (await cli_cluster.api.get(f"/v1/admin/groups/{group}")).json()
+        return [call for member in reply["members"] for call in member["stuck"]]
+
+    await until(described_calls, 30, "the stuck call to be reported")
+    try:
+        assert await run_cli(*admin(cli_cluster, "describe", group)) == 0
+        *_, members, stuck = tables(capsys.readouterr().out)
+        assert len(rows_by(members, "MEMBER-ID")) == MEMBERS
+        (row,) = rows_by(stuck, "MEMBER-ID")
+        running_for, age = float(row.pop("RUNNING-FOR-S")), float(row.pop("REPORT-AGE-S"))
+        assert row == {
+            "MEMBER-ID": str(holder.member_id),
+            "CLIENT-ID": "worker-1",
+            "HOST": "127.0.0.1",
+            "TOPIC": topic,
+            "PARTITION": "0",
+            "KEY-HASH": str(key_hash),
+            "OFFSET": "33",
+        }
+        assert 0 <= age < 30
+        assert running_for == pytest.approx(61.5 + age, abs=0.11)
+    finally:
+        holder.report_stuck([])
+
+        async def cleared() -> bool:
+            return not await described_calls()
+
+        await until(cleared, 30, "the stuck call to be cleared")
+    assert await run_cli(*admin(cli_cluster, "describe", group)) == 0
+    assert len(tables(capsys.readouterr().out)) == 4, "no stuck table when nothing is stuck"
 
 
 async def test_json_output_is_the_api_reply_as_it_came(

@@ -76,3 +76,52 @@ def test_an_owned_partition_without_offsets_and_an_unknown_watermark_show_a_dash
     ]
     assert [(row[0], row[-1]) for row in members] == [("a", "1"), ("b", "2")]
     assert members[0][5:7] == ["2026-11-25", "03:29:16+00:00"]
+
+
+def test_stuck_calls_are_a_table_of_their_own_naming_member_key_offset_and_age() -> None:
+    holder = member("b", (0, [[2 * QUARTER, END]]))
+    holder["stuck"] = [
+        {
+            "topic": "orders",
+            "partition": 0,
+            "key_hash": 2 * QUARTER + 9,
+            "offset": 1234,
+            "running_s": 70.0,
+            "reported_at": "2026-11-25T03:29:16.123456+00:00",
+            "report_age_s": 2.04,
+            "running_for_s": 72.04,
+            "summary": "slice orders[0] key hash … held by a stuck call at offset 1234 for 72.0 s",
+        }
+    ]
+    printed = views.group({**DESCRIPTION, "members": [member("a"), holder]})
+    *_, members, stuck = printed.split("\n\n")
+    header, row = stuck.splitlines()
+    assert header.split() == [
+        "MEMBER-ID",
+        "CLIENT-ID",
+        "HOST",
+        "TOPIC",
+        "PARTITION",
+        "KEY-HASH",
+        "OFFSET",
+        "RUNNING-FOR-S",
+        "REPORT-AGE-S",
+    ]
+    assert row.split() == [
+        "b",
+        "client-b",
+        "10.0.0.1",
+        "orders",
+        "0",
+        str(2 * QUARTER + 9),
+        "1234",
+        "72.0",
+        "2.0",
+    ]
+    assert len(members.splitlines()) == 3
+
+
+def test_no_stuck_table_for_a_group_without_stuck_calls_or_from_an_older_coordinator() -> None:
+    assert len(views.group(DESCRIPTION).split("\n\n")) == 4
+    quiet = {**DESCRIPTION, "members": [{**member("a"), "stuck": []}]}
+    assert len(views.group(quiet).split("\n\n")) == 4

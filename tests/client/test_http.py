@@ -15,7 +15,7 @@ from aiokafka.structs import TopicPartition
 from fastapi import FastAPI
 
 from client import errors
-from client.http import CoordinatorClient, HeartbeatRequest, PartitionCommit
+from client.http import CoordinatorClient, HeartbeatRequest, PartitionCommit, StuckCall
 from client.protocol.committed import CommittedOffsets, Watermark
 from client.protocol.keyspace import KeyRange
 from coordinator.app import create_app
@@ -208,6 +208,48 @@ async def test_an_anonymous_join_is_sent_once_but_a_heartbeat_is_retried() -> No
     assert reply.assignment == {TopicPartition("t", 0): [KeyRange(0, 9)]}
     sent = json.loads(stub.requests[-1].content)
     assert sent["owned"] == [{"topic": "t", "partition": 0, "ranges": [[0, 9]]}]
+
+
+def test_stuck_calls_are_sent_only_when_reported() -> None:
+    """None (nothing new to say) sends no field, so a coordinator older than stuck calls
+    never sees one from a member with nothing stuck; an empty report clears."""
+    plain = HeartbeatRequest(member_epoch=3, member_id="m-1")
+    assert "stuck" not in plain.to_json()
+    assert HeartbeatRequest(member_epoch=3, member_id="m-1", stuck=()).to_json()["stuck"] == []
+    call = StuckCall("orders", 2, 2**63 - 1, 41, 12.5)
+    sent = HeartbeatRequest(member_epoch=3, member_id="m-1", stuck=[call]).to_json()
+    assert sent["stuck"] == [
+        {"topic": "orders", "partition": 2, "key_hash": 2**63 - 1, "offset": 41, "running_s": 12.5}
+    ]
+    assert json.loads(json.dumps(sent)) == sent
+
+
+async def test_a_reported_stuck_call_reaches_the_coordinators_description(
+    coordinator: CoordinatorClient, coordinator_app: FastAPI
+) -> None:
+    g = group()
+    joined = await coordinator.heartbeat(
+        g, HeartbeatRequest(member_epoch=0, subscribed_topics=["t"])
+    )
+    await coordinator.heartbeat(
+        g,
+        HeartbeatRequest(
+            member_epoch=joined.member_epoch,
+            member_id=joined.member_id,
+            stuck=[StuckCall("t", 0, 77, 1234, 8.0)],
+        ),
+    )
+    transport = httpx.ASGITransport(app=coordinator_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://c") as admin:
+        described = (await admin.get(f"/v1/admin/groups/{g}")).json()
+    (stuck,) = described["members"][0]["stuck"]
+    assert (stuck["topic"], stuck["partition"], stuck["key_hash"], stuck["offset"]) == (
+        "t",
+        0,
+        77,
+        1234,
+    )
+    assert stuck["running_s"] == 8.0
 
 
 async def test_an_unreachable_coordinator_is_coordinator_unavailable() -> None:

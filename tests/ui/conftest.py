@@ -43,6 +43,7 @@ class HeartbeatingMember:
         self.owned: list[dict[str, Any]] = []
         self.removed = False
         self._task: asyncio.Task[None] | None = None
+        self._stuck: list[dict[str, Any]] | None = None
 
     async def start(self) -> None:
         reply = await self.api.post(
@@ -58,13 +59,18 @@ class HeartbeatingMember:
         self._accept(reply.json())
         self._task = asyncio.create_task(self._beat())
 
+    def report_stuck(self, calls: list[dict[str, Any]]) -> None:
+        """Send these stuck calls with the next heartbeat (docs/api.md, "Stuck calls"), as a
+        client whose handler will not return would."""
+        self._stuck = calls
+
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(0.2)
-            reply = await self.api.post(
-                f"/v1/groups/{self.group}/heartbeat",
-                json={"member_id": self.member_id, "member_epoch": self.epoch, "owned": self.owned},
-            )
+            body = {"member_id": self.member_id, "member_epoch": self.epoch, "owned": self.owned}
+            if self._stuck is not None:
+                body["stuck"], self._stuck = self._stuck, None
+            reply = await self.api.post(f"/v1/groups/{self.group}/heartbeat", json=body)
             if reply.status_code == 409:  # removed by an admin: a real client would rejoin
                 self.removed = True
                 return

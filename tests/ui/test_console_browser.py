@@ -137,6 +137,67 @@ async def test_the_group_page_draws_who_owns_which_keys_and_the_offsets(
     await browser.run(browser.screenshot, "console-group")
 
 
+async def test_a_member_whose_call_is_stuck_shows_the_key_it_holds_and_for_how_long(
+    browser: Browser, live_console: LiveConsole
+) -> None:
+    holder = live_console.members[0]
+    assert holder.member_id is not None
+    (first_hash, _), *_ = owners(await live_console.describe())[holder.member_id]
+    holder.report_stuck(
+        [
+            {
+                "topic": live_console.topic,
+                "partition": 0,
+                "key_hash": first_hash,
+                "offset": 12,
+                "running_s": 42.5,
+            }
+        ]
+    )
+
+    async def reported() -> bool:
+        described = await live_console.describe()
+        return any(m["stuck"] for m in described["members"])
+
+    await until(reported, 30, "the stuck call to be reported")
+    try:
+        await browser.run(browser.open, f"{live_console.url}/ui/groups/{live_console.group}")
+        call = f'li.stuck-call[data-member="{holder.member_id}"]'
+        await browser.run(browser.wait_for, lambda _: browser.css(call), "the stuck call's line")
+        assert await browser.run(browser.text_of, f"{call} .key-hash") == str(first_hash)
+        assert await browser.run(browser.text_of, f"{call} .offset") == "12"
+        running_for = await browser.run(browser.text_of, f"{call} .running-for")
+        assert running_for.endswith(" s") and float(running_for[:-2]) >= 42.5, running_for
+        line = await browser.run(browser.text_of, call)
+        assert f"held by a stuck call at offset 12 for {running_for}" in line, line
+        assert holder.member_id in line and "(client worker-0)" in line, line
+        row = f'#members tr[data-member="{holder.member_id}"] .stuck'
+        assert await browser.run(browser.text_of, row) == "1 stuck"
+        for other in live_console.members[1:]:
+            quiet = f'#members tr[data-member="{other.member_id}"] .stuck'
+            assert await browser.run(browser.text_of, quiet) == "-"
+        assert "1 stuck call still running" in await browser.run(browser.text_of, "#stuck-warning")
+        marks = await browser.run(
+            browser.attributes,
+            f'section[data-topic="{live_console.topic}"] rect.stuck-mark',
+            "data-key-hash",
+        )
+        assert marks == [str(first_hash)]
+        await browser.run(browser.screenshot, "console-stuck-call")
+    finally:
+        holder.report_stuck([])
+
+        async def cleared() -> bool:
+            described = await live_console.describe()
+            return not any(m["stuck"] for m in described["members"])
+
+        await until(cleared, 30, "the stuck call to be cleared")
+    await browser.run(
+        browser.wait_for, lambda _: not browser.css("li.stuck-call"), "the line to go"
+    )
+    assert not await browser.run(browser.css, "#stuck-warning")
+
+
 async def test_removing_a_member_hands_its_keys_to_the_others(
     browser: Browser, live_console: LiveConsole
 ) -> None:

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 from client.protocol.keyspace import HASH_MAX
 from coordinator.admin.schemas import AdminGroupDescription, AdminPartitionOffsets, GroupSummary
-from coordinator.groups.schemas import MemberDescription, SliceJson
+from coordinator.groups.schemas import MemberDescription, SliceJson, StuckCallDescription
 from coordinator.ui.drawing import UNOWNED_COLOUR
+from coordinator.ui.pages import templates
 from coordinator.ui.views import group_page, group_rows, topics_of
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -115,3 +116,60 @@ def test_topic_configs_cover_subscriptions_and_committed_topics() -> None:
     described = description(offsets(0, 5, 9))
     described.partitions.append(offsets(0, 1, 2).model_copy(update={"topic": "audit"}))
     assert topics_of(described) == ["audit", "orders"]
+
+
+def stuck(partition: int, key_hash: int, offset: int, running_s: float) -> StuckCallDescription:
+    return StuckCallDescription(
+        topic="orders",
+        partition=partition,
+        key_hash=key_hash,
+        offset=offset,
+        running_s=running_s,
+        reported_at=NOW,
+        report_age_s=2.0,
+        running_for_s=running_s + 2.0,
+        summary=f"slice orders[{partition}] key hash {key_hash} held by a stuck call at "
+        f"offset {offset} for {running_s + 2.0:.1f} s",
+    )
+
+
+def test_stuck_calls_are_counted_per_member_and_marked_on_their_partitions() -> None:
+    described = description(offsets(0, 5, 9))
+    holder = described.members[1]  # m-a, owning half of partition 0 and all of partition 1
+    holder.stuck = [stuck(0, 12345, 7, 40.0), stuck(1, HASH_MAX, 2_500, 4.5), stuck(0, 9, 8, 95)]
+    page = group_page(described, [])
+
+    assert page.stuck_calls == 3
+    assert [(row.member_id, row.stuck_calls) for row in page.members] == [("m-a", 3), ("m-b", 0)]
+    first, second = page.partitions
+    assert [(m.key_hash, m.offset, m.running_for_s) for m in first.stuck] == [
+        (9, 8, 97.0),
+        (12345, 7, 42.0),
+    ], "longest running first"
+    assert {m.member_id for m in first.stuck} == {"m-a"}
+    assert first.stuck[0].colour == page.members[0].colour
+    assert first.stuck[1].at == 12345 / 2**63
+    (last,) = second.stuck
+    assert last.at == 1 - 0.003, "the last hash's mark stays inside the bar"
+
+    html = templates.get_template("group.html").render(page=page)
+    assert 'id="stuck-warning">3 stuck calls still running' in html
+    assert '<span class="badge stuck-badge">3 stuck</span>' in html
+    assert html.count('<li class="stuck-call"') == 3
+    assert f'data-member="m-a" data-key-hash="{HASH_MAX}" data-offset="2500"' in html, (
+        "the call on partition 1"
+    )
+    words = " ".join(html.split())
+    assert (
+        'key hash <strong class="key-hash">12345</strong> held by a stuck call at offset '
+        '<strong class="offset">7</strong> for <strong class="running-for">42.0 s</strong>'
+    ) in words
+    assert "<title>slice orders[0] key hash 9 held by a stuck call at offset 8 for 97.0 s" in html
+
+
+def test_a_group_without_stuck_calls_shows_no_warning() -> None:
+    page = group_page(description(offsets(0, 5, 9)), [])
+    assert page.stuck_calls == 0
+    assert all(not view.stuck for view in page.partitions)
+    html = templates.get_template("group.html").render(page=page)
+    assert "stuck-warning" not in html and "stuck-call" not in html
