@@ -46,7 +46,7 @@ from client.dispatch import Dispatcher, Engine, Handler
 from client.errors import ConsumerStopped, InvalidRequest, KeyrangeClientError, NoOffsetForPartition
 from client.fetcher import Fetcher, OutsideLog, Record
 from client.handout import HandedOut
-from client.http import CoordinatorClient, Slices
+from client.http import CoordinatorClient, Slices, StuckCall
 from client.log_reset import OutsideLogReset
 from client.membership import Membership, Reconciler, slices_minus
 from client.protocol.keyspace import KeyRange, normalize
@@ -601,6 +601,15 @@ class KeyrangeConsumer:
             await self._gate.until_ended(slices, _HOLD_WARNING_INTERVAL_S)
         self._stuck = [call for call in self._stuck if self._gate.is_running(call)]
         return True
+
+    def stuck_report(self) -> list[StuckCall]:
+        now = time.monotonic()
+        return [
+            StuckCall(
+                call.tp.topic, call.tp.partition, call.hashed, call.offset, call.running_s(now)
+            )
+            for call in self.stuck_calls()
+        ]
 
     def stuck_calls(self) -> list[Running]:
         """Calls that cannot be stopped, holding keys of slices this member gave up (or the

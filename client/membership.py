@@ -40,7 +40,14 @@ from client.errors import (
     KeyrangeClientError,
     UnknownMemberId,
 )
-from client.http import CoordinatorClient, HeartbeatReply, HeartbeatRequest, IdleNotice, Slices
+from client.http import (
+    CoordinatorClient,
+    HeartbeatReply,
+    HeartbeatRequest,
+    IdleNotice,
+    Slices,
+    StuckCall,
+)
 from client.protocol.epochs import JOIN_EPOCH, LEAVE_EPOCH
 from client.protocol.keyspace import KeyRange, normalize, subtract
 
@@ -79,6 +86,10 @@ class SliceOwner(Protocol):
     def withhold(self) -> None:
         """Hand nothing more out, at once: the membership was just lost. Called before
         ``lose_all``, which drops the slices themselves once it gets its turn."""
+
+    def stuck_report(self) -> list[StuckCall]:
+        """Calls that cannot be stopped, holding keys of slices being given up, for the
+        coordinator to show (docs/api.md, "Stuck calls")."""
 
 
 def slices_minus(left: Mapping[TopicPartition, Sequence[KeyRange]], right: Slices) -> Slices:
@@ -218,6 +229,9 @@ class Membership:
         self._beat_again_now = False
         # Why this member gets nothing, as last logged; forgotten once it gets something.
         self._idle_logged: IdleNotice | None = None
+        # The stuck calls last reported (which calls, not how long they ran): a heartbeat
+        # reports them again only when they change, an empty list clearing them.
+        self._stuck_reported: frozenset[tuple[str, int, int, int]] = frozenset()
         # Set from the moment the membership is known lost (deadline passed, fenced, unknown)
         # until every slice has been dropped: nothing may be handed out in between.
         self._lost = False
@@ -379,6 +393,7 @@ class Membership:
             session_timeout_ms=self._requested_session_ms,
             owned=self._owner.owned_slices(),
             wait_ms=int(wait_s * 1000) or None,
+            stuck=self._stuck(),
         )
         sent_at = time.monotonic()
         # Bounded by what is left of the session: past it the slices are lost anyway, and the
@@ -434,6 +449,17 @@ class Membership:
         self._log_idle(reply)
         self.reconciler.set_target(reply.assignment)
         return None
+
+    def _stuck(self) -> list[StuckCall] | None:
+        """The stuck calls when they changed since the last report (an empty list once they
+        have all ended), else nothing: the coordinator ages a report itself, and an older
+        coordinator never sees the field from a member with nothing stuck."""
+        stuck = self._owner.stuck_report()
+        calls = frozenset((c.topic, c.partition, c.key_hash, c.offset) for c in stuck)
+        if calls == self._stuck_reported:
+            return None
+        self._stuck_reported = calls
+        return stuck
 
     def _log_idle(self, reply: HeartbeatReply) -> None:
         """Once per reason: a member left idle by a switch is otherwise silent, and looks

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiokafka.structs import TopicPartition
 
@@ -278,6 +279,20 @@ async def test_a_thread_call_past_the_drain_timeout_holds_only_its_key_until_it_
                 }
                 assert gauges["keyrange_worker_stuck_calls"] == len(held)
                 assert gauges["keyrange_worker_stuck_call_max_seconds"] > 1.0
+
+                async def reported() -> set[int]:
+                    async with httpx.AsyncClient(base_url=coordinator_url) as api:
+                        reply = await api.get(f"/v1/admin/groups/{group_id}")
+                    return {
+                        call["key_hash"]
+                        for member in reply.json()["members"]
+                        for call in member["stuck"]
+                    }
+
+                async def shown() -> bool:
+                    return await reported() == held
+
+                await until(shown, 30, "the coordinator to show the stuck calls")
                 named = client_log.saying("a call that cannot be stopped holds its key")
                 assert {record.key_hash for record in named} == held  # type: ignore[attr-defined]
                 assert all(r.group_id == group_id for r in named)  # type: ignore[attr-defined]
@@ -294,6 +309,11 @@ async def test_a_thread_call_past_the_drain_timeout_holds_only_its_key_until_it_
                     60,
                     "everything committed",
                 )
+
+                async def cleared() -> bool:
+                    return await reported() == set()
+
+                await until(cleared, 30, "the coordinator to clear the stuck calls")
     finally:
         release.set()
     assert not first.consumer.stuck_calls()
