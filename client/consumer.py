@@ -48,10 +48,11 @@ from client.fetcher import Fetcher, OutsideLog, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices, StuckCall
 from client.log_reset import OutsideLogReset
-from client.membership import Membership, Reconciler, slices_minus
+from client.membership import Membership, Reconciler
 from client.protocol.keyspace import KeyRange, normalize
 from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
-from client.runtime.gate import OwnershipGate, Running, pieces_of
+from client.release import SliceRelease, describe
+from client.runtime.gate import OwnershipGate, Running
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]
@@ -61,12 +62,6 @@ logger = logging.getLogger(__name__)
 # Time for the final commit and the leave after in-flight handlers had revoke_timeout_s:
 # a few HTTP calls with their retries.
 _CLOSE_GRACE_S = 30.0
-# How often a call that cannot be stopped, holding its key, is named again in the log: often
-# enough that an operator watching sees it is still there, rarely enough not to flood.
-_HOLD_WARNING_INTERVAL_S = 10.0
-# How long calls that were just stopped (cancelled, their process killed) get to be seen
-# ending before a revocation counts them as calls that cannot be stopped.
-_STOPPED_CALLS_GRACE_S = 1.0
 
 
 class RebalanceListener:
@@ -195,16 +190,25 @@ class KeyrangeConsumer:
         self._handed = HandedOut()
         # Asked by every runtime right before user code starts a record (DESIGN §5).
         self._gate = OwnershipGate(self._session_deadline)
-        # Calls that cannot be stopped, holding their keys after the slice was revoked.
-        self._stuck: list[Running] = []
-        self._holds: set[asyncio.Task[None]] = set()
-        self._held: Slices = {}
         self._committer = Committer(
             self._client, group_id, self._tracker, may_commit=self._may_hand_out
         )
         self._last_auto: Record | None = None
         self._changed: asyncio.Future[None] | None = None
         self._dispatchers: set[Engine] = set()
+        self._releasing = SliceRelease(
+            group_id,
+            self._tracker,
+            self._fetcher,
+            self._handed,
+            self._gate,
+            self._committer,
+            engines=self._dispatchers,
+            withdraw=self._withdraw,
+            revoked_listener=self._revoked_listener,
+            wake=self._wake_membership,
+            revoke_timeout_s=revoke_timeout_s,
+        )
         self._membership: Membership | None = None
         self._reconciler: Reconciler | None = None
         self._standalone_target: Slices | None = None
@@ -282,8 +286,7 @@ class KeyrangeConsumer:
         try:
             if self._reconciler is not None:
                 await self._reconciler.stop()
-            for hold in list(self._holds):
-                hold.cancel()
+            self._releasing.cancel_holds()
             try:
                 # Bounded, so an engine whose shutdown hangs cannot hang this one.
                 async with asyncio.timeout(self._revoke_timeout_s + _CLOSE_GRACE_S):
@@ -294,7 +297,7 @@ class KeyrangeConsumer:
                     "the processing engine did not finish in time",
                     extra={"group_id": self._group_id, "bound_s": self._revoke_timeout_s},
                 )
-            await self._hold(None)
+            await self._releasing.hold(None)
             try:
                 async with asyncio.timeout(_CLOSE_GRACE_S):
                     await self._commit_and_leave()
@@ -496,7 +499,7 @@ class KeyrangeConsumer:
             # Keys kept for a call that could not be stopped, granted back: ours again; the
             # runtime runs the key's next record only after that call (one chain per key).
             self._tracker.remove_inactive(added)
-            self._held = slices_minus(self._held, added)
+            self._releasing.granted_again(added)
             for tp, ranges in added.items():
                 state = committed.get(tp)
                 for keys in normalize(ranges):
@@ -506,115 +509,21 @@ class KeyrangeConsumer:
             self._fetcher.sync(seek=added)
         logger.info(
             "slices assigned",
-            extra={"group_id": self._group_id, "slices": _describe(added)},
+            extra={"group_id": self._group_id, "slices": describe(added)},
         )
         self._notify()
         await self._call_listener(self._listener.on_slices_assigned, added)
 
     async def release(self, revoked: Slices) -> None:
-        """Give ``revoked`` up: nothing of it starts from now on; records in processing get
-        ``revoke_timeout_s`` to finish; then calls that can be stopped are, and the keys of
-        calls that cannot (a handler on a thread) stay owned, as single-hash slices, until
-        those calls end (DESIGN §5: a slice is released only when none of its keys runs).
-        The rest is committed and released at once."""
-        async with self._fetcher.lock:
-            for tp, ranges in revoked.items():
-                self._tracker.deactivate(tp, ranges)
-            self._gate.revoke(revoked)
-            self._withdraw(revoked)
-        held: Slices = {}
-        if not await self._handed.drain(revoked, self._revoke_timeout_s):
-            for engine in list(self._dispatchers):
-                await engine.stop_calls(revoked)
-            await self._gate.until_ended(revoked, _STOPPED_CALLS_GRACE_S)
-            held = pieces_of(self._gate.running_in(revoked))
-            if not held and self._handed.any_in(revoked):
-                # Handed out by ``async for`` or ``getmany`` and not marked: the consumer
-                # cannot see whether user code still works on them (docs/guarantees.md).
-                logger.warning(
-                    "revoke timeout: releasing slices with records handed out and not marked",
-                    extra={"group_id": self._group_id, "slices": _describe(revoked)},
-                )
-        await self._committer.commit(raise_errors=False)
-        released = slices_minus(revoked, held)
-        if released:
-            await self._call_listener(self._listener.on_slices_revoked, released)
-        async with self._fetcher.lock:
-            self._held = _union(self._held, held)
-            self._tracker.remove_inactive(revoked, keep=self._held)
-            self._handed.forget(released)
-            self._fetcher.sync(seek={})
-        logger.info(
-            "slices released",
-            extra={"group_id": self._group_id, "slices": _describe(released)},
-        )
-        if held:
-            hold = asyncio.create_task(self._release_when_ended(held), name="keyrange-hold")
-            self._holds.add(hold)
-            hold.add_done_callback(self._holds.discard)
-
-    async def _release_when_ended(self, held: Slices) -> None:
-        """Release the keys a revocation kept for calls that could not be stopped, once
-        those calls have ended."""
-        if not await self._hold(held):
-            return
-        await self._committer.commit(raise_errors=False)
-        await self._call_listener(self._listener.on_slices_revoked, held)
-        async with self._fetcher.lock:
-            self._held = slices_minus(self._held, held)
-            self._tracker.remove_inactive(held, keep=self._held)
-            self._handed.forget(held)
-        logger.info(
-            "held keys released", extra={"group_id": self._group_id, "slices": _describe(held)}
-        )
-        if self._membership is not None:
-            self._membership.wake()
-
-    async def _hold(self, slices: Slices | None) -> bool:
-        """Until no call of ``slices`` (of any slice with None) is in user code: True, or
-        False when the membership was lost meanwhile (its keys are gone; what still runs is
-        the frozen-mid-call case). Each call still running is named in a WARNING now and
-        then, reported to the coordinator (``stuck``) and counted by ``stuck_calls``."""
-        generation = self._gate.generation
-        warned_at = float("-inf")
-        while calls := self._gate.running_in(slices):
-            if self._gate.generation != generation:
-                return False
-            now = time.monotonic()
-            if now - warned_at >= _HOLD_WARNING_INTERVAL_S:
-                warned_at = now
-                self._stuck = _merge_stuck(self._stuck, calls)
-                for call in calls:
-                    logger.warning(
-                        "a call that cannot be stopped holds its key; the key moves once it ends",
-                        extra={
-                            "group_id": self._group_id,
-                            "topic": call.tp.topic,
-                            "partition": call.tp.partition,
-                            "key_hash": call.hashed,
-                            "offset": call.offset,
-                            "running_s": round(call.running_s(now), 3),
-                        },
-                    )
-                if self._membership is not None:
-                    self._membership.wake()
-            await self._gate.until_ended(slices, _HOLD_WARNING_INTERVAL_S)
-        self._stuck = [call for call in self._stuck if self._gate.is_running(call)]
-        return True
+        await self._releasing.release(revoked)
 
     def stuck_report(self) -> list[StuckCall]:
-        now = time.monotonic()
-        return [
-            StuckCall(
-                call.tp.topic, call.tp.partition, call.hashed, call.offset, call.running_s(now)
-            )
-            for call in self.stuck_calls()
-        ]
+        return self._releasing.stuck_report()
 
     def stuck_calls(self) -> list[Running]:
         """Calls that cannot be stopped, holding keys of slices this member gave up (or the
         leave): for metrics and for the coordinator to show."""
-        return [call for call in self._stuck if self._gate.is_running(call)]
+        return self._releasing.stuck_calls()
 
     def withhold(self) -> None:
         # Synchronous on purpose: it runs the instant the loss is known, before any other task
@@ -630,11 +539,11 @@ class KeyrangeConsumer:
             lost = self._tracker.clear()
             self.withhold()
             self._handed.clear()
-            self._held = {}
+            self._releasing.clear()
             self._fetcher.sync(seek={})
         if lost:
             logger.warning(
-                "slices lost", extra={"group_id": self._group_id, "slices": _describe(lost)}
+                "slices lost", extra={"group_id": self._group_id, "slices": describe(lost)}
             )
             await self._call_listener(self._listener.on_slices_lost, lost)
 
@@ -653,6 +562,13 @@ class KeyrangeConsumer:
 
     async def _reset_outside_log(self, outside: list[OutsideLog]) -> None:
         await self._outside_log_reset.apply(outside)
+
+    async def _revoked_listener(self, slices: Slices) -> None:
+        await self._call_listener(self._listener.on_slices_revoked, slices)
+
+    def _wake_membership(self) -> None:
+        if self._membership is not None:
+            self._membership.wake()
 
     def _withdraw(self, slices: Slices) -> None:
         """Take buffered and queued records of ``slices`` back from delivery."""
@@ -701,20 +617,3 @@ class KeyrangeConsumer:
 
 def _nothing() -> None:
     return None
-
-
-def _union(left: Slices, right: Slices) -> Slices:
-    union: Slices = {tp: list(ranges) for tp, ranges in left.items()}
-    for tp, ranges in right.items():
-        union[tp] = normalize([*union.get(tp, []), *ranges])
-    return union
-
-
-def _merge_stuck(known: list[Running], calls: list[Running]) -> list[Running]:
-    return known + [call for call in calls if call not in known]
-
-
-def _describe(slices: Slices) -> list[str]:
-    return [
-        f"{tp.topic}[{tp.partition}]{[str(r) for r in ranges]}" for tp, ranges in slices.items()
-    ]

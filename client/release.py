@@ -1,0 +1,199 @@
+"""Giving slices up as docs/design.md §5 asks: a slice is reported released only when no call
+of its keys runs, in any runtime on the consumer.
+
+A revocation first ends the slices' leases in the ownership gate, so nothing of them starts
+any more, and withdraws what is queued. Records in processing get ``revoke_timeout_s`` to
+finish; past it, the runtimes stop what can be stopped (``Engine.stop_calls``: a loop call
+cancelled, a process killed) and the gate shows what still runs: calls on threads, which
+nothing can stop. Their keys stay with this member as single-hash slices, reported as owned,
+so the heir gets the rest of the range at once; they are named in a WARNING now and then,
+counted for metrics, reported to the coordinator, and released once their calls end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Set
+
+from client.committer import Committer
+from client.dispatch import Engine
+from client.fetcher import Fetcher
+from client.handout import HandedOut
+from client.http import Slices, StuckCall
+from client.membership import slices_minus
+from client.protocol.keyspace import normalize
+from client.runtime.gate import OwnershipGate, Running, pieces_of
+from client.tracker import OffsetTracker
+
+logger = logging.getLogger("client.consumer")
+
+# How often a call that cannot be stopped, holding its key, is named again in the log: often
+# enough that an operator watching sees it is still there, rarely enough not to flood.
+HOLD_WARNING_INTERVAL_S = 10.0
+# How long calls that were just stopped (cancelled, their process killed) get to be seen
+# ending before a revocation counts them as calls that cannot be stopped.
+STOPPED_CALLS_GRACE_S = 1.0
+
+
+class SliceRelease:
+    """The consumer's revocations, and the keys held for calls that cannot be stopped."""
+
+    def __init__(
+        self,
+        group_id: str,
+        tracker: OffsetTracker,
+        fetcher: Fetcher,
+        handed: HandedOut,
+        gate: OwnershipGate,
+        committer: Committer,
+        *,
+        engines: Set[Engine],
+        withdraw: Callable[[Slices], None],
+        revoked_listener: Callable[[Slices], Awaitable[None]],
+        wake: Callable[[], None],
+        revoke_timeout_s: float,
+    ) -> None:
+        self._group_id = group_id
+        self._tracker = tracker
+        self._fetcher = fetcher
+        self._handed = handed
+        self._gate = gate
+        self._committer = committer
+        self._engines = engines
+        self._withdraw = withdraw
+        self._revoked_listener = revoked_listener
+        self._wake = wake
+        self._revoke_timeout_s = revoke_timeout_s
+        # Keys kept for calls that could not be stopped, and the tasks releasing them.
+        self._held: Slices = {}
+        self._holds: set[asyncio.Task[None]] = set()
+        self._stuck: list[Running] = []
+
+    async def release(self, revoked: Slices) -> None:
+        """Give ``revoked`` up: nothing of it starts from now on; records in processing get
+        ``revoke_timeout_s`` to finish; then calls that can be stopped are, and the keys of
+        calls that cannot stay owned, as single-hash slices, until those calls end. The rest
+        is committed and released at once."""
+        async with self._fetcher.lock:
+            for tp, ranges in revoked.items():
+                self._tracker.deactivate(tp, ranges)
+            self._gate.revoke(revoked)
+            self._withdraw(revoked)
+        held: Slices = {}
+        if not await self._handed.drain(revoked, self._revoke_timeout_s):
+            for engine in list(self._engines):
+                await engine.stop_calls(revoked)
+            await self._gate.until_ended(revoked, STOPPED_CALLS_GRACE_S)
+            held = pieces_of(self._gate.running_in(revoked))
+            if not held and self._handed.any_in(revoked):
+                # Handed out by ``async for`` or ``getmany`` and not marked: the consumer
+                # cannot see whether user code still works on them (docs/guarantees.md).
+                logger.warning(
+                    "revoke timeout: releasing slices with records handed out and not marked",
+                    extra={"group_id": self._group_id, "slices": describe(revoked)},
+                )
+        await self._committer.commit(raise_errors=False)
+        released = slices_minus(revoked, held)
+        if released:
+            await self._revoked_listener(released)
+        async with self._fetcher.lock:
+            self._held = _union(self._held, held)
+            self._tracker.remove_inactive(revoked, keep=self._held)
+            self._handed.forget(released)
+            self._fetcher.sync(seek={})
+        logger.info(
+            "slices released",
+            extra={"group_id": self._group_id, "slices": describe(released)},
+        )
+        if held:
+            hold = asyncio.create_task(self._release_when_ended(held), name="keyrange-hold")
+            self._holds.add(hold)
+            hold.add_done_callback(self._holds.discard)
+
+    async def _release_when_ended(self, held: Slices) -> None:
+        """Release the keys a revocation kept for calls that could not be stopped, once
+        those calls have ended."""
+        if not await self.hold(held):
+            return
+        await self._committer.commit(raise_errors=False)
+        await self._revoked_listener(held)
+        async with self._fetcher.lock:
+            self._held = slices_minus(self._held, held)
+            self._tracker.remove_inactive(held, keep=self._held)
+            self._handed.forget(held)
+        logger.info(
+            "held keys released", extra={"group_id": self._group_id, "slices": describe(held)}
+        )
+        self._wake()
+
+    async def hold(self, slices: Slices | None) -> bool:
+        """Until no call of ``slices`` (of any slice with None) is in user code: True, or
+        False when the membership was lost meanwhile (its keys are gone; what still runs is
+        the frozen-mid-call case). Each call still running is named in a WARNING now and
+        then, reported to the coordinator and counted by ``stuck_calls``."""
+        generation = self._gate.generation
+        warned_at = float("-inf")
+        while calls := self._gate.running_in(slices):
+            if self._gate.generation != generation:
+                return False
+            now = time.monotonic()
+            if now - warned_at >= HOLD_WARNING_INTERVAL_S:
+                warned_at = now
+                self._stuck += [call for call in calls if call not in self._stuck]
+                for call in calls:
+                    logger.warning(
+                        "a call that cannot be stopped holds its key; the key moves once it ends",
+                        extra={
+                            "group_id": self._group_id,
+                            "topic": call.tp.topic,
+                            "partition": call.tp.partition,
+                            "key_hash": call.hashed,
+                            "offset": call.offset,
+                            "running_s": round(call.running_s(now), 3),
+                        },
+                    )
+                self._wake()
+            await self._gate.until_ended(slices, HOLD_WARNING_INTERVAL_S)
+        self._stuck = self.stuck_calls()
+        return True
+
+    def stuck_calls(self) -> list[Running]:
+        return [call for call in self._stuck if self._gate.is_running(call)]
+
+    def stuck_report(self) -> list[StuckCall]:
+        now = time.monotonic()
+        return [
+            StuckCall(
+                call.tp.topic, call.tp.partition, call.hashed, call.offset, call.running_s(now)
+            )
+            for call in self.stuck_calls()
+        ]
+
+    def granted_again(self, added: Slices) -> None:
+        """Held keys granted back: ours again (the runtime runs the key's next record only
+        after the call, one chain per key)."""
+        self._held = slices_minus(self._held, added)
+
+    def clear(self) -> None:
+        """The membership is lost: nothing is held any more."""
+        self._held = {}
+
+    def cancel_holds(self) -> None:
+        """The member stops: its own wait covers every call still running."""
+        for hold in list(self._holds):
+            hold.cancel()
+
+
+def _union(left: Slices, right: Slices) -> Slices:
+    union: Slices = {tp: list(ranges) for tp, ranges in left.items()}
+    for tp, ranges in right.items():
+        union[tp] = normalize([*union.get(tp, []), *ranges])
+    return union
+
+
+def describe(slices: Slices) -> list[str]:
+    return [
+        f"{tp.topic}[{tp.partition}]{[str(r) for r in ranges]}" for tp, ranges in slices.items()
+    ]
