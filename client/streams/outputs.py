@@ -61,13 +61,19 @@ class Outputs:
                 if not self._gate.may_send(task):
                     self._withheld(task, len(outgoing) - index)
                     break
-                delivery = await self._producer.send(
-                    record.topic,
-                    value=record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=list(record.headers) or None,
-                )
+                try:
+                    delivery = await self._producer.send(
+                        record.topic,
+                        value=record.value,
+                        key=record.key,
+                        partition=record.partition,
+                        headers=list(record.headers) or None,
+                    )
+                except Exception as error:
+                    # Refused before it was queued (too large, the producer closed): the
+                    # same failure as a delivery that failed later.
+                    self._fail(task, error)
+                    raise self.failure or error from error
                 delivery.add_done_callback(on_sink if record.changelog_of is None else on_changelog)
                 self._sends.append((task, delivery))
 
@@ -93,8 +99,12 @@ class Outputs:
         error = asyncio.CancelledError() if delivery.cancelled() else delivery.exception()
         if error is None:
             return True
+        self._fail(task, error)
+        return False
+
+    def _fail(self, task: StreamTask, error: BaseException) -> None:
         if task in self._reported:
-            return False
+            return
         self._reported.add(task)
         if task.halted:
             logger.warning(
@@ -102,7 +112,7 @@ class Outputs:
                 "committed and go to the keys' next owner",
                 extra={"task": str(task.id), "error": repr(error)},
             )
-            return False
+            return
         logger.error(
             "a send failed; nothing processed since the last commit is committed, and the "
             "instance stops",
@@ -112,7 +122,6 @@ class Outputs:
         if self.failure is None:
             self.failure = SendFailed(f"task {task.id}: a send to Kafka failed: {error!r}")
             self._on_failure()
-        return False
 
     def _withheld(self, task: StreamTask, count: int) -> None:
         logger.warning(
