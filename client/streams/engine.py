@@ -43,6 +43,7 @@ from client.errors import (
 from client.fetcher import FetchInterrupted
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, key_hash, subtract
+from client.streams.commits import CommitSchedule
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
 from client.streams.outputs import Outputs
@@ -59,10 +60,6 @@ logger = logging.getLogger(__name__)
 _ROUND_BUDGET_S = 0.02
 # How often an idle processing loop wakes for wall-clock punctuations and the commit timer.
 _TICK_S = 0.05
-# A failed commit is tried again after this, doubling up to the cap (never later than the
-# commit interval): a coordinator replica restarting is back within a second or two.
-_COMMIT_RETRY_INITIAL_S = 0.1
-_COMMIT_RETRY_MAX_S = 2.0
 
 
 class StreamEngine:
@@ -91,7 +88,6 @@ class StreamEngine:
         self._state = state
         self._owned = owned
         self._commit_offsets = commit
-        self._commit_interval_s = commit_interval_s
         self._max_idle_ms = max_idle_ms
         self._max_buffered = max_buffered
         self._on_restore = on_restore
@@ -111,9 +107,7 @@ class StreamEngine:
         self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
-        self._next_commit_at = time.monotonic() + commit_interval_s
-        self._commit_retry_s = _COMMIT_RETRY_INITIAL_S
-        self._commits_failed = 0
+        self._commits = CommitSchedule(commit_interval_s)
 
     @property
     def failure(self) -> SendFailed | None:
@@ -336,7 +330,7 @@ class StreamEngine:
                 requested = any(
                     task.commit_requested for task in self.tasks.values() if not task.halted
                 )
-                if requested or time.monotonic() >= self._next_commit_at:
+                if requested or self._commits.due():
                     await self.commit()
 
     async def _round(self) -> None:
@@ -404,29 +398,15 @@ class StreamEngine:
         except (UnknownMemberId, FencedMemberEpoch) as error:
             # The membership is lost or being lost: the heartbeat's loss handling drops the
             # tasks and their marks, and the member rejoins.
-            self._commit_failed(error)
+            self._commits.failed(error)
             return
         except KeyrangeClientError as error:
             if not error.retriable:
                 raise
-            self._commit_failed(error)
+            self._commits.failed(error)
             return
-        if self._commits_failed:
-            logger.info("commit succeeded again", extra={"failed_attempts": self._commits_failed})
-        self._commits_failed = 0
-        self._commit_retry_s = _COMMIT_RETRY_INITIAL_S
-        self._next_commit_at = time.monotonic() + self._commit_interval_s
+        self._commits.succeeded()
         self._state.write_checkpoints(self._application_id)
-
-    def _commit_failed(self, error: KeyrangeClientError) -> None:
-        self._commits_failed += 1
-        logger.log(
-            logging.WARNING if self._commits_failed == 1 else logging.DEBUG,
-            "commit failed; processing goes on and the commit is tried again",
-            extra={"error": error.error, "detail": str(error), "attempt": self._commits_failed},
-        )
-        self._next_commit_at = time.monotonic() + min(self._commit_retry_s, self._commit_interval_s)
-        self._commit_retry_s = min(self._commit_retry_s * 2, _COMMIT_RETRY_MAX_S)
 
     def _resume_drained(self) -> None:
         for tp in list(self._paused):
