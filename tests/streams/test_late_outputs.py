@@ -1,7 +1,9 @@
 """Issue 27, item 4: a task whose membership was lost while a processor call ran sends nothing
 of what that call produced. The call returns after the session deadline, when another
 instance already owns the key and has counted on: its changelog write and its sink record
-would land after the heir's and undo every count the heir made."""
+would land after the heir's and undo every count the heir made. On the code before the
+ownership gate, the changelog and the sink read 1, 2, ... 22, then 7, and a fresh restore
+gave 7 for a word produced 22 times."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from client.http import CoordinatorClient
-from client.streams import StreamsApp
+from client.protocol.keyspace import KeyRange
+from client.streams import INT64, StreamsApp
 from client.streams.config import StreamsConfig
+from client.streams.restore import RestoreProgress, Restorer
+from client.streams.stores import MemoryStore
 from tests.chaos.proxy import DROP, TcpProxy
 from tests.fixtures.services import MakeTopic
 from tests.streams.harness import (
@@ -65,7 +70,7 @@ async def test_a_call_that_returns_after_the_session_deadline_sends_nothing(
             bootstrap_servers=kafka_bootstrap,
             coordinator_url=coordinator,
             state_dir=tmp_path / state,
-            session_timeout_ms=2_000,
+            session_timeout_ms=3_000,
             commit_interval_ms=100,
             # A's call blocks a pool thread; its loop goes on and learns of the loss.
             processing_threads=threads,
@@ -93,7 +98,10 @@ async def test_a_call_that_returns_after_the_session_deadline_sends_nothing(
 
             async def heir_counted() -> bool:
                 await sink.poll()
-                return sink.latest().get(WORD) == TOTAL
+                # At least: a loss of the heir's own session on a loaded machine would count
+                # some again (at-least-once), never fewer.
+                counted = sink.latest().get(WORD)
+                return counted is not None and counted >= TOTAL
 
             await until(heir_counted, 60, "the heir counted every occurrence")
         release.set()
@@ -117,8 +125,16 @@ async def test_a_call_that_returns_after_the_session_deadline_sends_nothing(
     for topic in (changelog, counts):
         async with TopicReader(kafka_bootstrap, topic) as reader:
             await asyncio.wait_for(reader.read_to_end(), 30)
-            # The last changelog value is what a fresh instance restores.
-            assert reader.latest().get(WORD) == TOTAL, [
+            assert reader.latest().get(WORD, 0) >= TOTAL, [
                 int.from_bytes(record.value, "big") for record in reader.records
             ]
+    # What a fresh instance restores from the changelog.
+    restorer = Restorer({"bootstrap_servers": kafka_bootstrap})
+    await restorer.start()
+    try:
+        store = MemoryStore()
+        await restorer.restore(changelog, RestoreProgress("counts", 0, [KeyRange.full()], 0), store)
+    finally:
+        await restorer.stop()
+    assert INT64.deserialize(store.get(WORD.encode())) >= TOTAL
     assert running_first.exception() is None

@@ -146,7 +146,7 @@ async def test_sends_failing_during_a_revocation_commit_nothing_and_stop_the_ins
             bootstrap_servers=kafka_bootstrap,
             coordinator_url=coordinator_url,
             state_dir=tmp_path / state,
-            session_timeout_ms=3_000,
+            session_timeout_ms=6_000,
             commit_interval_ms=30_000,
             revoke_timeout_s=10,
             show_progress=False,
