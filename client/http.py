@@ -26,6 +26,7 @@ from aiokafka.structs import TopicPartition
 
 from client.errors import (
     CoordinatorUnavailable,
+    GroupIdNotFound,
     InvalidRequest,
     KeyrangeClientError,
     error_for_name,
@@ -387,6 +388,23 @@ class CoordinatorClient:
             f"/v1/admin/topics/{_checked_topic(topic)}/config",
             json={"accept_range_fetch": accept},
         )
+
+    async def owner_of(self, group_id: str, topic: str, partition: int, hashed: int) -> str | None:
+        """The live member owning key hash ``hashed`` of ``topic[partition]`` in the
+        coordinator's view of the group (its instance id, else its member id), or None while
+        nobody does (a hand-off, or no such group); needs an admin-scope token when the
+        coordinator requires tokens."""
+        try:
+            document = await self._request("GET", f"/v1/admin/groups/{_checked_group(group_id)}")
+        except GroupIdNotFound:
+            return None
+        for member in document.get("members", []):
+            for owned in member.get("owned", []):
+                if owned["topic"] == topic and owned["partition"] == partition:
+                    for start, end in owned["ranges"]:
+                        if start <= hashed <= end:
+                            return str(member.get("instance_id") or member["member_id"])
+        return None
 
     async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:
         anonymous_join = (

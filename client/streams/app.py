@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -25,7 +24,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.consumer_source import ConsumerSource
 from client.graceful import GracefulStop
-from client.http import Slices
+from client.http import CoordinatorClient, Slices
 from client.metrics_server import MetricsServer
 from client.protocol.keyspace import key_hash
 from client.streams.config import StreamsConfig
@@ -58,6 +57,9 @@ class StreamsApp:
         # consumer, the producer, the restorer and the admin client alike.
         security = config.kafka_security.aiokafka_options()
         self._kafka: dict[str, object] = {"bootstrap_servers": config.bootstrap_servers, **security}
+        # Shared by the consumer and the owner look-ups of ``query``: one connection pool,
+        # the client's retries and its error mapping; closed when ``run`` ends.
+        self._coordinator = CoordinatorClient(config.coordinator_url, token=config.token)
         self._consumer = KeyrangeConsumer(
             *self.topology.source_topics,
             bootstrap_servers=config.bootstrap_servers,
@@ -70,6 +72,7 @@ class StreamsApp:
             instance_id=config.instance_id,
             rebalance_listener=_Listener(self),
             revoke_timeout_s=config.revoke_timeout_s,
+            coordinator=self._coordinator,
             **{**security, **config.consumer_options},
         )
         self._state = StateManager(self.topology, config.state_dir / config.application_id)
@@ -111,11 +114,16 @@ class StreamsApp:
                             self._make_engine,
                             stopping="committing, then leaving the group",
                         )
+                        # A send that failed during the shutdown: committed nothing after it,
+                        # and is this run's outcome.
+                        if self.engine is not None and self.engine.failure is not None:
+                            raise self.engine.failure
                 finally:
                     await self._restorer.stop()
                     await self._producer.stop()
                     self._state.close()
         finally:
+            await self._coordinator.aclose()
             if metrics is not None:
                 metrics.close()
 
@@ -191,7 +199,8 @@ class StreamsApp:
 
     async def query(self, store: str, key: Any) -> QueryAnswer:
         """Answer from the local store when this instance owns ``key``'s range; otherwise
-        name the member that owns it, from the coordinator's view of the group."""
+        name the member that owns it, from the coordinator's view of the group. Asked while
+        ``run`` runs (the coordinator connection closes with it)."""
         spec = self.topology.stores.get(store)
         if spec is None:
             raise UnknownStore(f"store '{store}' is not in this topology")
@@ -208,29 +217,16 @@ class StreamsApp:
                 if (
                     task.ready
                     and not task.halted
+                    and not task.closing
                     and task.id.subtopology == sub.index
                     and task.id.partition == partition
                     and task.id.keys.contains(hashed)
                 ):
                     return QueryAnswer(local=True, value=task.stores[store].get(key))
-        owner = await self._owner(sub.source_topics[0], partition, hashed)
-        return QueryAnswer(local=False, owner=owner)
-
-    async def _owner(self, topic: str, partition: int, hashed: int) -> str | None:
-        headers = (
-            {} if self.config.token is None else {"Authorization": f"Bearer {self.config.token}"}
+        owner = await self._coordinator.owner_of(
+            self.config.application_id, sub.source_topics[0], partition, hashed
         )
-        async with httpx.AsyncClient(base_url=self.config.coordinator_url, headers=headers) as api:
-            reply = await api.get(f"/v1/admin/groups/{self.config.application_id}")
-            reply.raise_for_status()
-            document = reply.json()
-        for member in document.get("members", []):
-            for owned in member.get("owned", []):
-                if owned["topic"] == topic and owned["partition"] == partition:
-                    for start, end in owned["ranges"]:
-                        if start <= hashed <= end:
-                            return str(member.get("instance_id") or member["member_id"])
-        return None
+        return QueryAnswer(local=False, owner=owner)
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per task: records processed, punctuations, stream time and its lag behind the wall

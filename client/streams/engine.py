@@ -10,9 +10,14 @@ consumer of their own: only the restoring task waits, the others go on.
 
 The commit protocol (at-least-once), at each commit interval and when a processor asks:
 1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
-commit); 3. mark the processed records and commit input offsets through the coordinator;
-4. write the checkpoints of changelog offsets. docs/streams.md says what a crash between
-the steps does.
+commit, and the instance: ``client.streams.outputs``); 3. mark the processed records and
+commit input offsets through the coordinator; 4. write the checkpoints of changelog offsets.
+docs/streams.md says what a crash between the steps does. A commit the coordinator cannot
+take now (unreachable, or the membership just lost) is not fatal: it is tried again with a
+backoff until the session deadline, past which the loss drops the tasks instead.
+
+Records start in user code, and outputs go to the producer, only through the ownership gate
+(``client.streams.gate``).
 """
 
 from __future__ import annotations
@@ -29,10 +34,19 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from client.consumer_source import ConsumerSource
-from client.errors import ConsumerStopped
+from client.errors import (
+    ConsumerStopped,
+    FencedMemberEpoch,
+    KeyrangeClientError,
+    UnknownMemberId,
+)
 from client.fetcher import FetchInterrupted
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, key_hash, subtract
+from client.streams.commits import CommitSchedule
+from client.streams.errors import SendFailed
+from client.streams.gate import TaskGate
+from client.streams.outputs import Outputs
 from client.streams.processor import WALL_CLOCK
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.state import StateManager
@@ -69,12 +83,11 @@ class StreamEngine:
         self._source = source
         self._topology = topology
         self._application_id = application_id
-        self._producer = producer
+        self._gate = TaskGate(source.may_hand_out, source.session_deadline)
         self._restorer = restorer
         self._state = state
         self._owned = owned
         self._commit_offsets = commit
-        self._commit_interval_s = commit_interval_s
         self._max_idle_ms = max_idle_ms
         self._max_buffered = max_buffered
         self._on_restore = on_restore
@@ -82,7 +95,6 @@ class StreamEngine:
         self.restores: dict[TaskId, list[RestoreProgress]] = {}
         self._restoring: dict[TaskId, asyncio.Task[None]] = {}
         self._closing: dict[TaskId, asyncio.Task[None]] = {}
-        self._sends: list[asyncio.Future[Any]] = []
         self._paused: set[TopicPartition] = set()
         self._round_lock = asyncio.Lock()
         self._pool = (
@@ -92,9 +104,15 @@ class StreamEngine:
         )
         self._held_back: list[tuple[TopicPartition, Any, int]] = []
         self._work = asyncio.Event()
+        self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
-        self._last_commit = time.monotonic()
+        self._commits = CommitSchedule(commit_interval_s)
+
+    @property
+    def failure(self) -> SendFailed | None:
+        """The failed send that stops this instance, once one failed."""
+        return self._outputs.failure
 
     # ------------------------------------------------------------------ Engine
 
@@ -136,14 +154,15 @@ class StreamEngine:
         async with self._round_lock:
             for task in [task for task in self.tasks.values() if task.halted]:
                 self._drop_task(task, processed_count=False)
-            self._sends.clear()
 
     async def finish(self, timeout_s: float | None) -> None:
         self._finishing = True
         self._work.set()
         if not self._stop.done():
             self._stop.set_result(None)
-        with contextlib.suppress(TimeoutError):
+        # A failed send is logged where it is seen and raised by ``StreamsApp.run`` once the
+        # consumer committed what was marked before it and left.
+        with contextlib.suppress(TimeoutError, SendFailed):
             async with asyncio.timeout(timeout_s), self._round_lock:
                 await self._flush_and_mark()
 
@@ -165,16 +184,29 @@ class StreamEngine:
         """After the consumer committed a revocation: close the tasks and drop their keys;
         at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
         tasks = self._tasks_in(slices)
+        failed: dict[TaskId, BaseException] = {}
         for task in tasks:
             closing = self._closing.get(task.id)
             if closing is not None:
-                with contextlib.suppress(Exception):
-                    await closing
+                await asyncio.wait([closing])
+                if not closing.cancelled() and closing.exception() is not None:
+                    failed[task.id] = closing.exception()  # type: ignore[assignment]
         async with self._round_lock:
-            self._close_revoked(tasks, slices)
+            self._close_revoked(tasks, slices, failed)
+        # Raised to the consumer, which logs it: the records were given back, not committed.
+        for error in failed.values():
+            raise error
 
-    def _close_revoked(self, tasks: list[StreamTask], slices: Slices) -> None:
+    def _close_revoked(
+        self, tasks: list[StreamTask], slices: Slices, failed: dict[TaskId, BaseException]
+    ) -> None:
+        stopping = self._outputs.failure is not None
         for task in tasks:
+            if stopping or task.id in failed:
+                # Its store may hold writes whose changelog sends failed: its keys are deleted
+                # and restored from the changelog by whoever takes them, this instance too.
+                self._drop_task(task, processed_count=False)
+                continue
             if self._finishing:
                 if task.ready:
                     task.close()
@@ -183,6 +215,11 @@ class StreamEngine:
                 continue
             kept = subtract([task.id.keys], self._revoked_keys(task, slices))
             self._drop_task(task, processed_count=True, keep=kept)
+        if stopping:
+            held_back, self._held_back = self._held_back, []
+            for _, record, _ in held_back:
+                self._source.give_back(record)
+            return
         if self._finishing:
             self._state.write_checkpoints(self._application_id)
             return
@@ -277,6 +314,8 @@ class StreamEngine:
         while not self._finishing:
             if intake.done():
                 intake.result()
+            if self._outputs.failure is not None:
+                raise self._outputs.failure
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_TICK_S):
                     await self._work.wait()
@@ -288,11 +327,14 @@ class StreamEngine:
                 await self._send()
                 self._resume_drained()
                 now_ms = int(time.time() * 1000)
-                for task in self._active() if self._source.may_hand_out() else ():
+                deadline = self._gate.round_deadline()
+                for task in () if deadline is None else self._startable(deadline):
                     task.punctuate(WALL_CLOCK, now_ms)
                 await self._send()
-                requested = any(task.commit_requested for task in self._active())
-                if requested or time.monotonic() - self._last_commit >= self._commit_interval_s:
+                requested = any(
+                    task.commit_requested for task in self.tasks.values() if not task.halted
+                )
+                if requested or self._commits.due():
                     await self.commit()
 
     async def _round(self) -> None:
@@ -300,13 +342,13 @@ class StreamEngine:
         a thread of the pool. Work is left flagged only when records remain after progress:
         a task waiting out an idle input is looked at again on the next tick, not in a loop
         that never yields."""
-        if not self._source.may_hand_out():
+        session_deadline = self._gate.round_deadline()
+        if session_deadline is None:
             # The session deadline passed (a frozen process, a blocked loop): asking has just
             # halted every task, and the keys may be another member's already.
             return
-        session_deadline = self._source.session_deadline()
         now_ms = int(time.time() * 1000)
-        active = self._active()
+        active = self._startable(session_deadline)
         if self._pool is None:
             progressed = _process_for(active, now_ms, session_deadline)
         else:
@@ -319,57 +361,55 @@ class StreamEngine:
                 )
             )
             progressed = any(outcomes)
-        if progressed and any(task.inputs.buffered() for task in self._active()):
+        if progressed and any(task.inputs.buffered() for task in self._startable(session_deadline)):
             self._work.set()
 
-    def _active(self) -> list[StreamTask]:
+    def _startable(self, deadline: float) -> list[StreamTask]:
+        """The tasks whose records may start before ``deadline`` (the gate's rule)."""
         return [
             task
             for task in self.tasks.values()
-            if task.ready and not task.halted and task.id not in self._closing
+            if task.ready and self._gate.may_start(task, deadline)
         ]
 
     async def _send(self) -> None:
-        for task in list(self.tasks.values()):
-            outgoing, task.outgoing = task.outgoing, []
-            for record in outgoing:
-                delivery = await self._producer.send(
-                    record.topic,
-                    value=record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=list(record.headers) or None,
-                )
-                if record.changelog_of is not None:
-                    delivery.add_done_callback(self._note_written)
-                self._sends.append(delivery)
-
-    def _note_written(self, delivery: asyncio.Future[Any]) -> None:
-        if not delivery.cancelled() and delivery.exception() is None:
-            metadata = delivery.result()
-            self._state.note_written(metadata.topic, metadata.partition, metadata.offset)
+        await self._outputs.send(list(self.tasks.values()))
 
     async def _flush_and_mark(self, tasks: list[StreamTask] | None = None) -> None:
-        """Steps 1 to 3a of the commit protocol: stores, producer, then the marks."""
+        """Steps 1 to 3a of the commit protocol: stores, producer, then the marks. A halted
+        task's records are not marked: its keys may be another member's, which processes
+        them again."""
         self._state.flush()
         await self._send()
-        sends, self._sends = self._sends, []
-        await self._producer.flush()
-        for delivery in sends:
-            delivery.result()
+        await self._outputs.flush()
         for task in tasks if tasks is not None else list(self.tasks.values()):
+            if task.halted:
+                continue
             processed, task.processed = task.processed, []
             for record in processed:
                 self._source.mark_processed(record)
             task.commit_requested = False
 
     async def commit(self) -> None:
-        self._last_commit = time.monotonic()
+        """The commit protocol. A coordinator that cannot take the commit now does not stop
+        the instance: the marks stay for the next attempt, made with a backoff, until the
+        session deadline passes and the loss drops the tasks (DESIGN §5)."""
         await self._flush_and_mark()
         try:
             await self._commit_offsets()
         except ConsumerStopped:
             return
+        except (UnknownMemberId, FencedMemberEpoch) as error:
+            # The membership is lost or being lost: the heartbeat's loss handling drops the
+            # tasks and their marks, and the member rejoins.
+            self._commits.failed(error)
+            return
+        except KeyrangeClientError as error:
+            if not error.retriable:
+                raise
+            self._commits.failed(error)
+            return
+        self._commits.succeeded()
         self._state.write_checkpoints(self._application_id)
 
     def _resume_drained(self) -> None:
@@ -416,22 +456,33 @@ class StreamEngine:
         of kept keys (a partial revocation) wait for the task that takes the rest over."""
         if task.id in self._closing:
             return
+        task.closing = True
         self._closing[task.id] = asyncio.ensure_future(self._close(task, revoked))
 
     async def _close(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
-        """After the round under way (a pool thread may be running the task)."""
-        async with self._round_lock:
-            for record in task.inputs.drop(lambda _: False):
-                tp = TopicPartition(record.topic, record.partition)
-                hashed = key_hash(record.key, record.offset)
-                if revoked is None or any(keys.contains(hashed) for keys in revoked):
-                    self._source.give_back(record)
-                else:
-                    self._held_back.append((tp, record, hashed))
-            await self._flush_and_mark([task])
-        restoring = self._restoring.pop(task.id, None)
-        if restoring is not None:
-            restoring.cancel()
+        """After the round under way (a pool thread may be running the task). When the
+        flush fails, the task's processed records are given back unmarked, so the
+        revocation commits none of them and does not wait for them."""
+        try:
+            async with self._round_lock:
+                for record in task.inputs.drop(lambda _: False):
+                    tp = TopicPartition(record.topic, record.partition)
+                    hashed = key_hash(record.key, record.offset)
+                    if revoked is None or any(keys.contains(hashed) for keys in revoked):
+                        self._source.give_back(record)
+                    else:
+                        self._held_back.append((tp, record, hashed))
+                try:
+                    await self._flush_and_mark([task])
+                except BaseException:
+                    processed, task.processed = task.processed, []
+                    for record in processed:
+                        self._source.give_back(record)
+                    raise
+        finally:
+            restoring = self._restoring.pop(task.id, None)
+            if restoring is not None:
+                restoring.cancel()
 
     def _drop_task(
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
@@ -469,8 +520,6 @@ def _process_for(tasks: list[StreamTask], now_ms: int, session_deadline: float) 
     while progressed and time.monotonic() < budget_end:
         progressed = False
         for task in tasks:
-            if time.monotonic() >= session_deadline:
-                return progressed_any
-            if not task.halted and task.process_next(now_ms) is True:
+            if TaskGate.may_start(task, session_deadline) and task.process_next(now_ms) is True:
                 progressed = progressed_any = True
     return progressed_any

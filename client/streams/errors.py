@@ -25,3 +25,9 @@ class UnknownStore(StreamsError, KeyError):
 class ProcessorFailed(StreamsError):
     """A processor or punctuation raised: the application stops, and what the failing record
     produced is not committed (it is processed again after a restart)."""
+
+
+class SendFailed(StreamsError):
+    """The producer could not deliver a sink record or a changelog write: nothing processed
+    since is committed, and the instance stops (Kafka Streams' at-least-once does the same),
+    so whoever takes the keys processes those records again (docs/streams.md)."""

@@ -94,6 +94,8 @@ class StreamTask:
         # Set on the loop when the membership is lost; a pool thread running the task reads
         # it before each record and takes no more.
         self.halted = False
+        # Set on the loop when a revocation starts closing the task: read as ``halted`` is.
+        self.closing = False
         self.stores: dict[str, TaskStore] = {
             name: TaskStore(
                 topology.stores[name],

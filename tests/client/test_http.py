@@ -256,3 +256,42 @@ async def test_an_unreachable_coordinator_is_coordinator_unavailable() -> None:
     async with CoordinatorClient(f"http://127.0.0.1:{free_port()}", max_retries=1) as client:
         with pytest.raises(errors.CoordinatorUnavailable):
             await client.fetch_offsets("g")
+
+
+async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> None:
+    """What ``StreamsApp.query`` asks for a key it does not hold (issue 28: before, its own
+    HTTP client, with no retries, no error mapping)."""
+    described = {
+        "members": [
+            {
+                "member_id": "m-1",
+                "instance_id": None,
+                "owned": [{"topic": "t", "partition": 0, "ranges": [[0, 9]]}],
+            },
+            {
+                "member_id": "m-2",
+                "instance_id": "b",
+                "owned": [{"topic": "t", "partition": 0, "ranges": [[10, 20]]}],
+            },
+        ]
+    }
+    stub = Stub(
+        problem(503, "SERVICE_UNAVAILABLE"),
+        (200, described),
+        (200, described),
+        (200, described),
+        problem(404, "GROUP_ID_NOT_FOUND"),
+        problem(403, "FORBIDDEN"),
+    )
+    async with CoordinatorClient("http://c", token="adm", transport=httpx.MockTransport(stub)) as c:
+        assert await c.owner_of("g", "t", 0, 5) == "m-1"
+        assert await c.owner_of("g", "t", 0, 15) == "b"
+        assert await c.owner_of("g", "t", 0, 21) is None
+        assert await c.owner_of("gone", "t", 0, 5) is None
+        with pytest.raises(errors.Forbidden):
+            await c.owner_of("g", "t", 0, 5)
+    assert [r.url.path for r in stub.requests][-2:] == [
+        "/v1/admin/groups/gone",
+        "/v1/admin/groups/g",
+    ]
+    assert {r.headers["authorization"] for r in stub.requests} == {"Bearer adm"}

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from client.http import CoordinatorClient
+from client.streams import INT64, STRING, Processor, StoreSpec, Topology
 from client.streams.app import StreamsApp
 from tests.fixtures.services import MakeTopic
 
@@ -59,6 +60,15 @@ class TopicReader:
         batch = await self._consumer.getmany(self._tp, timeout_ms=100)
         self.records.extend(batch.get(self._tp, ()))
         return self.records
+
+    async def read_to_end(self) -> list[Any]:
+        """Every record up to the high watermark a fetch reports (never ListOffsets, which
+        the embedded broker answers wrongly)."""
+        while True:
+            await self.poll()
+            highwater = self._consumer.highwater(self._tp)
+            if highwater is not None and await self._consumer.position(self._tp) >= highwater:
+                return self.records
 
     def latest(self) -> dict[str, Any]:
         """The last value per key, decoded as text keys and JSON-or-int64 values."""
@@ -238,3 +248,40 @@ async def wordcount_topics(make_topic: MakeTopic, coordinator: str) -> tuple[str
     lines, words, counts = await make_topic(1), await make_topic(1), await make_topic(1)
     await accept_range_fetch(coordinator, lines, words)
     return lines, words, counts
+
+
+# ------------------------------------------------------------------ one count, one sub-topology
+
+Hold = Callable[[str, int], None]
+
+
+class Count(Processor):
+    """Counts each key; ``hold`` (when given) runs between reading a count and writing it."""
+
+    def __init__(self, hold: Hold | None = None) -> None:
+        self._hold = hold
+
+    def process(self, key: str, value: int) -> None:
+        counts = self.context.state_store("counts")
+        count = (counts.get(key) or 0) + value
+        if self._hold is not None:
+            self._hold(key, count)
+        counts.put(key, count)
+        self.context.forward(key, count)
+
+
+def count_topology(words: str, counts: str, hold: Hold | None = None) -> Topology:
+    """Words (INT64 increments) counted in the in-memory store ``counts``, each new count
+    sent to ``counts``."""
+    return (
+        Topology()
+        .add_source("words", words, key_serde=STRING, value_serde=INT64)
+        .add_processor("count", lambda: Count(hold), "words")
+        .add_state_store(StoreSpec("counts", STRING, INT64), "count")
+        .add_sink("out", counts, "count", key_serde=STRING, value_serde=INT64)
+    )
+
+
+def increments(words: Sequence[str]) -> list[tuple[bytes, bytes, None]]:
+    """One record adding 1 to each of ``words``, in order."""
+    return [(word.encode(), (1).to_bytes(8, "big"), None) for word in words]
