@@ -143,14 +143,16 @@ class SliceRelease:
                 warned_at = now
                 self._stuck += [call for call in calls if call not in self._stuck]
                 for call in calls:
+                    hashed, offset = call.record()
                     logger.warning(
                         "a call that cannot be stopped holds its key; the key moves once it ends",
                         extra={
                             "group_id": self._group_id,
                             "topic": call.tp.topic,
                             "partition": call.tp.partition,
-                            "key_hash": call.hashed,
-                            "offset": call.offset,
+                            "key_hash": hashed,
+                            "offset": offset,
+                            "held_keys": str(call.keys),
                             "running_s": round(call.running_s(now), 3),
                         },
                     )
@@ -164,12 +166,14 @@ class SliceRelease:
 
     def stuck_report(self) -> list[StuckCall]:
         now = time.monotonic()
-        return [
-            StuckCall(
-                call.tp.topic, call.tp.partition, call.hashed, call.offset, call.running_s(now)
-            )
-            for call in self.stuck_calls()
-        ]
+        report = []
+        for call in self.stuck_calls():
+            hashed, offset = call.record()
+            if offset >= 0:
+                report.append(
+                    StuckCall(call.tp.topic, call.tp.partition, hashed, offset, call.running_s(now))
+                )
+        return report
 
     def granted_again(self, added: Slices) -> None:
         """Held keys granted back: ours again (the runtime runs the key's next record only

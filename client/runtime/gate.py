@@ -53,12 +53,24 @@ class Lease:
 @dataclass(eq=False, slots=True)
 class Running:
     """A call of user code on a record of ``tp`` with key hash ``hashed``, since ``started``
-    (monotonic)."""
+    (monotonic); or, for a streams task's processing round, on keys ``hashed`` to
+    ``last_hash``, with ``current`` telling which record it is on."""
 
     tp: TopicPartition
     hashed: int
     offset: int
     started: float
+    last_hash: int | None = None
+    current: Callable[[], tuple[int, int] | None] | None = None
+
+    @property
+    def keys(self) -> KeyRange:
+        return KeyRange(self.hashed, self.hashed if self.last_hash is None else self.last_hash)
+
+    def record(self) -> tuple[int, int]:
+        """The key hash and offset of the record the call is on."""
+        on = None if self.current is None else self.current()
+        return (self.hashed, self.offset) if on is None else on
 
     def running_s(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.started
@@ -92,6 +104,11 @@ class OwnershipGate:
     def _changed(self) -> None:
         for listener in self._listeners:
             listener()
+
+    @property
+    def closed(self) -> bool:
+        """The member is stopping: no record starts any more."""
+        return self._closed
 
     def start_deadline(self) -> float:
         """The instant from which nothing may start (-inf once the member stops)."""
@@ -190,6 +207,23 @@ class OwnershipGate:
             self._running.add(running)
             return running
 
+    def enter_range(
+        self,
+        lease: Lease | None,
+        tp: TopicPartition,
+        keys: KeyRange,
+        current: Callable[[], tuple[int, int] | None],
+    ) -> Running | None:
+        """``enter`` for a run of records of ``keys`` (a streams task's round): each of its
+        records still asks ``permits`` before it starts; a revocation of any of ``keys``
+        waits for the whole run."""
+        with self._lock:
+            if not self.permits(lease):
+                return None
+            running = Running(tp, keys.start, -1, time.monotonic(), keys.end, current)
+            self._running.add(running)
+            return running
+
     def exit(self, running: Running) -> None:
         """The call registered by ``enter`` is over; any thread."""
         with self._lock:
@@ -206,11 +240,7 @@ class OwnershipGate:
     def running_in(self, slices: Slices | None) -> list[Running]:
         """Calls in user code on keys of ``slices`` (every call with None), oldest first."""
         with self._lock:
-            calls = [
-                running
-                for running in self._running
-                if slices is None or _in(slices, running.tp, running.hashed)
-            ]
+            calls = [running for running in self._running if slices is None or _in(slices, running)]
         return sorted(calls, key=lambda running: running.started)
 
     async def until_ended(self, slices: Slices | None, timeout_s: float | None) -> bool:
@@ -219,10 +249,7 @@ class OwnershipGate:
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
             with self._lock:
-                busy = any(
-                    slices is None or _in(slices, running.tp, running.hashed)
-                    for running in self._running
-                )
+                busy = any(slices is None or _in(slices, running) for running in self._running)
                 if not busy:
                     return True
                 waiter = loop.create_future()
@@ -241,14 +268,18 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-def _in(slices: Slices, tp: TopicPartition, hashed: int) -> bool:
-    ranges = slices.get(tp)
-    return ranges is not None and any(keys.start <= hashed <= keys.end for keys in ranges)
+def _in(slices: Slices, running: Running) -> bool:
+    ranges = slices.get(running.tp)
+    if ranges is None:
+        return False
+    last = running.hashed if running.last_hash is None else running.last_hash
+    return any(keys.start <= last and running.hashed <= keys.end for keys in ranges)
 
 
 def pieces_of(calls: Iterable[Running]) -> dict[TopicPartition, list[KeyRange]]:
-    """The single-hash slices of ``calls``' keys: what a revocation keeps while they run."""
+    """The slices of ``calls``' keys (a single hash for a record's call): what a revocation
+    keeps while they run."""
     pieces: dict[TopicPartition, list[KeyRange]] = {}
     for running in calls:
-        pieces.setdefault(running.tp, []).append(KeyRange(running.hashed, running.hashed))
+        pieces.setdefault(running.tp, []).append(running.keys)
     return {tp: normalize(ranges) for tp, ranges in pieces.items()}

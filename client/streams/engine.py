@@ -43,6 +43,7 @@ from client.errors import (
 from client.fetcher import FetchInterrupted
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, key_hash, subtract
+from client.runtime.gate import Running
 from client.streams.commits import CommitSchedule
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
@@ -83,7 +84,7 @@ class StreamEngine:
         self._source = source
         self._topology = topology
         self._application_id = application_id
-        self._gate = TaskGate(source.may_hand_out, source.session_deadline)
+        self._gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._restorer = restorer
         self._state = state
         self._owned = owned
@@ -272,6 +273,7 @@ class StreamEngine:
         task = StreamTask(
             task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
         )
+        self._gate.grant(task, sub.source_topics[0])
         self.tasks[task_id] = task
         self._restoring[task_id] = asyncio.create_task(
             self._restore(task), name=f"keyrange-streams-restore-{task_id}"
@@ -348,21 +350,36 @@ class StreamEngine:
             # halted every task, and the keys may be another member's already.
             return
         now_ms = int(time.time() * 1000)
-        active = self._startable(session_deadline)
-        if self._pool is None:
-            progressed = _process_for(active, now_ms, session_deadline)
-        else:
-            loop = asyncio.get_running_loop()
-            busy = [task for task in active if task.inputs.buffered()]
-            outcomes = await asyncio.gather(
-                *(
-                    loop.run_in_executor(self._pool, _process_for, [task], now_ms, session_deadline)
-                    for task in busy
+        # Each task's round is in the gate while it runs: a revocation of its keys waits.
+        entered: list[tuple[StreamTask, Running]] = []
+        for task in self._startable(session_deadline):
+            running = self._gate.enter(task, self._home(task))
+            if running is not None:
+                entered.append((task, running))
+        try:
+            active = [task for task, _ in entered]
+            if self._pool is None:
+                progressed = _process_for(self._gate, active, now_ms, session_deadline)
+            else:
+                loop = asyncio.get_running_loop()
+                busy = [task for task in active if task.inputs.buffered()]
+                outcomes = await asyncio.gather(
+                    *(
+                        loop.run_in_executor(
+                            self._pool, _process_for, self._gate, [task], now_ms, session_deadline
+                        )
+                        for task in busy
+                    )
                 )
-            )
-            progressed = any(outcomes)
+                progressed = any(outcomes)
+        finally:
+            for _, running in entered:
+                self._gate.exit(running)
         if progressed and any(task.inputs.buffered() for task in self._startable(session_deadline)):
             self._work.set()
+
+    def _home(self, task: StreamTask) -> str:
+        return self._topology.subtopologies[task.id.subtopology].source_topics[0]
 
     def _startable(self, deadline: float) -> list[StreamTask]:
         """The tasks whose records may start before ``deadline`` (the gate's rule)."""
@@ -509,7 +526,9 @@ class StreamEngine:
         logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
 
 
-def _process_for(tasks: list[StreamTask], now_ms: int, session_deadline: float) -> bool:
+def _process_for(
+    gate: TaskGate, tasks: list[StreamTask], now_ms: int, session_deadline: float
+) -> bool:
     """Round robin over ``tasks`` for one budget, and not one record past the session
     deadline (DESIGN §5, the client half: the coordinator may give the keys away then, and
     a record processed after it would write the new owner's state); True when a record was
@@ -520,6 +539,6 @@ def _process_for(tasks: list[StreamTask], now_ms: int, session_deadline: float) 
     while progressed and time.monotonic() < budget_end:
         progressed = False
         for task in tasks:
-            if TaskGate.may_start(task, session_deadline) and task.process_next(now_ms) is True:
+            if gate.may_start(task, session_deadline) and task.process_next(now_ms) is True:
                 progressed = progressed_any = True
     return progressed_any

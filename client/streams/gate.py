@@ -1,10 +1,14 @@
-"""The ownership gate of the streams runtime (DESIGN §5, the client half): the one place that
-says whether a task's record may start in user code now, and whether what a task produced may
-be handed to the producer now.
+"""The ownership gate of the streams runtime (DESIGN §5, the client half): the consumer's
+ownership gate (``client.runtime.gate``) as the streams runtime asks it — whether a task's
+record may start in user code now, and whether what a task produced may be handed to the
+producer now.
 
-A record starts only while the member's session deadline has not passed and its task is
-neither halted (the membership was lost) nor closing (a revocation): a pool thread asks per
-record, against the deadline read on the loop when its round began. Outputs are handed to
+A task holds the lease of the slice its key range lies in. A round of a task's processing
+enters the gate for the task's whole range (a revocation of any of its keys then waits for
+the round to end, a pool thread included), and each record starts only while the lease holds,
+the member is not stopping, the session deadline (read on the loop when the round began) has
+not passed and the task is neither halted (the membership was lost) nor closing (a
+revocation). Outputs are handed to
 the producer only while the membership is live and the task not halted, asked right before
 each hand-over, so a processor call that returns after the deadline (a loop blocked past the
 session, a pool thread stuck in I/O) has its outputs dropped: the keys may be another
@@ -20,18 +24,43 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from aiokafka.structs import TopicPartition
+
+from client.runtime.gate import OwnershipGate, Running
 from client.streams.task import StreamTask
 
 
 class TaskGate:
-    """Built on the consumer source's ``may_hand_out`` (asking it notices a passed deadline
-    and halts every task) and ``session_deadline`` (an instant a pool thread can compare)."""
+    """Built on the consumer's ownership gate, its hand-out guard ``may_hand_out`` (asking it
+    notices a passed deadline and halts every task) and ``session_deadline`` (an instant a
+    pool thread can compare)."""
 
     def __init__(
-        self, may_hand_out: Callable[[], bool], session_deadline: Callable[[], float]
+        self,
+        gate: OwnershipGate,
+        may_hand_out: Callable[[], bool],
+        session_deadline: Callable[[], float],
     ) -> None:
+        self._gate = gate
         self._may_hand_out = may_hand_out
         self._session_deadline = session_deadline
+
+    def grant(self, task: StreamTask, home: str) -> None:
+        """Give a new task the lease of its slice (``home``: its first source topic; the
+        stream-join assignor moves co-partitioned topics' ranges together)."""
+        task.lease = self._gate.lease_covering(
+            TopicPartition(home, task.id.partition), task.id.keys
+        )
+
+    def enter(self, task: StreamTask, home: str) -> Running | None:
+        """On the loop, before a round of ``task``'s records: the round's registration in the
+        gate, or None when none of them may start."""
+        return self._gate.enter_range(
+            task.lease, TopicPartition(home, task.id.partition), task.id.keys, task.current_record
+        )
+
+    def exit(self, running: Running) -> None:
+        self._gate.exit(running)
 
     def round_deadline(self) -> float | None:
         """On the loop, as a round begins: the instant before which its records may start,
@@ -40,11 +69,18 @@ class TaskGate:
             return None
         return self._session_deadline()
 
-    @staticmethod
-    def may_start(task: StreamTask, deadline: float) -> bool:
+    def may_start(self, task: StreamTask, deadline: float) -> bool:
         """Whether ``task``'s next record (or punctuation) may start now; safe on a pool
-        thread: it reads two flags the loop sets and the monotonic clock."""
-        return not task.halted and not task.closing and time.monotonic() < deadline
+        thread: it reads flags the loop sets and the monotonic clock."""
+        lease = task.lease
+        return (
+            not task.halted
+            and not task.closing
+            and lease is not None
+            and lease.valid
+            and not self._gate.closed
+            and time.monotonic() < deadline
+        )
 
     def may_send(self, task: StreamTask) -> bool:
         """On the loop, right before each record is handed to the producer: whether what

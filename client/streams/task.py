@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from client.protocol.keyspace import KeyRange
+from client.protocol.keyspace import KeyRange, key_hash
 from client.streams.clock import TaskInputs, Wait
 from client.streams.errors import ProcessorFailed, StreamsError, UnknownStore
 from client.streams.processor import (
@@ -34,6 +34,9 @@ from client.streams.processor import (
 from client.streams.punctuation import Punctuations
 from client.streams.stores import BytesStore, TaskStore
 from client.streams.topology import BuiltTopology, SubTopology
+
+if TYPE_CHECKING:
+    from client.runtime.gate import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,8 @@ class StreamTask:
         self.halted = False
         # Set on the loop when a revocation starts closing the task: read as ``halted`` is.
         self.closing = False
+        # The right to start its records: its slice's lease in the ownership gate.
+        self.lease: Lease | None = None
         self.stores: dict[str, TaskStore] = {
             name: TaskStore(
                 topology.stores[name],
@@ -136,6 +141,11 @@ class StreamTask:
     def add(self, topic: str, record: Record) -> None:
         source = self._topology.source_of_topic(topic)
         self.inputs.add(topic, source.timestamp_extractor(record), record)
+
+    def current_record(self) -> tuple[int, int] | None:
+        """The key hash and offset of the record being processed, if one is (any thread)."""
+        record = self._current
+        return None if record is None else (key_hash(record.key, record.offset), record.offset)
 
     def process_next(self, now_ms: int) -> bool | Wait:
         """Process one record if one may go now: True when one did, False when none is

@@ -10,6 +10,7 @@ from typing import Any, cast
 import pytest
 
 from client import errors
+from client.runtime.gate import OwnershipGate
 from client.streams import INT64, STRING, StoreSpec, Topology
 from client.streams.engine import StreamEngine
 from client.streams.restore import Restorer
@@ -26,6 +27,9 @@ class Producer:
 
 
 class Source:
+    def __init__(self) -> None:
+        self.gate = OwnershipGate(self.session_deadline)
+
     def may_hand_out(self) -> bool:
         return True
 

@@ -11,8 +11,10 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from aiokafka.structs import TopicPartition
 
 from client.protocol.keyspace import KeyRange, key_hash
+from client.runtime.gate import OwnershipGate
 from client.streams import (
     STRING,
     Processor,
@@ -22,6 +24,7 @@ from client.streams import (
     Topology,
 )
 from client.streams.engine import _process_for
+from client.streams.gate import TaskGate
 from client.streams.serde import JSON
 from client.streams.stores import MemoryStore
 from client.streams.task import StreamTask, TaskId
@@ -50,6 +53,16 @@ def task_of(topology: Topology, keys: KeyRange = FULL) -> StreamTask:
     task = StreamTask(TaskId(0, 0, keys), built, sub, engines, "app", max_idle_ms=0)  # type: ignore[arg-type]
     task.init()
     return task
+
+
+def gate_for(tasks: list[StreamTask]) -> TaskGate:
+    """The ownership gate of a member that owns the whole of partition 0 of ``in``."""
+    ownership = OwnershipGate(lambda: math.inf)
+    ownership.grant({TopicPartition("in", 0): [FULL]})
+    gate = TaskGate(ownership, lambda: True, lambda: math.inf)
+    for task in tasks:
+        gate.grant(task, "in")
+    return gate
 
 
 def run_all(task: StreamTask) -> None:
@@ -163,9 +176,10 @@ def test_a_task_halted_mid_round_takes_no_further_record() -> None:
         .add_processor("halt", HaltAfterOne, "in")
     )
     tasks.append(task_of(topology))
+    gate = gate_for(tasks)
     for offset in range(3):
         tasks[0].add("in", Rec("in", offset, b"k", b"v%d" % offset, offset))
-    assert _process_for(tasks, 0, math.inf) is True
+    assert _process_for(gate, tasks, 0, math.inf) is True
     assert seen == ["v0"]
     assert tasks[0].inputs.buffered()
 
@@ -190,13 +204,14 @@ def test_no_task_takes_a_record_once_the_session_deadline_passed_mid_round() -> 
     )
     halves = FULL.split(2)
     tasks = [task_of(topology, keys) for keys in halves]
+    gate = gate_for(tasks)
     for task, key in zip(tasks, (b"left", b"right"), strict=True):
         for offset in range(3):
             task.add("in", Rec("in", offset, key, f"{key.decode()}{offset}".encode(), offset))
-    assert _process_for(tasks, 0, session_deadline) is True
+    assert _process_for(gate, tasks, 0, session_deadline) is True
     assert len(seen) == 1
     assert sum(task.inputs.buffered() for task in tasks) == 5
     # Before the deadline a round goes on as usual, task after task.
     seen.clear()
-    assert _process_for(tasks, 0, math.inf) is True
+    assert _process_for(gate, tasks, 0, math.inf) is True
     assert len(seen) == 5
