@@ -6,8 +6,11 @@ workers without PySpark are unaffected.
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql import SparkSession
 
+from client.errors import KeyrangeClientError
 from client.spark.commit import CommitFailed, KeyrangeCommitter, commit_positions
 from client.spark.options import OptionError
 from client.spark.source import SHORT_NAME, BatchRead, KeyrangeDataSource, plan_batch_read
@@ -19,6 +22,7 @@ __all__ = [
     "KeyrangeCommitter",
     "KeyrangeDataSource",
     "OptionError",
+    "SpeculationRefused",
     "commit_positions",
     "enable_commits",
     "plan_batch_read",
@@ -26,8 +30,36 @@ __all__ = [
 ]
 
 
-def register(spark: SparkSession) -> None:
-    """Make ``format("keyrange")`` available in this session (driver side only)."""
+logger = logging.getLogger(__name__)
+
+SPECULATION = "spark.speculation"
+
+
+class SpeculationRefused(KeyrangeClientError):
+    """The session runs speculative copies of slow tasks, and the caller did not allow it."""
+
+
+def register(spark: SparkSession, *, allow_speculation: bool = False) -> None:
+    """Make ``format("keyrange")`` available in this session (driver side only).
+
+    A session with ``spark.speculation`` on is refused unless ``allow_speculation``: a
+    speculative copy reads its slice while the original still runs, so a key's records run
+    user code in two tasks at once and every side effect is doubled (docs/spark.md, "Task
+    retries and speculative execution"). Checked here because Spark fixes the setting when
+    the session starts.
+    """
+    if str(spark.conf.get(SPECULATION, "false")).strip().lower() == "true":
+        if not allow_speculation:
+            raise SpeculationRefused(
+                f"{SPECULATION} is on: a slow slice would be read and processed by two tasks "
+                "at once. Turn it off, or call register(spark, allow_speculation=True) if "
+                "what runs after the read is idempotent (docs/spark.md)"
+            )
+        logger.warning(
+            "keyrange source registered with speculative execution on: slices may be "
+            "processed twice at once",
+            extra={"setting": SPECULATION},
+        )
     spark.dataSource.register(KeyrangeDataSource)
 
 

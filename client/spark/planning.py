@@ -24,17 +24,22 @@ from client.protocol.keyspace import KeyRange, normalize
 from client.spark.options import SliceBy
 
 OFFSET_FORMAT_VERSION = 1
+_EXPLICIT = "explicit"
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionSpan:
-    """Offsets ``[start, end)`` of one partition, read since ``origin`` by this query."""
+    """Offsets ``[start, end)`` of one partition, read since ``origin`` by this query.
+
+    ``explicit`` as in ``Position``.
+    """
 
     topic: str
     partition: int
     origin: int
     start: int
     end: int
+    explicit: bool = False
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -157,20 +162,30 @@ def admit(backlog: Mapping[TopicPartition, int], max_records: int) -> dict[Topic
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """Per partition in a stream offset: where the query began, and the next offset to read."""
+    """Per partition in a stream offset: where the query began, and the next offset to read.
+
+    ``explicit``: ``starting_offsets`` (JSON or ``latest``) put the origin above the log
+    start. The records below it were then neither read nor passed over by the group's own
+    position rules, so no report may claim them (``plan_commits``).
+    """
 
     origin: int
     next: int
+    explicit: bool = False
 
 
 def stream_offset(
     group: str | None, positions: Mapping[TopicPartition, Position]
 ) -> dict[str, Any]:
     """A Spark stream offset: JSON-safe, per partition, and self-describing for the listener."""
-    partitions: dict[str, dict[str, list[int]]] = {}
+    partitions: dict[str, dict[str, list[int | str]]] = {}
     for tp in sorted(positions):
         position = positions[tp]
-        partitions.setdefault(tp.topic, {})[str(tp.partition)] = [position.origin, position.next]
+        pair: list[int | str] = [position.origin, position.next]
+        # A tag rather than a new format version: checkpoints written before it still parse.
+        partitions.setdefault(tp.topic, {})[str(tp.partition)] = (
+            [*pair, _EXPLICIT] if position.explicit else pair
+        )
     return {"keyrange": OFFSET_FORMAT_VERSION, "group": group, "partitions": partitions}
 
 
@@ -182,7 +197,9 @@ def positions_of(document: Mapping[str, Any]) -> dict[TopicPartition, Position]:
     if not is_stream_offset(document):
         raise ValueError(f"not a keyrange stream offset: {document!r}")
     return {
-        TopicPartition(topic, int(partition)): Position(int(pair[0]), int(pair[1]))
+        TopicPartition(topic, int(partition)): Position(
+            int(pair[0]), int(pair[1]), explicit=pair[2:] == [_EXPLICIT]
+        )
         for topic, partitions in document["partitions"].items()
         for partition, pair in partitions.items()
     }
@@ -203,8 +220,10 @@ def plan_commits(
     watermark), everything below ``next`` is processed: a watermark says so and keeps the
     stored state small (DESIGN §3a). Elsewhere the records below the origin are unknown, so
     only the span itself is reported, as an IC range. A partition the group never committed
-    started at the position the query chose (as a Kafka consumer's offset reset would), so
-    it reports a watermark too.
+    reports a watermark when its origin is the group's own choice (``auto_offset_reset``, as
+    a Kafka consumer's offset reset and first commit would) or the log start; an explicit
+    origin above the log start reports the span alone, since a watermark would tell every
+    reader of the group that the records before it, which nothing read, are processed.
     """
     commits = []
     for tp in sorted(positions):
@@ -212,9 +231,10 @@ def plan_commits(
         if position.next <= position.origin:
             continue
         state = committed.get(tp)
-        covered = (
-            [KeyRange.full()] if state is None else _keys_processed_below(state, position.origin)
-        )
+        if state is not None:
+            covered = _keys_processed_below(state, position.origin)
+        else:
+            covered = [] if position.explicit else [KeyRange.full()]
         watermarks = tuple(Watermark(keys, position.next) for keys in covered)
         whole = covered == [KeyRange.full()]
         commits.append(
@@ -245,7 +265,11 @@ def spans_between(
             # New to the query, or restarted because its position was past the log end.
             begin = Position(stop.origin, stop.origin)
         if stop.next > begin.next:
-            spans.append(PartitionSpan(tp.topic, tp.partition, stop.origin, begin.next, stop.next))
+            spans.append(
+                PartitionSpan(
+                    tp.topic, tp.partition, stop.origin, begin.next, stop.next, stop.explicit
+                )
+            )
     return spans
 
 
@@ -257,4 +281,7 @@ def advance(
     """The end offset of the next batch: up to ``latest``, at most ``max_records`` more."""
     backlog = {tp: max(0, latest.get(tp, p.next) - p.next) for tp, p in start.items()}
     admitted = backlog if max_records is None else admit(backlog, max_records)
-    return {tp: Position(p.origin, p.next + admitted.get(tp, 0)) for tp, p in sorted(start.items())}
+    return {
+        tp: Position(p.origin, p.next + admitted.get(tp, 0), p.explicit)
+        for tp, p in sorted(start.items())
+    }

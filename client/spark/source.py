@@ -117,9 +117,7 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         starts = asyncio.run(_starting_positions(self._options, self._options.starting))
-        return stream_offset(
-            self._options.group, {tp: Position(offset, offset) for tp, offset in starts.items()}
-        )
+        return stream_offset(self._options.group, starts)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self._options.max_records_per_trigger
@@ -132,10 +130,9 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         positions = positions_of(start)
         ends, new_starts = asyncio.run(self._log_ends(positions))
-        for tp, offset in new_starts.items():
-            # A partition created after the query started: read it from the group's position
-            # or its beginning, as Spark's Kafka source does for new partitions.
-            positions[tp] = Position(offset, offset)
+        # A partition created after the query started: read it from the group's position
+        # or its beginning, as Spark's Kafka source does for new partitions.
+        positions.update(new_starts)
         positions = asyncio.run(self._restart_past_end(positions, ends))
         if self._available_now_target is not None:
             target = self._available_now_target
@@ -156,7 +153,7 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     async def _log_ends(
         self, positions: Mapping[TopicPartition, Position]
-    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, Position]]:
         """Log end of every partition, and the start of each partition not in ``positions``."""
         options = self._options
         async with ClusterView(options.bootstrap, options.kafka) as view:
@@ -164,7 +161,7 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             unknown = [tp for tp in partitions if tp not in positions]
             new_starts = await _resolve_starts(options, view, unknown, "committed")
             seek = {tp: positions[tp].next for tp in partitions if tp in positions}
-            ends = await view.latest(seek | new_starts)
+            ends = await view.latest(seek | {tp: p.origin for tp, p in new_starts.items()})
         return ends, new_starts
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
@@ -219,7 +216,7 @@ async def resolve_spans(options: SourceOptions) -> list[PartitionSpan]:
     async with ClusterView(options.bootstrap, options.kafka) as view:
         partitions = await view.partitions(options.topics)
         starts = await _resolve_starts(options, view, partitions, options.starting)
-        ends = await view.latest(starts)
+        ends = await view.latest({tp: start.origin for tp, start in starts.items()})
     if options.ending != "latest":
         requested = options.ending
         for tp, end in ends.items():
@@ -230,14 +227,21 @@ async def resolve_spans(options: SourceOptions) -> list[PartitionSpan]:
                 )
         ends = {tp: min(end, requested.get(tp, end)) for tp, end in ends.items()}
     return [
-        PartitionSpan(tp.topic, tp.partition, starts[tp], starts[tp], max(starts[tp], ends[tp]))
+        PartitionSpan(
+            tp.topic,
+            tp.partition,
+            starts[tp].origin,
+            starts[tp].origin,
+            max(starts[tp].origin, ends[tp]),
+            starts[tp].explicit,
+        )
         for tp in partitions
     ]
 
 
 async def _starting_positions(
     options: SourceOptions, starting: Starting
-) -> dict[TopicPartition, int]:
+) -> dict[TopicPartition, Position]:
     async with ClusterView(options.bootstrap, options.kafka) as view:
         partitions = await view.partitions(options.topics)
         return await _resolve_starts(options, view, partitions, starting)
@@ -248,18 +252,16 @@ async def _resolve_starts(
     view: ClusterView,
     partitions: Sequence[TopicPartition],
     starting: Starting,
-) -> dict[TopicPartition, int]:
-    """Where reading begins; never below the log start (those records are gone)."""
+) -> dict[TopicPartition, Position]:
+    """Where reading begins; never below the log start (those records are gone).
+
+    An origin that ``starting_offsets`` put above the log start is marked explicit: the
+    group's position rules did not skip the records below it, this query did.
+    """
     if not partitions:
         return {}
     earliest = await view.earliest(partitions)
-    if starting == "earliest":
-        return earliest
-    if starting == "latest":
-        return await view.latest(earliest)
-    if isinstance(starting, dict):
-        wanted = {tp: starting.get(tp, earliest[tp]) for tp in partitions}
-    else:
+    if starting == "committed":
         committed = await reset_committed_past_end(
             options,
             view,
@@ -267,14 +269,25 @@ async def _resolve_starts(
             earliest,
         )
         stored = {tp: committed[tp].stable_offset for tp in partitions if tp in committed}
-        return await start_by_policy(options, view, stored, partitions, earliest)
+        starts = await start_by_policy(options, view, stored, partitions, earliest)
+        return {tp: Position(offset, offset) for tp, offset in starts.items()}
+    if starting == "earliest":
+        wanted = earliest
+    elif starting == "latest":
+        wanted = await view.latest(earliest)
+    else:
+        wanted = {tp: starting.get(tp, earliest[tp]) for tp in partitions}
     for tp, offset in wanted.items():
         if offset < earliest[tp]:
             logger.warning(
                 "starting offset was deleted by retention; starting at the log start",
                 extra={"topic": tp.topic, "partition": tp.partition, "wanted": offset},
             )
-    return {tp: max(offset, earliest[tp]) for tp, offset in wanted.items()}
+    origins = {tp: max(offset, earliest[tp]) for tp, offset in wanted.items()}
+    return {
+        tp: Position(origin, origin, explicit=origin > earliest[tp])
+        for tp, origin in origins.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -296,7 +309,10 @@ class BatchRead:
         source = self.source
         if source.coordinator_url is None or source.group is None:
             raise ValueError("committing a batch read needs the 'coordinator' and 'group' options")
-        positions = {span.topic_partition: Position(span.origin, span.end) for span in self.spans}
+        positions = {
+            span.topic_partition: Position(span.origin, span.end, span.explicit)
+            for span in self.spans
+        }
         return asyncio.run(
             commit_positions(
                 source.coordinator_url, source.coordinator_token, source.group, positions

@@ -1,7 +1,9 @@
 """One local SparkSession for the whole test session, and helpers for keyed topics.
 
-Spark's JVM takes seconds to start, so every Spark test shares one session (local[2],
-no UI, two shuffle partitions). Without Java the Spark tests skip with a clear message.
+Spark's JVM takes seconds to start, so every Spark test shares one session (local[2,2]: two
+cores, and a failed task is tried twice, as a cluster retries it, where plain local[2] gives
+up at once; no UI, two shuffle partitions). Without Java the Spark tests skip with a clear
+message.
 
 The coordinator fixture serves from the test event loop, and Spark's planner and the
 commit listener call it: Spark actions therefore run in a worker thread
@@ -55,7 +57,7 @@ def spark() -> Iterator[Any]:
     from client.spark import register
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")
         .appName("keyrange-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -119,6 +119,22 @@ def test_a_partition_never_committed_reports_one_watermark() -> None:
     assert commit.watermarks == (Watermark(KeyRange.full(), 80),)
 
 
+def test_a_partition_never_committed_from_an_explicit_origin_reports_only_its_span() -> None:
+    [commit] = plan_commits({TP0: Position(50, 80, explicit=True)}, {})
+    assert commit.watermarks == ()
+    assert commit.ranges == ((50, 79),)
+
+
+def test_an_explicit_origin_travels_through_offsets_batches_and_spans() -> None:
+    start = {TP0: Position(50, 50, explicit=True), TP1: Position(0, 0)}
+    end = advance(start, {TP0: 80, TP1: 30}, None)
+    assert end == {TP0: Position(50, 80, explicit=True), TP1: Position(0, 30)}
+    document = stream_offset("g", end)
+    assert document["partitions"]["orders"] == {"0": [50, 80, "explicit"], "1": [0, 30]}
+    assert positions_of(document) == end
+    assert [span.explicit for span in spans_between(start, end)] == [True, False]
+
+
 def test_a_span_from_the_stable_offset_reports_one_watermark() -> None:
     [commit] = plan_commits({TP0: Position(50, 80)}, {TP0: CommittedOffsets(50)})
     assert commit.ranges == ()
