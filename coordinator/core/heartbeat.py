@@ -1,4 +1,4 @@
-"""What a heartbeat does (DESIGN §5, in the manner of KIP-848), decided without I/O.
+"""What a heartbeat does (docs/design.md §5, in the manner of KIP-848), decided without I/O.
 
 The shell (``coordinator.groups.heartbeat``) reads the facts under the group's row lock,
 calls :func:`heartbeat_step` and stores the :class:`HeartbeatOutcome`. Nothing here reads or

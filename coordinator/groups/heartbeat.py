@@ -1,4 +1,4 @@
-"""The heartbeat route's shell: join, heartbeat and leave (DESIGN §5, in the manner of
+"""The heartbeat route's shell: join, heartbeat and leave (docs/design.md §5, in the manner of
 KIP-848). Protocol decisions are recorded in docs/membership.md and made by
 ``coordinator.core.heartbeat.heartbeat_step``; this module reads the facts it asks for under
 the group's row lock, inside the caller's transaction (never committing), stores what it
