@@ -155,6 +155,7 @@ async def stable_heartbeat(
             request.assignor,
             request.allow_individual_commit,
             session_timeout,
+            request.client_id,
         )
     return stable
 
@@ -197,7 +198,7 @@ async def heartbeat(
     group = await _lock_group(connection, group_id, request.member_epoch, scope, settings)
     facts = HeartbeatFacts(
         group=group,
-        request=_member_request(request, client_host),
+        request=member_request(request, client_host),
         session_limits=session_limits(settings),
         default_assignor=settings.default_assignor,
         new_member_id=f"m-{uuid.uuid4().hex}",
@@ -229,7 +230,9 @@ async def heartbeat(
     return _reply(outcome, settings), outcome.hold
 
 
-def _member_request(request: HeartbeatRequest, client_host: str | None) -> MemberRequest:
+def member_request(request: HeartbeatRequest, client_host: str | None) -> MemberRequest:
+    """The request as the step reads it; public so that the stable path's guard can be held
+    to the step on the very requests the route gets (tests/groups/test_stable_guard.py)."""
     return MemberRequest(
         member_id=request.member_id,
         member_epoch=request.member_epoch,

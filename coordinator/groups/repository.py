@@ -5,7 +5,8 @@ row lock (``lock_group``), taken first in the transaction, so coordinator replic
 one database take turns per group and never hold membership state of their own. The one
 exception is ``extend_stable_session``: a heartbeat of a member with nothing to reconcile
 only moves its own expiry, guarded so that it matches nothing the moment anything about the
-member or its group changed (the caller then takes the locked path).
+member or its group changed (the caller then takes the locked path). The guard restates a
+rule of the pure heartbeat step; tests/groups/test_stable_guard.py holds the two together.
 
 Slices are decoded here, once, as rows are read, and encoded as they are written: the
 records this module hands out carry normalized ``Slice`` tuples, and what it stores is the
@@ -150,6 +151,7 @@ _EXTEND_STABLE_SESSION = text(
       AND (CAST(:assignor AS text) IS NULL OR m.assignor = :assignor)
       AND (CAST(:allow AS boolean) IS NULL OR m.allow_individual_commit = :allow)
       AND (CAST(:session_timeout AS integer) IS NULL OR m.session_timeout_ms = :session_timeout)
+      AND (CAST(:client_id AS text) IS NULL OR m.client_id = :client_id)
     RETURNING m.assigned::text, m.session_timeout_ms
     """
 ).bindparams(
@@ -159,6 +161,7 @@ _EXTEND_STABLE_SESSION = text(
     bindparam("assignor", type_=Text),
     bindparam("allow", type_=Boolean),
     bindparam("session_timeout", type_=Integer),
+    bindparam("client_id", type_=Text),
     bindparam("check_subscription", type_=Boolean),
 )
 
@@ -458,10 +461,12 @@ async def extend_stable_session(
     assignor: str | None,
     allow_individual_commit: bool | None,
     session_timeout_ms: int | None,
+    client_id: str | None,
 ) -> StableHeartbeat | None:
     """One statement for the common heartbeat: the member is live, at its epoch, owns exactly
     its assignment, which is its target, its group has no pending rebalance, and the request
-    changes nothing. Returns None when any of that is false."""
+    changes nothing (the client id included: the step stores a new one). Returns None when
+    any of that is false."""
     topics, regex = subscription if subscription is not None else ([], None)
     result = await connection.execute(
         _EXTEND_STABLE_SESSION,
@@ -476,6 +481,7 @@ async def extend_stable_session(
             "assignor": assignor,
             "allow": allow_individual_commit,
             "session_timeout": session_timeout_ms,
+            "client_id": client_id,
         },
     )
     row = result.one_or_none()
