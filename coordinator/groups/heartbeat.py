@@ -26,6 +26,7 @@ from coordinator.core.assignment import slices_from_wire, slices_to_wire
 from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError
 from coordinator.core.handoff import Hold
 from coordinator.core.heartbeat import (
+    SENT_FIELDS,
     HeartbeatFacts,
     HeartbeatOutcome,
     MemberRequest,
@@ -138,11 +139,9 @@ async def stable_heartbeat(
     owned_json = (
         None if request.owned is None else json.dumps([s.model_dump() for s in request.owned])
     )
-    session_timeout = (
-        None
-        if request.session_timeout_ms is None
-        else session_limits(settings).clamp(request.session_timeout_ms)
-    )
+    sent = {field.name: getattr(request, field.name) for field in SENT_FIELDS}
+    if request.session_timeout_ms is not None:
+        sent["session_timeout_ms"] = session_limits(settings).clamp(request.session_timeout_ms)
     subscription = _requested_subscription(request)
     async with _autocommit(engine).connect() as connection:
         stable = await repository.extend_stable_session(
@@ -152,10 +151,7 @@ async def stable_heartbeat(
             request.member_epoch,
             owned_json,
             None if subscription is None else (list(subscription.topics), subscription.regex),
-            request.assignor,
-            request.allow_individual_commit,
-            session_timeout,
-            request.client_id,
+            sent,
         )
     return stable
 
