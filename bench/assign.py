@@ -1,4 +1,4 @@
-"""Speed and quality of every assignor (DESIGN §6), pure computation, no services.
+"""Speed and quality of every assignor (docs/design.md §6), pure computation, no services.
 
 Scenarios: 10, 100, 1,000 and 5,000 members over 4 topics x 64 partitions, and 1,000 members
 on one topic of 16 partitions; every member subscribes to every topic and every topic accepts

@@ -1,5 +1,6 @@
-"""One error root for the coordinator: every failure a caller can see has a DESIGN name
-and an HTTP status, and one handler renders them all as RFC 9457 problem documents."""
+"""One error root for the coordinator: every failure a caller can see has an error name
+(docs/design.md §3) and an HTTP status, and one handler renders them all as RFC 9457
+problem documents."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Every error a request can meet, rendered as an RFC 9457 problem document with its DESIGN
-name: one function, so the FastAPI handlers and the commit fast path answer alike; and the
-same documents as the OpenAPI description declares them, route by route."""
+"""Every error a request can meet, rendered as an RFC 9457 problem document with its error
+name (docs/design.md §3): one function, so the FastAPI handlers and the commit fast path
+answer alike; and the same documents as the OpenAPI description declares them, route by
+route."""
 
 from __future__ import annotations
 

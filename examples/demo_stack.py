@@ -189,7 +189,8 @@ class Stack:
 
 
 async def allow_range_fetch(coordinator_url: str, topic: str) -> None:
-    """Let the coordinator split the topic's partitions by key (off by default, DESIGN §4)."""
+    """Let the coordinator split the topic's partitions by key (off by default,
+    docs/design.md §4)."""
     async with httpx.AsyncClient(base_url=coordinator_url, timeout=10) as api:
         reply = await api.put(f"/v1/admin/topics/{topic}/config", json={"accept_range_fetch": True})
         reply.raise_for_status()

@@ -36,7 +36,7 @@ def test_the_client_has_a_class_for_every_name_the_server_sends() -> None:
     for name, cls in ERROR_CLASSES.items():
         assert cls is not KeyrangeClientError
         assert error_for_name(name, 400) is cls
-    # Named by DESIGN, never sent: no class pretends the coordinator raises them.
+    # Named by docs/design.md §3, never sent: no class pretends the coordinator raises them.
     assert not names.NEVER_SENT & set(ERROR_CLASSES)
     assert not names.NEVER_SENT & (names.PROBLEM_ERRORS | names.PARTITION_ERRORS)
 

@@ -1,5 +1,5 @@
 """Calls to the admin routes. A failure becomes one line that names the error (the API's
-DESIGN name, such as GROUP_NOT_EMPTY) and the coordinator asked, so a wrong ``--url`` or
+error name, such as GROUP_NOT_EMPTY) and the coordinator asked, so a wrong ``--url`` or
 ``KEYRANGE_URL`` shows at once; never a stack trace."""
 
 from __future__ import annotations

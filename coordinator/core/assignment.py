@@ -1,4 +1,4 @@
-"""Value types shared by the assignors and the reconciliation step (DESIGN §5-6).
+"""Value types shared by the assignors and the reconciliation step (docs/design.md §5-6).
 
 Shaped like Kafka's server-side assignor API (``GroupSpec -> GroupAssignment``): read-only
 inputs, a plain mapping out, no I/O, so the coordinator can run them inside a transaction and
@@ -101,7 +101,7 @@ class GroupSpec:
 
     def can_split(self, topic: str) -> bool:
         """A partition may be shared by key only if the coordinator and the topic both allow it
-        (DESIGN §4); whether a member takes part is the member's own switch."""
+        (docs/design.md §4); whether a member takes part is the member's own switch."""
         spec = self.topics.get(topic)
         return self.accept_individual_commit and spec is not None and spec.accept_range_fetch
 
@@ -191,7 +191,7 @@ def slices_from_wire(entries: Iterable[Mapping[str, Any]]) -> tuple[Slice, ...]:
     )
 
 
-# Quality measures (DESIGN §6): loads are in partition units, 1.0 = one whole partition.
+# Quality measures (docs/design.md §6): loads are in partition units, 1.0 = one whole partition.
 
 
 def hash_count(slices: Iterable[Slice]) -> int:

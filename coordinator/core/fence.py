@@ -1,4 +1,4 @@
-"""Who may commit and whose heartbeat counts (DESIGN §3.7), decided in one place.
+"""Who may commit and whose heartbeat counts (docs/design.md §3.7), decided in one place.
 
 The shells read the facts under the locks that keep them true (a committing member's row
 FOR SHARE, a standalone commit's group row FOR SHARE, a heartbeating member's group row FOR

@@ -1,4 +1,4 @@
-"""What a heartbeat does (DESIGN §5, in the manner of KIP-848), decided without I/O.
+"""What a heartbeat does (docs/design.md §5, in the manner of KIP-848), decided without I/O.
 
 The shell (``coordinator.groups.heartbeat``) reads the facts under the group's row lock,
 calls :func:`heartbeat_step` and stores the :class:`HeartbeatOutcome`. Nothing here reads or
@@ -128,6 +128,28 @@ class HeartbeatOutcome:
 StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
 
 
+@dataclass(frozen=True, slots=True)
+class SentField:
+    """One of a member's own fields that a request may carry: absent means unchanged, a new
+    value is stored, and ``reason``, when there is one, is why the group's targets are then
+    computed again."""
+
+    name: str
+    reason: str | None = None
+
+
+# The member's own fields a request may change besides its subscription, named alike on
+# ``MemberRequest`` and ``MemberRecord``, in the order their reasons are given. The stable
+# heartbeat's guard (``coordinator.groups.repository``) is built from this list: a field
+# added here is compared there too, so a new value never slips past the step.
+SENT_FIELDS = (
+    SentField("allow_individual_commit", "member switches changed"),
+    SentField("assignor", "assignor changed"),
+    SentField("session_timeout_ms"),
+    SentField("client_id"),
+)
+
+
 def heartbeat_step(facts: HeartbeatFacts) -> StepResult:
     """Join (epoch 0), leave (epoch -1) or heartbeat of a member; raises the fence's refusal
     (``UnknownMemberId``, ``FencedMemberEpoch``) for a heartbeat that does not count, and
@@ -179,17 +201,13 @@ def _member_fields(
         changes["subscribed_topics"] = subscription.topics
         changes["subscribed_topic_regex"] = subscription.regex
         reasons.append("subscription changed")
-    allow = request.allow_individual_commit
-    if allow is not None and allow != member.allow_individual_commit:
-        changes["allow_individual_commit"] = allow
-        reasons.append("member switches changed")
-    if request.assignor is not None and request.assignor != member.assignor:
-        changes["assignor"] = request.assignor
-        reasons.append("assignor changed")
-    if session_timeout_ms is not None:
-        changes["session_timeout_ms"] = session_timeout_ms
-    if request.client_id is not None:
-        changes["client_id"] = request.client_id
+    sent = replace(request, session_timeout_ms=session_timeout_ms)
+    for sent_field in SENT_FIELDS:
+        value = getattr(sent, sent_field.name)
+        if value is not None and value != getattr(member, sent_field.name):
+            changes[sent_field.name] = value
+            if sent_field.reason is not None:
+                reasons.append(sent_field.reason)
     return replace(member, **changes) if changes else member, reasons
 
 

@@ -60,7 +60,7 @@ def reset_past_log_end(
     """A reader's out-of-range reset: the new state, or None when ``state`` is not past the log
     end (another reader of the partition reset it already, or the log has grown past it).
 
-    The stable offset may move backwards here, unlike any commit (DESIGN §3.6): a state past
+    The stable offset may move backwards here, unlike any commit (docs/design.md §3.6): a state past
     the log end was committed against records this log does not have, so it is no position
     in it, and keeping it would make every reader skip the log until it grows that far.
     """

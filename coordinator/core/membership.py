@@ -1,4 +1,4 @@
-"""The membership's records and the group-level decision (DESIGN §5-6), without I/O: which
+"""The membership's records and the group-level decision (docs/design.md §5-6), without I/O: which
 assignor a group runs, what each member's subscription resolves to, and :func:`settle`, which
 recomputes every member's target when something changed. The heartbeat step
 (``coordinator.core.heartbeat``), the admin operations and the reaper all settle a group
@@ -178,7 +178,7 @@ def resolved_topics(member: MemberRecord, known_topics: Iterable[str]) -> list[s
 @dataclass(frozen=True, slots=True)
 class Idle:
     """Why a subscribed member was given nothing, when a switch is the cause: it names the
-    switch (DESIGN §4), the topics concerned and what to do, for the reply and the log."""
+    switch (docs/design.md §4), the topics concerned and what to do, for the reply and the log."""
 
     switch: str
     topics: tuple[str, ...]

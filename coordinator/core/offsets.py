@@ -1,11 +1,11 @@
-"""How commits change a partition's committed state (DESIGN §3, §3a).
+"""How commits change a partition's committed state (docs/design.md §3, §3a).
 
 Pure functions over ``CommittedOffsets`` so the storage layer can run them inside its
 transaction, one partition at a time, and tests can check them against a naive model. Commits
 carry up to 60,000 ranges and a partition may hold ~10,000, so every step works on sorted
 sequences with bisect and touches only the stretch a commit overlaps.
 
-Decisions DESIGN and docs/api.md leave open:
+Decisions docs/design.md and docs/api.md leave open:
 - The stable offset is capped at 2**63-1: no Kafka record can sit at that offset (its next
   offset would overflow int64), and storage keeps offsets in int8.
 - A limit (``max_ic_ranges``, ``max_watermark_pieces``) refuses only a commit that would leave
@@ -49,7 +49,7 @@ class PartitionCommitResult:
     outcome: CommitOutcome
     stable_offset_advanced: bool
     # The commit carried something and changed nothing: at-least-once redelivery, logged at
-    # debug by the caller rather than reported to the client (DESIGN §3.3).
+    # debug by the caller rather than reported to the client (docs/design.md §3.3).
     duplicate: bool
 
 

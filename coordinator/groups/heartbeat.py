@@ -1,4 +1,4 @@
-"""The heartbeat route's shell: join, heartbeat and leave (DESIGN §5, in the manner of
+"""The heartbeat route's shell: join, heartbeat and leave (docs/design.md §5, in the manner of
 KIP-848). Protocol decisions are recorded in docs/membership.md and made by
 ``coordinator.core.heartbeat.heartbeat_step``; this module reads the facts it asks for under
 the group's row lock, inside the caller's transaction (never committing), stores what it
@@ -29,6 +29,7 @@ from coordinator.core.assignment import slices_from_wire, slices_to_wire
 from coordinator.core.assignors import ASSIGNORS, UnknownAssignorError
 from coordinator.core.handoff import Hold
 from coordinator.core.heartbeat import (
+    SENT_FIELDS,
     HeartbeatFacts,
     HeartbeatOutcome,
     MemberRequest,
@@ -146,11 +147,9 @@ async def stable_heartbeat(
     owned_json = (
         None if request.owned is None else json.dumps([s.model_dump() for s in request.owned])
     )
-    session_timeout = (
-        None
-        if request.session_timeout_ms is None
-        else session_limits(settings).clamp(request.session_timeout_ms)
-    )
+    sent = {field.name: getattr(request, field.name) for field in SENT_FIELDS}
+    if request.session_timeout_ms is not None:
+        sent["session_timeout_ms"] = session_limits(settings).clamp(request.session_timeout_ms)
     subscription = _requested_subscription(request)
     async with _autocommit(engine).connect() as connection:
         stable = await repository.extend_stable_session(
@@ -160,9 +159,7 @@ async def stable_heartbeat(
             request.member_epoch,
             owned_json,
             None if subscription is None else (list(subscription.topics), subscription.regex),
-            request.assignor,
-            request.allow_individual_commit,
-            session_timeout,
+            sent,
         )
     return stable
 
@@ -205,7 +202,7 @@ async def heartbeat(
     group = await _lock_group(connection, group_id, request.member_epoch, scope, settings)
     facts = HeartbeatFacts(
         group=group,
-        request=_member_request(request, client_host),
+        request=member_request(request, client_host),
         session_limits=session_limits(settings),
         default_assignor=settings.default_assignor,
         new_member_id=f"m-{uuid.uuid4().hex}",
@@ -244,7 +241,9 @@ async def heartbeat(
     return _reply(outcome, settings), outcome.hold
 
 
-def _member_request(request: HeartbeatRequest, client_host: str | None) -> MemberRequest:
+def member_request(request: HeartbeatRequest, client_host: str | None) -> MemberRequest:
+    """The request as the step reads it; public so that the stable path's guard can be held
+    to the step on the very requests the route gets (tests/groups/test_stable_guard.py)."""
     return MemberRequest(
         member_id=request.member_id,
         member_epoch=request.member_epoch,

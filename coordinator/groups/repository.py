@@ -5,7 +5,10 @@ row lock (``lock_group``), taken first in the transaction, so coordinator replic
 one database take turns per group and never hold membership state of their own. The one
 exception is ``extend_stable_session``: a heartbeat of a member with nothing to reconcile
 only moves its own expiry, guarded so that it matches nothing the moment anything about the
-member or its group changed (the caller then takes the locked path).
+member or its group changed (the caller then takes the locked path). The guard restates a
+rule of the pure heartbeat step: its comparisons of the member's own fields are built from
+the step's ``SENT_FIELDS``, and tests/groups/test_stable_guard.py holds the whole guard to the
+step on generated cases.
 
 Slices are decoded here, once, as rows are read, and encoded as they are written: the
 records this module hands out carry normalized ``Slice`` tuples, and what it stores is the
@@ -24,9 +27,10 @@ from sqlalchemy import bindparam, delete, func, literal_column, select, text, up
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import Boolean, Integer, Text
+from sqlalchemy.types import Boolean, Text
 
 from coordinator.core.assignment import Slice, slices_from_wire, slices_to_wire
+from coordinator.core.heartbeat import SENT_FIELDS
 from coordinator.core.membership import GroupRecord, MemberRecord
 from coordinator.core.topic_pattern import matching_topics
 from coordinator.db.models import (
@@ -131,10 +135,18 @@ _REAP_AND_READ_MEMBER = text(
     """
 )
 
+# The member's own fields a request may carry, each with its column's type: unchanged when
+# absent or equal to what is stored (``coordinator.core.heartbeat.SENT_FIELDS``).
+_SENT_COLUMNS = [(field.name, Member.__table__.c[field.name].type) for field in SENT_FIELDS]
+
 # The common heartbeat in one statement: every condition under which renewing the session is
 # all there is to do. A NULL parameter means "the request leaves this unchanged".
+_SENT_UNCHANGED = "".join(
+    f"      AND (CAST(:{name} AS {column_type.compile()}) IS NULL OR m.{name} = :{name})\n"
+    for name, column_type in _SENT_COLUMNS
+)
 _EXTEND_STABLE_SESSION = text(
-    """
+    f"""
     UPDATE members m
     SET last_heartbeat = now(),
         expires_at = now() + m.session_timeout_ms * interval '1 millisecond'
@@ -147,19 +159,14 @@ _EXTEND_STABLE_SESSION = text(
       AND (NOT :check_subscription OR (
             m.subscribed_topics = :topics
             AND m.subscribed_topic_regex IS NOT DISTINCT FROM CAST(:regex AS text)))
-      AND (CAST(:assignor AS text) IS NULL OR m.assignor = :assignor)
-      AND (CAST(:allow AS boolean) IS NULL OR m.allow_individual_commit = :allow)
-      AND (CAST(:session_timeout AS integer) IS NULL OR m.session_timeout_ms = :session_timeout)
-    RETURNING m.assigned::text, m.session_timeout_ms
+{_SENT_UNCHANGED}    RETURNING m.assigned::text, m.session_timeout_ms
     """
 ).bindparams(
     bindparam("owned", type_=Text),
     bindparam("topics", type_=ARRAY(Text)),
     bindparam("regex", type_=Text),
-    bindparam("assignor", type_=Text),
-    bindparam("allow", type_=Boolean),
-    bindparam("session_timeout", type_=Integer),
     bindparam("check_subscription", type_=Boolean),
+    *(bindparam(name, type_=column_type) for name, column_type in _SENT_COLUMNS),
 )
 
 
@@ -455,13 +462,12 @@ async def extend_stable_session(
     member_epoch: int,
     owned_json: str | None,
     subscription: tuple[list[str], str | None] | None,
-    assignor: str | None,
-    allow_individual_commit: bool | None,
-    session_timeout_ms: int | None,
+    sent: Mapping[str, Any],
 ) -> StableHeartbeat | None:
     """One statement for the common heartbeat: the member is live, at its epoch, owns exactly
     its assignment, which is its target, its group has no pending rebalance, and the request
-    changes nothing. Returns None when any of that is false."""
+    changes nothing. ``sent``: the request's value (None: absent) of each of
+    ``SENT_FIELDS``. Returns None when any of that is false."""
     topics, regex = subscription if subscription is not None else ([], None)
     result = await connection.execute(
         _EXTEND_STABLE_SESSION,
@@ -473,9 +479,7 @@ async def extend_stable_session(
             "check_subscription": subscription is not None,
             "topics": topics,
             "regex": regex,
-            "assignor": assignor,
-            "allow": allow_individual_commit,
-            "session_timeout": session_timeout_ms,
+            **{field.name: sent[field.name] for field in SENT_FIELDS},
         },
     )
     row = result.one_or_none()

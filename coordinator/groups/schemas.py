@@ -59,7 +59,7 @@ class SliceJson(StrictModel):
 
 class StuckCallJson(StrictModel):
     """A call of the member's user code still running on a key of a slice it was asked to
-    give up: it holds that key, and the slice, until it ends (DESIGN §5, "Release means
+    give up: it holds that key, and the slice, until it ends (docs/design.md §5, "Release means
     nothing of it runs")."""
 
     topic: TopicName

@@ -8,7 +8,7 @@ transaction applies all of them with the statements ``coordinator.offsets.reposi
 counts (three in the common case) whatever their number, so the cost of a commit falls as
 load rises, while a lone commit waits for nobody.
 
-Each request stays all-or-nothing and is judged exactly as on its own (DESIGN §3.7) by the
+Each request stays all-or-nothing and is judged exactly as on its own (docs/design.md §3.7) by the
 fence in ``coordinator.core.fence``: the switch, then its membership, under the locks that keep
 them true, then the caps of ``coordinator.core.quotas`` on the groups and partition rows it
 would create; a refused request changes nothing (it creates no group and no row) and the others

@@ -1,4 +1,4 @@
-"""Commit and fetch of individual-commit offsets (DESIGN §3, §3a): the rules a request meets
+"""Commit and fetch of individual-commit offsets (docs/design.md §3, §3a): the rules a request meets
 between the HTTP shell and the database.
 
 ``check_limits`` runs once per request, before it is queued; commit batching

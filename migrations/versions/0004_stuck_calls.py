@@ -1,6 +1,6 @@
 """Stuck calls: what each member last reported of its user code still running on keys of
-slices it was asked to give up (docs/api.md, "Stuck calls"; DESIGN §5, "Release means nothing
-of it runs").
+slices it was asked to give up (docs/api.md, "Stuck calls"; docs/design.md §5, "Release
+means nothing of it runs").
 
 ``members.stuck`` holds the list as the member's last heartbeat that carried it sent it, and
 ``members.stuck_reported_at`` when that heartbeat was stored, so the admin API can say how old

@@ -1,4 +1,5 @@
-"""The read side: what a consumer skips, checked on DESIGN's examples and against a naive model."""
+"""The read side: what a consumer skips, checked on docs/design.md's examples and against a
+naive model."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def watermark(start: int, end: int, offset: int) -> Watermark:
 
 
 def test_gap_amending_commits_only_what_the_fetch_processed() -> None:
-    # DESIGN §3: LSO 40, IC [43-45],[48-49], fetched [40..50]; offset 40 is another slice's.
+    # docs/design.md §3: LSO 40, IC [43-45],[48-49], fetched [40..50]; offset 40 is another slice's.
     mine, theirs = KeyRange(0, HALF - 1), KeyRange(HALF, HASH_MAX)
     record_hashes = {offset: 7 for offset in range(40, 51)} | {40: HALF + 7}
     committed = CommittedOffsets(40, ((43, 45), (48, 49)))

@@ -1,4 +1,4 @@
-"""DESIGN §2: the key hash every client must share, and how key ranges split."""
+"""docs/design.md §2: the key hash every client must share, and how key ranges split."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""DESIGN §5, "release means nothing of it runs", in every runtime (issue 27 items 1-3 and 7):
-a member gives a slice up, or leaves, only once no call of its keys runs. Calls that can be
-stopped are stopped first (a loop call cancelled, a process killed); a thread call that
-cannot be keeps only its own key until it ends, and the heir gets the rest at once. Records
-queued in a pool do not start once their slice is revoked or the member stops.
+"""docs/design.md §5, "release means nothing of it runs", in every runtime (issue 27 items
+1-3 and 7): a member gives a slice up, or leaves, only once no call of its keys runs. Calls
+that can be stopped are stopped first (a loop call cancelled, a process killed); a thread
+call that cannot be keeps only its own key until it ends, and the heir gets the rest at
+once. Records queued in a pool do not start once their slice is revoked or the member stops.
 
 Two members run against the real broker and coordinator: "first", whose calls on keys named
 ``slow-*`` outlive every timeout, and "second", which joins and takes half of the key space

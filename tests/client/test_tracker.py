@@ -27,7 +27,8 @@ def feed(tracker: OffsetTracker, hashes: dict[int, int]) -> list[int]:
 
 
 def design_example(tracker: OffsetTracker) -> list[int]:
-    """DESIGN §3: LSO 40, IC [43-45],[48-49], fetched [40..50], 40 belongs to another slice."""
+    """docs/design.md §3: LSO 40, IC [43-45],[48-49], fetched [40..50], 40 belongs to
+    another slice."""
     committed = CommittedOffsets(stable_offset=40, ranges=((43, 45), (48, 49)))
     tracker.add_slice(TP, LOW, position=40, committed=committed)
     hashes = {offset: LOW_HASH for offset in range(41, 51)} | {40: HIGH_HASH}

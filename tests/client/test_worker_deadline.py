@@ -1,4 +1,4 @@
-"""DESIGN §5, the client half, where the worker's pools queue records: a record handed out
+"""docs/design.md §5, the client half, where the worker's pools queue records: a record handed out
 before the session deadline can still wait for a pool thread, or sit in a child process's
 pipe behind the batch it works on, when the deadline passes. None of them may start after it
 (the coordinator may have given its key away by then) until the member has rejoined, and

@@ -1,4 +1,5 @@
-"""The write side: DESIGN §3/§3a examples, edge cases, and a stateful model of every commit kind."""
+"""The write side: docs/design.md §3/§3a examples, edge cases, and a stateful model of every
+commit kind."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def commit(
     )
 
 
-# DESIGN §3 and the KIP's illustration
+# docs/design.md §3 and the KIP's illustration
 
 
 def test_a_range_bridging_two_stored_ranges_merges_them() -> None:

@@ -1,5 +1,5 @@
 """The safe hand-off: scenarios by hand, then a randomized rebalance simulation that checks
-the safety invariant (DESIGN §5) at every step and convergence after the last change."""
+the safety invariant (docs/design.md §5) at every step and convergence after the last change."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Zombie members: a member frozen (SIGSTOP) or whose event loop is blocked for longer than its
 session must hand out nothing after its session deadline, even though its keys went to another
-member meanwhile and its heartbeat has not told it yet (DESIGN §5, the client half).
+member meanwhile and its heartbeat has not told it yet (docs/design.md §5, the client half).
 
 Two members in processes of their own share one partition while records flow; one of them is
 stalled for 2.5 session timeouts. Their ledgers (``worker_process.py --ledger``) are read on the

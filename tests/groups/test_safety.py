@@ -1,6 +1,6 @@
-"""The safety invariant (DESIGN §5) under random joins, leaves, crashes and partition growth:
-at no point do two live members hold overlapping key ranges of one partition, and the group
-converges once the churn stops.
+"""The safety invariant (docs/design.md §5) under random joins, leaves, crashes and
+partition growth: at no point do two live members hold overlapping key ranges of one
+partition, and the group converges once the churn stops.
 
 One simulation, two coordinators: the real heartbeat route over Postgres, and an in-memory
 shell around the same pure step (``coordinator.core.heartbeat.heartbeat_step``) that the route

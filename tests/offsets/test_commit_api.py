@@ -1,4 +1,4 @@
-"""The commit and offset-fetch routes over a real migrated Postgres (DESIGN §3, §3a)."""
+"""The commit and offset-fetch routes over a real migrated Postgres (docs/design.md §3, §3a)."""
 
 from __future__ import annotations
 

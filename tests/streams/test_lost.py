@@ -113,8 +113,8 @@ class Freezing(Processor):
 async def test_a_member_frozen_past_its_session_processes_no_buffered_record(
     kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    """DESIGN §5, the client half: once the session deadline passed, the coordinator may have
-    given the keys to another member, so not one more of the records buffered before the
+    """docs/design.md §5, the client half: once the session deadline passed, the coordinator
+    may have given the keys to another member, so not one more of the records buffered before the
     freeze is processed (its store writes would race the new owner's) until the member has
     rejoined and been given the keys again."""
     source = await make_topic(1)

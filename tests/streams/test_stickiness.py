@@ -1,5 +1,5 @@
 """Adding or removing a streams instance moves the fewest key ranges (the sticky-join
-assignor's stickiness, DESIGN §6), seen through real `keyrange streams` processes on a
+assignor's stickiness, docs/design.md §6), seen through real `keyrange streams` processes on a
 one-partition topic: what moves is what a state store has to restore, so every range moved
 without need is state read again from the changelog, and every survivor that kept its
 ranges keeps its store as it was."""

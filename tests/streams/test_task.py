@@ -187,7 +187,7 @@ def test_a_task_halted_mid_round_takes_no_further_record() -> None:
 def test_no_task_takes_a_record_once_the_session_deadline_passed_mid_round() -> None:
     """The loop blocked, or the process froze, inside a round: the member's session may have
     expired at the coordinator meanwhile, so the round stops there; not even another task's
-    buffered record is processed (DESIGN §5, the client half)."""
+    buffered record is processed (docs/design.md §5, the client half)."""
     seen: list[str] = []
     session_deadline = time.monotonic() + 0.05
 

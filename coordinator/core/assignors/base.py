@@ -30,7 +30,7 @@ class Assignor(Protocol):
 
 @lru_cache(maxsize=4096)
 def even_split(parts: int) -> tuple[KeyRange, ...]:
-    """The hash space in ``parts`` contiguous ranges (DESIGN §2); cached because every
+    """The hash space in ``parts`` contiguous ranges (docs/design.md §2); cached because every
     partition of a big group is split the same few ways."""
     return tuple(KeyRange.full().split(parts))
 

@@ -1,4 +1,4 @@
-"""Range key-range split assignor (DESIGN §6, the proposal's range variant)."""
+"""Range key-range split assignor (docs/design.md §6, the proposal's range variant)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Round-robin key-range split assignor (DESIGN §6; the proposal's KeyRange round robin)."""
+"""Round-robin key-range split assignor (docs/design.md §6; the proposal's KeyRange round robin)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sticky stream-join assignor (KIP-315, extended to key ranges; DESIGN §6)."""
+"""Sticky stream-join assignor (KIP-315, extended to key ranges; docs/design.md §6)."""
 
 from __future__ import annotations
 
