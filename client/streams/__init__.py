@@ -11,6 +11,7 @@ from client.streams.app import QueryAnswer, StreamsApp
 from client.streams.config import StreamsConfig
 from client.streams.errors import (
     ProcessorFailed,
+    SendFailed,
     StoreKeyOutsideTask,
     StreamsError,
     TopologyError,
@@ -41,6 +42,7 @@ __all__ = [
     "ProcessorFailed",
     "PunctuationType",
     "QueryAnswer",
+    "SendFailed",
     "Serde",
     "StoreKeyOutsideTask",
     "StoreSpec",

@@ -14,8 +14,8 @@ only a warning: its inputs are never committed by this instance anyway.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -44,17 +44,22 @@ class Outputs:
         self._state = state
         self._gate = gate
         self._on_failure = on_failure
-        self._sends: list[tuple[StreamTask, asyncio.Future[Any]]] = []
+        # Handed over and not yet looked at, oldest first: deliveries complete about in
+        # order, so each ``send`` looks at the done ones at the head (no callback per record).
+        self._sends: deque[tuple[StreamTask, asyncio.Future[Any]]] = deque()
         self._reported: set[StreamTask] = set()
         self.failure: SendFailed | None = None
 
     async def send(self, tasks: Iterable[StreamTask]) -> None:
+        """Hand the tasks' outputs over; ``SendFailed`` once a delivery failed, so a failure
+        stops the instance within a round of being known, not at the next commit."""
+        self._look_at_done()
+        if self.failure is not None:
+            raise self.failure
         for task in tasks:
             if not task.outgoing:
                 continue
             outgoing, task.outgoing = task.outgoing, []
-            on_sink = functools.partial(self._delivered, task, False)
-            on_changelog = functools.partial(self._delivered, task, True)
             for index, record in enumerate(outgoing):
                 # Asked per record: handing one over may wait for the producer's buffer,
                 # and the session deadline may pass meanwhile.
@@ -74,33 +79,31 @@ class Outputs:
                     # same failure as a delivery that failed later.
                     self._fail(task, error)
                     raise self.failure or error from error
-                delivery.add_done_callback(on_sink if record.changelog_of is None else on_changelog)
+                if record.changelog_of is not None:
+                    delivery.add_done_callback(self._note_written)
                 self._sends.append((task, delivery))
 
     async def flush(self) -> None:
         """Until everything handed over is acknowledged; ``SendFailed`` if anything handed
         over since the instance started failed (this flush's sends or earlier ones)."""
         if self.failure is None:
-            sends, self._sends = self._sends, []
             await self._producer.flush()
-            # The deliveries are done; their callbacks may not have run yet.
-            for task, delivery in sends:
-                self._check(task, delivery)
+            self._look_at_done()
         if self.failure is not None:
             raise self.failure
 
-    def _delivered(self, task: StreamTask, changelog: bool, delivery: asyncio.Future[Any]) -> None:
-        if self._check(task, delivery) and changelog:
+    def _look_at_done(self) -> None:
+        sends = self._sends
+        while sends and sends[0][1].done():
+            task, delivery = sends.popleft()
+            error = asyncio.CancelledError() if delivery.cancelled() else delivery.exception()
+            if error is not None:
+                self._fail(task, error)
+
+    def _note_written(self, delivery: asyncio.Future[Any]) -> None:
+        if not delivery.cancelled() and delivery.exception() is None:
             metadata = delivery.result()
             self._state.note_written(metadata.topic, metadata.partition, metadata.offset)
-
-    def _check(self, task: StreamTask, delivery: asyncio.Future[Any]) -> bool:
-        """True when ``delivery`` was acknowledged; otherwise the failure is noted."""
-        error = asyncio.CancelledError() if delivery.cancelled() else delivery.exception()
-        if error is None:
-            return True
-        self._fail(task, error)
-        return False
 
     def _fail(self, task: StreamTask, error: BaseException) -> None:
         if task in self._reported:

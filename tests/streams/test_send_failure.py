@@ -19,9 +19,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaTimeoutError
 
 from client.http import CoordinatorClient
-from client.streams import INT64, STRING, Processor, StoreSpec, StreamsApp, Topology
+from client.streams import INT64, STRING, Processor, SendFailed, StoreSpec, StreamsApp, Topology
 from client.streams.config import StreamsConfig
-from client.streams.errors import SendFailed
 from client.streams.restore import Restorer
 from tests.fixtures.services import MakeTopic
 from tests.streams.harness import TopicReader, accept_range_fetch, group_owners, increments, produce
