@@ -97,15 +97,18 @@ def check(
     exits: dict[str, list[float]] | None = None,
     dead_lettered: frozenset[tuple[int, int]] = frozenset(),
     processing_timeout_s: float | None = None,
+    frozen_kinds: frozenset[str] = FREEZING,
 ) -> Verdict:
     """``produced`` maps each partition to its end offset (one past the last record),
     ``stable`` to the group's stable offset once faults stopped (None: not checked);
     ``in_flight`` is how many handlers may run at once over all members; ``exits`` when
     each member process was seen to end; ``dead_lettered`` the records (partition, offset)
     on the dead-letter topic, which count as handled; ``processing_timeout_s`` the
-    runtime's, past which a call that returned has failed all the same."""
+    runtime's, past which a call that returned has failed all the same; ``frozen_kinds``
+    the faults that freeze a member mid-call (in the word count, a processor blocking the
+    event loop is one)."""
     runs = close_killed(runs, faults, exits)
-    overlapping, frozen = overlaps(runs, faults)
+    overlapping, frozen = overlaps(runs, faults, frozen_kinds)
     redelivered, unexplained = duplicates_per_fault(runs, faults)
     bounds = duplicate_bounds(
         runs, faults, session_s=session_s, commit_interval_s=commit_interval_s, in_flight=in_flight
@@ -180,13 +183,15 @@ def _ended(run: HandlerRun) -> float:
 
 
 def overlaps(
-    runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]
+    runs: Sequence[HandlerRun],
+    faults: Sequence[FaultRecord],
+    frozen_kinds: frozenset[str] = FREEZING,
 ) -> tuple[list[str], list[str]]:
     """Runs of one key at once: (the violating pairs, the excepted handler runs that were
     frozen mid-call while later runs of their key went on elsewhere, each counted once)."""
     freezes: dict[str, list[FaultRecord]] = defaultdict(list)
     for fault in faults:
-        if fault.kind in FREEZING:
+        if fault.kind in frozen_kinds:
             freezes[fault.target].append(fault)
     per_key: dict[str, list[HandlerRun]] = defaultdict(list)
     for run in runs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MEMBER_KILL = "member_kill"
@@ -58,8 +59,6 @@ OF_A_MEMBER = frozenset(
 )
 # The faults added with the runtimes.
 RUNTIME_KINDS = (STUCK_HANDLER, SLOW_CALLS, SIGTERM_DRAIN, SCALE_OUT, SCALE_IN)
-# Faults that end a member's process (its handler runs with no end in the journal stop then).
-ENDING = frozenset({MEMBER_KILL, SIGTERM_DRAIN, SCALE_IN, SCALE_OUT})
 EVERYONE = "*"
 
 
@@ -101,14 +100,23 @@ def plan(
     kinds: tuple[str, ...] = KINDS,
     warmup_s: float = 4.0,
     cooldown_s: float = 6.0,
+    extra_s: Mapping[str, float] | None = None,
 ) -> list[Fault]:
     """Faults one after another from ``warmup_s`` until ``cooldown_s`` before the end, each
     kind once in a shuffled round before any repeats (a short run still meets every kind), a
     pause of one to two sessions after each so its recovery can be measured on its own.
 
     ``TWO_AT_ONCE`` in ``kinds`` is a draw of two other kinds of the round, the second
-    starting while the first lasts, on another member when both strike a member."""
+    starting while the first lasts, on another member when both strike a member.
+    ``extra_s`` lengthens a kind's faults by a fixed time (a call past the processing
+    timeout first waits for the timeout)."""
     rng = random.Random(seed)
+    extra = extra_s or {}
+
+    def draw(kind: str, at: float) -> Fault:
+        fault = _draw(rng, kind, at, members=members, replicas=replicas, session_s=session_s)
+        return dataclasses.replace(fault, duration_s=fault.duration_s + extra.get(kind, 0.0))
+
     faults: list[Fault] = []
     bag: list[str] = []
     at = warmup_s + rng.uniform(0, session_s)
@@ -122,23 +130,14 @@ def plan(
         if kind == TWO_AT_ONCE:
             pairs += 1
             first_kind, second_kind = rng.sample(single, 2)
-            first = _draw(
-                rng, first_kind, at, members=members, replicas=replicas, session_s=session_s
-            )
-            second = _draw(
-                rng,
-                second_kind,
-                at + rng.uniform(0.1, 0.5) * first.duration_s,
-                members=members,
-                replicas=replicas,
-                session_s=session_s,
-            )
+            first = draw(first_kind, at)
+            second = draw(second_kind, at + rng.uniform(0.1, 0.5) * first.duration_s)
             if second_kind in OF_A_MEMBER and first.target == second.target:
                 other = (int(first.target[1:]) + 1 + rng.randrange(members - 1)) % members
                 second = dataclasses.replace(second, target=f"m{other}")
             drawn = [dataclasses.replace(f, pair=pairs) for f in (first, second)]
         else:
-            drawn = [_draw(rng, kind, at, members=members, replicas=replicas, session_s=session_s)]
+            drawn = [draw(kind, at)]
         end = max(fault.at_s + fault.duration_s for fault in drawn)
         if end > duration_s - cooldown_s:
             return faults

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -28,7 +29,7 @@ from tests.chaos import members as runtimes
 from tests.chaos.checker import Verdict, check
 from tests.chaos.counts import check_counts
 from tests.chaos.faults import Fault, FaultRecord, plan
-from tests.chaos.ledger import Block, read_journals, read_splits, store
+from tests.chaos.ledger import Block, HandlerRun, read_journals, read_splits, store
 from tests.chaos.members import Member, Place
 from tests.chaos.proxy import TcpProxy
 from tests.chaos.traffic import Traffic, empty, last_values, line, read_topic, sometimes_poison
@@ -38,6 +39,8 @@ from tests.fixtures.coordinator import free_port
 
 logger = logging.getLogger("tests.chaos")
 
+# A slow call's member leaves this long after the call began: it has timed out.
+SLOW_CALL_TIMED_OUT_S = runtimes.PROCESSING_TIMEOUT_S + 0.3
 # The members' commit interval.
 COMMIT_INTERVAL_S = runtimes.COMMIT_INTERVAL_MS / 1000
 
@@ -87,6 +90,7 @@ class Shape:
                 replicas=self.replicas,
                 session_s=self.session_s,
                 kinds=self.fault_kinds,
+                extra_s={kinds.SLOW_CALLS: SLOW_CALL_TIMED_OUT_S},
             )
         ]
 
@@ -248,6 +252,8 @@ class ChaosRun:
         journals = [self.place.journal(name) for name in names]
         runs, blocks = read_journals(journals)
         self.records = _with_actual_blocks(self.records, blocks)
+        if self.runtime == runtimes.STREAMS:
+            self.records = _from_stuck_calls(self.records, runs)
         exits: dict[str, list[float]] = {}
         for member in [*self.gone, *self.workers.values()]:
             exits.setdefault(member.name, []).extend(member.exits)
@@ -277,6 +283,11 @@ class ChaosRun:
             if self.runtime in (runtimes.RUN, runtimes.STREAMS)
             else runtimes.PROCESSING_TIMEOUT_S,
             dead_lettered=extra.get("dead_lettered", frozenset()),  # type: ignore[arg-type]
+            # The word count's processors run on the event loop: one stuck on a call blocks
+            # the loop as a synchronous handler does.
+            frozen_kinds=kinds.FREEZING | {kinds.STUCK_HANDLER, kinds.SIGTERM_DRAIN}
+            if self.runtime == runtimes.STREAMS
+            else kinds.FREEZING,
         )
         if self.runtime != runtimes.STREAMS:
             return verdict
@@ -427,8 +438,8 @@ class ChaosRun:
             # Once the call timed out (its retry waits for it), the member leaves: every
             # key it had moves.
             self._control(fault.target, runtimes.SLOW_S, calls=1)
-            await asyncio.sleep(runtimes.PROCESSING_TIMEOUT_S + 0.3)
-            exited = await self._away_for(fault.target, fault.duration_s)
+            await asyncio.sleep(SLOW_CALL_TIMED_OUT_S)
+            exited = await self._away_for(fault.target, fault.duration_s - SLOW_CALL_TIMED_OUT_S)
         elif fault.kind == kinds.SIGTERM_DRAIN:
             self._control(fault.target, runtimes.STUCK_S, calls=1)
             await asyncio.sleep(runtimes.STUCK_WINDOW_S / 2)
@@ -496,6 +507,28 @@ def _with_actual_blocks(records: list[FaultRecord], blocks: list[Block]) -> list
             )
             if block is not None:
                 record = dataclasses.replace(record, started=block.started, ended=block.ended)
+        actual.append(record)
+    return actual
+
+
+def _from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> list[FaultRecord]:
+    """A stuck or long call's fault starts with the call (the runner only asked for it):
+    then a processor that blocked the event loop counts as frozen mid-call."""
+    actual = []
+    for record in records:
+        if record.kind in (kinds.STUCK_HANDLER, kinds.SIGTERM_DRAIN):
+            call = next(
+                (
+                    run
+                    for run in sorted(runs, key=lambda run: run.started)
+                    if run.process == record.target
+                    and record.started <= run.started <= record.started + runtimes.STUCK_WINDOW_S
+                    and (run.ended or math.inf) - run.started >= runtimes.STUCK_S
+                ),
+                None,
+            )
+            if call is not None:
+                record = dataclasses.replace(record, started=call.started)
         actual.append(record)
     return actual
 
