@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tests.chaos.faults import (
@@ -452,7 +452,7 @@ def runtime_figures(verdicts: Sequence[Verdict], *, counting: bool = False) -> d
 
 
 def report(
-    by_runtime: dict[str, Sequence[Verdict]],
+    by_runtime: Mapping[str, Sequence[Verdict]],
     fault_kinds: Sequence[Sequence[str]],
     *,
     counting: frozenset[str] = frozenset(),

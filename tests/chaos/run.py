@@ -137,6 +137,16 @@ def describe(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Outputs:
+    """What the members wrote besides their journals: the records on the dead-letter
+    topic (origin partition, offset), the word count's sink and changelog (word to count)."""
+
+    dead_lettered: frozenset[tuple[int, int]] = frozenset()
+    final: dict[str, int] = field(default_factory=dict)
+    restored: dict[str, int] = field(default_factory=dict)
+
+
 class ChaosRun:
     """Owns every process and proxy of one run; ``run()`` returns the judged outcome."""
 
@@ -205,10 +215,10 @@ class ChaosRun:
             stable = await self._until_all_committed(self.input_topic, produced)
             for worker in self.workers.values():
                 await worker.stop()
-            extra = await self._read_outputs()
+            outputs = await self._read_outputs()
         finally:
             await self._tear_down()
-        verdict = await self._judge(produced, stable, traffic.sent, extra)
+        verdict = await self._judge(produced, stable, traffic.sent, outputs)
         errors = [line for replica in self.replicas for line in replica.error_lines()]
         return Outcome(self.shape, verdict, self.records, produced, stable, errors)
 
@@ -217,7 +227,7 @@ class ChaosRun:
         """The topic whose records the ledger's calls handle."""
         return self.place.words if self.runtime == runtimes.STREAMS else self.place.topic
 
-    async def _read_outputs(self) -> dict[str, object]:
+    async def _read_outputs(self) -> Outputs:
         """The dead letters (origin partition and offset), or the word count's final counts
         (the sink) and its restore (the changelog), each read to its high watermark."""
         bootstrap, partitions = self.place.bootstrap, self.shape.partitions
@@ -226,9 +236,9 @@ class ChaosRun:
             changelog, _ = await read_topic(
                 bootstrap, f"{self.place.group}-counts-changelog", partitions
             )
-            return {"final": last_values(sink), "restored": last_values(changelog)}
+            return Outputs(final=last_values(sink), restored=last_values(changelog))
         if self.runtime == runtimes.RUN:
-            return {}
+            return Outputs()
         letters, _ = await read_topic(bootstrap, self.place.dead_letters, partitions)
         origins = set()
         for letter in letters:
@@ -239,14 +249,14 @@ class ChaosRun:
                     int(headers["keyrange.origin.offset"]),
                 )
             )
-        return {"dead_lettered": frozenset(origins)}
+        return Outputs(dead_lettered=frozenset(origins))
 
     async def _judge(
         self,
         produced: dict[int, int],
         stable: dict[int, int],
         sent: dict[tuple[int, int], bytes],
-        extra: dict[str, object],
+        outputs: Outputs,
     ) -> Verdict:
         names = sorted({*self.workers, *(member.name for member in self.gone)})
         journals = [self.place.journal(name) for name in names]
@@ -282,7 +292,7 @@ class ChaosRun:
             processing_timeout_s=None
             if self.runtime in (runtimes.RUN, runtimes.STREAMS)
             else runtimes.PROCESSING_TIMEOUT_S,
-            dead_lettered=extra.get("dead_lettered", frozenset()),  # type: ignore[arg-type]
+            dead_lettered=outputs.dead_lettered,
             # The word count's processors run on the event loop: one stuck on a call blocks
             # the loop as a synchronous handler does.
             frozen_kinds=kinds.FREEZING | {kinds.STUCK_HANDLER, kinds.SIGTERM_DRAIN}
@@ -295,8 +305,8 @@ class ChaosRun:
             sent,
             read_splits(journals),
             ledger,
-            extra["final"],  # type: ignore[arg-type]
-            extra["restored"],  # type: ignore[arg-type]
+            outputs.final,
+            outputs.restored,
         )
         return dataclasses.replace(verdict, **dataclasses.asdict(counted))
 
