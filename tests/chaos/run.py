@@ -380,12 +380,23 @@ class ChaosRun:
         path.with_suffix(".tmp").write_text(json.dumps(asked))
         os.replace(path.with_suffix(".tmp"), path)
 
-    async def _join_for(self, seconds: float, count: int = 1) -> str:
+    async def _join_for(
+        self, seconds: float, count: int = 1, *, stuck: tuple[str, int] | None = None
+    ) -> str:
         """``count`` members join for ``seconds``, then leave gracefully (scale-out, then
-        scale-in); their names."""
+        scale-in); their names. With ``stuck`` (a member, how many of its calls), those
+        calls get stuck once the joining members have started, so they are stuck when the
+        rebalance revokes keys (starting a process takes seconds on a busy machine)."""
         names = [f"x{self.extras + index}" for index in range(count)]
         self.extras += count
         joined = [await self._start(name) for name in names]
+        if stuck is not None:
+            deadline = time.monotonic() + 30
+            while not all(_has_booted(self.place.journal(name)) for name in names):
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            self._control(stuck[0], runtimes.STUCK_S, calls=stuck[1])
         await asyncio.sleep(seconds)
         for member in joined:
             await member.stop()
@@ -442,8 +453,7 @@ class ChaosRun:
         elif fault.kind == kinds.STUCK_HANDLER:
             # Two joining members take part of the stuck member's keys from it.
             stuck = 1 if self.runtime == runtimes.STREAMS else 3
-            self._control(fault.target, runtimes.STUCK_S, calls=stuck)
-            await self._join_for(fault.duration_s, count=2)
+            await self._join_for(fault.duration_s, count=2, stuck=(fault.target, stuck))
         elif fault.kind == kinds.SLOW_CALLS:
             # Once the call timed out (its retry waits for it), the member leaves: every
             # key it had moves.
@@ -541,6 +551,10 @@ def _from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> lis
                 record = dataclasses.replace(record, started=call.started)
         actual.append(record)
     return actual
+
+
+def _has_booted(path: Path) -> bool:
+    return path.exists() and b'"boot"' in path.read_bytes()
 
 
 def _has_started(path: Path) -> bool:

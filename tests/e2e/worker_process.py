@@ -8,12 +8,12 @@ so a test can line up several processes: ``start`` when a record is handed to th
 (with the member id it was handed out under) and ``effect`` when the handler acts on it, which
 it does only while ``still_owned`` says the record is still this member's. SIGUSR1 makes the
 next handler block the event loop for ``--block-ms`` with a synchronous sleep (then a
-``blocked`` event). With ``--journal`` it appends one JSON line at every handler start and end
-(``tests.chaos.journal`` reads them): the chaos suite's ledger, which outlives a SIGKILL
-because each line is one ``write`` to a file opened for appending; a few handlers starting before
-the instant ``<journal>.control`` names first await as long as it says (the chaos suite's
-stuck and long calls; ``tests/chaos/targets.py`` describes the file). It runs until killed or its
-stdin closes.
+``blocked`` event). With ``--journal`` it appends a ``boot`` line, then one JSON line at every
+handler start and end (``tests.chaos.ledger`` reads them): the chaos suite's ledger, which
+outlives a SIGKILL because each line is one ``write`` to a file opened for appending; a few
+handlers starting before the instant ``<journal>.control`` names first await as long as it
+says (the chaos suite's stuck and long calls; ``tests/chaos/targets.py`` describes the file).
+It runs until killed or its stdin closes.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ async def main(args: argparse.Namespace) -> None:
     out = None if args.out is None else _append(args.out)
     ledger = None if args.ledger is None else _append(args.ledger)
     journal = None if args.journal is None else _append(args.journal)
+    if journal is not None:
+        booted = {"e": "boot", "p": args.name, "t": time.monotonic(), "w": time.time()}
+        os.write(journal, json.dumps(booted).encode() + b"\n")
     losses = _LossCounter()
     block_next = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, block_next.set)
