@@ -38,6 +38,8 @@ AFFECTED_LOOKBACK_S = 3.0
 # A pause in the affected keys' hand-outs shorter than this is the stream's own rhythm.
 STALL_S = 0.5
 RECOVERY_HORIZON_S = 60.0
+# A violation this soon after a fault ended is named with it (its effects outlast it).
+AFTER_FAULT_S = 2.0
 
 
 @dataclass
@@ -219,10 +221,20 @@ def overlaps(
                         f"key {key}: p{run.partition}@{run.offset} on {_who(run)} started at "
                         f"{run.started:.3f} while p{earlier.partition}@{earlier.offset} ran on "
                         f"{_who(earlier)} ({earlier.started:.3f} to {_ended(earlier):.3f}, "
-                        f"{earlier.outcome})"
+                        f"{earlier.outcome}){_during(faults, run.started)}"
                     )
             active.append(run)
     return violations, list(excepted.values())
+
+
+def _during(faults: Sequence[FaultRecord], moment: float) -> str:
+    """The faults under way at ``moment``, to name in a violation."""
+    names = [
+        f"{fault.kind} {fault.target}"
+        for fault in faults
+        if fault.started <= moment <= fault.ended + AFTER_FAULT_S
+    ]
+    return f" during {', '.join(names)}" if names else ""
 
 
 def _who(run: HandlerRun) -> str:

@@ -219,6 +219,8 @@ class ChaosRun:
         finally:
             await self._tear_down()
         verdict = await self._judge(produced, stable, traffic.sent, outputs)
+        # Every finding, where describe() shows the first few.
+        (self.directory / "verdict.json").write_text(json.dumps(dataclasses.asdict(verdict)))
         errors = [line for replica in self.replicas for line in replica.error_lines()]
         return Outcome(self.shape, verdict, self.records, produced, stable, errors)
 
