@@ -438,7 +438,7 @@ class ChaosRun:
             replica = self.replicas[int(fault.target)]
             await replica.kill()
             await asyncio.sleep(fault.duration_s)
-            await replica.start()
+            await _restart(replica)
         elif fault.kind == kinds.POSTGRES_STOP:
             await asyncio.to_thread(self.postgres.stop)
             await asyncio.sleep(fault.duration_s)
@@ -553,6 +553,20 @@ def _from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> lis
                 record = dataclasses.replace(record, started=call.started)
         actual.append(record)
     return actual
+
+
+async def _restart(replica: CoordinatorProcess, within_s: float = 60) -> None:
+    """Start the replica again, and again while it exits at once (Postgres stopped by a
+    fault at the same time), as a pod restarts until it stays up."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            await replica.start()
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def _has_booted(path: Path) -> bool:
