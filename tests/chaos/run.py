@@ -534,8 +534,9 @@ def _with_actual_blocks(records: list[FaultRecord], blocks: list[Block]) -> list
 
 
 def _from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> list[FaultRecord]:
-    """A stuck or long call's fault starts with the call (the runner only asked for it):
-    then a processor that blocked the event loop counts as frozen mid-call."""
+    """A stuck or long call's fault starts with the call (the runner asked for it, at the
+    fault's start or once joining members had started): then a processor that blocked the
+    event loop counts as frozen mid-call."""
     actual = []
     for record in records:
         if record.kind in (kinds.STUCK_HANDLER, kinds.SIGTERM_DRAIN):
@@ -544,7 +545,7 @@ def _from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> lis
                     run
                     for run in sorted(runs, key=lambda run: run.started)
                     if run.process == record.target
-                    and record.started <= run.started <= record.started + runtimes.STUCK_WINDOW_S
+                    and record.started <= run.started <= record.ended
                     and (run.ended or math.inf) - run.started >= runtimes.STUCK_S
                 ),
                 None,
