@@ -64,6 +64,10 @@ class Verdict:
     undercounted: list[str] = field(default_factory=list)
     unexplained_surplus: list[str] = field(default_factory=list)
     restore_mismatches: list[str] = field(default_factory=list)
+    # Changelog values going down: writes landing after newer ones, and those a frozen
+    # process had already handed to its producer (the exception, counted apart).
+    regressions: list[str] = field(default_factory=list)
+    frozen_writes: list[str] = field(default_factory=list)
     counts_lost: int = 0
     surplus: int = 0
 
@@ -79,6 +83,7 @@ class Verdict:
             or self.undercounted
             or self.unexplained_surplus
             or self.restore_mismatches
+            or self.regressions
         )
 
     @property
@@ -459,6 +464,8 @@ def runtime_figures(verdicts: Sequence[Verdict], *, counting: bool = False) -> d
             "surplus": sum(verdict.surplus for verdict in verdicts),
             "unexplained_surplus_words": sum(len(v.unexplained_surplus) for v in verdicts),
             "restore_mismatches": sum(len(verdict.restore_mismatches) for verdict in verdicts),
+            "changelog_regressions": sum(len(verdict.regressions) for verdict in verdicts),
+            "frozen_writes": sum(len(verdict.frozen_writes) for verdict in verdicts),
         }
     return shown
 

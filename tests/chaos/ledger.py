@@ -99,6 +99,16 @@ def read_splits(paths: Sequence[Path]) -> list[tuple[int, int]]:
     ]
 
 
+def read_writes(paths: Sequence[Path]) -> list[tuple[str, str, int, float]]:
+    """Each count the word count wrote: process, word, count, when its call ended."""
+    return [
+        (str(event["p"]), str(event["k"]), int(event["c"]), float(event["t"]))
+        for path in paths
+        for event in _events(path)
+        if event["e"] == "end" and "c" in event
+    ]
+
+
 def _events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

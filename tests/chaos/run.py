@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import time
@@ -24,15 +23,29 @@ import httpx
 from coordinator import migrate
 from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
 from coordinator.kafka import ClusterMetadata
+from tests.chaos import actual
 from tests.chaos import faults as kinds
 from tests.chaos import members as runtimes
 from tests.chaos.checker import Verdict, check
-from tests.chaos.counts import check_counts
+from tests.chaos.counts import Write, check_counts
 from tests.chaos.faults import Fault, FaultRecord, plan
-from tests.chaos.ledger import Block, HandlerRun, read_journals, read_splits, store
+from tests.chaos.ledger import (
+    read_journals,
+    read_splits,
+    read_writes,
+    store,
+)
 from tests.chaos.members import Member, Place
 from tests.chaos.proxy import TcpProxy
-from tests.chaos.traffic import Traffic, empty, last_values, line, read_topic, sometimes_poison
+from tests.chaos.traffic import (
+    Traffic,
+    empty,
+    last_values,
+    line,
+    read_topic,
+    sometimes_poison,
+    values_in_order,
+)
 from tests.e2e.harness import allow_range_fetch
 from tests.e2e.processes import CoordinatorProcess, coordinator_settings
 from tests.fixtures.coordinator import free_port
@@ -130,6 +143,8 @@ def describe(outcome: Outcome) -> str:
         "undercounted",
         "unexplained_surplus",
         "restore_mismatches",
+        "regressions",
+        "frozen_writes",
     ):
         found = getattr(verdict, name)
         lines.append(f"  {name}: {len(found)} {found[:5]}")
@@ -145,6 +160,7 @@ class Outputs:
     dead_lettered: frozenset[tuple[int, int]] = frozenset()
     final: dict[str, int] = field(default_factory=dict)
     restored: dict[str, int] = field(default_factory=dict)
+    changelog: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ChaosRun:
@@ -238,7 +254,11 @@ class ChaosRun:
             changelog, _ = await read_topic(
                 bootstrap, f"{self.place.group}-counts-changelog", partitions
             )
-            return Outputs(final=last_values(sink), restored=last_values(changelog))
+            return Outputs(
+                final=last_values(sink),
+                restored=last_values(changelog),
+                changelog=values_in_order(changelog),
+            )
         if self.runtime == runtimes.RUN:
             return Outputs()
         letters, _ = await read_topic(bootstrap, self.place.dead_letters, partitions)
@@ -263,9 +283,9 @@ class ChaosRun:
         names = sorted({*self.workers, *(member.name for member in self.gone)})
         journals = [self.place.journal(name) for name in names]
         runs, blocks = read_journals(journals)
-        self.records = _with_actual_blocks(self.records, blocks)
+        self.records = actual.with_actual_blocks(self.records, blocks)
         if self.runtime == runtimes.STREAMS:
-            self.records = _from_stuck_calls(self.records, runs)
+            self.records = actual.from_stuck_calls(self.records, runs)
         exits: dict[str, list[float]] = {}
         for member in [*self.gone, *self.workers.values()]:
             exits.setdefault(member.name, []).extend(member.exits)
@@ -309,6 +329,9 @@ class ChaosRun:
             ledger,
             outputs.final,
             outputs.restored,
+            outputs.changelog,
+            [Write(*write) for write in read_writes(journals)],
+            actual.freezes(self.records),
         )
         return dataclasses.replace(verdict, **dataclasses.asdict(counted))
 
@@ -515,45 +538,6 @@ class ChaosRun:
         await asyncio.to_thread(self.broker.stop)
         if not self.postgres.running:
             await asyncio.to_thread(self.postgres.start)
-
-
-def _with_actual_blocks(records: list[FaultRecord], blocks: list[Block]) -> list[FaultRecord]:
-    """A blocked loop's fault lasts from when the handler blocked to when it returned, which
-    the member's journal knows (the signal only asks the next handler to block)."""
-    actual = []
-    for record in records:
-        if record.kind == kinds.LOOP_BLOCK:
-            block = next(
-                (b for b in blocks if b.process == record.target and b.ended >= record.started),
-                None,
-            )
-            if block is not None:
-                record = dataclasses.replace(record, started=block.started, ended=block.ended)
-        actual.append(record)
-    return actual
-
-
-def _from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> list[FaultRecord]:
-    """A stuck or long call's fault starts with the call (the runner asked for it, at the
-    fault's start or once joining members had started): then a processor that blocked the
-    event loop counts as frozen mid-call."""
-    actual = []
-    for record in records:
-        if record.kind in (kinds.STUCK_HANDLER, kinds.SIGTERM_DRAIN):
-            call = next(
-                (
-                    run
-                    for run in sorted(runs, key=lambda run: run.started)
-                    if run.process == record.target
-                    and record.started <= run.started <= record.ended
-                    and (run.ended or math.inf) - run.started >= runtimes.STUCK_S
-                ),
-                None,
-            )
-            if call is not None:
-                record = dataclasses.replace(record, started=call.started)
-        actual.append(record)
-    return actual
 
 
 async def _restart(replica: CoordinatorProcess, within_s: float = 60) -> None:

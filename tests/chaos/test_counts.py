@@ -3,7 +3,7 @@ lost, a surplus nothing explains, a changelog that restores other counts), and o
 
 from __future__ import annotations
 
-from tests.chaos.counts import check_counts
+from tests.chaos.counts import Write, check_counts
 from tests.chaos.ledger import HandlerRun
 
 LINES = {(0, 0): b"a b", (0, 1): b"a", (1, 0): b"b c"}
@@ -74,3 +74,26 @@ def test_a_changelog_restoring_other_counts_than_the_sink_breaks_the_restore() -
     assert verdict.restore_mismatches == ["b: the sink ends at 2, the changelog at 1"]
     missing = {"a": 2, "c": 1}
     assert len(check_counts(LINES, SPLITS, COUNTED, TRUE, missing).restore_mismatches) == 1
+
+
+def test_a_count_going_down_in_the_changelog_is_a_write_after_a_newer_one() -> None:
+    # The measurement: ...21, 22, 23, 7: the stale instance's write landed last.
+    changelog = {"a": [1, 2], "b": [1, 2, 3, 1, 2]}
+    writes = [Write("m1", "b", 3, 5.0), Write("m0", "b", 1, 6.0)]
+    verdict = check_counts(LINES, SPLITS, COUNTED, TRUE, TRUE, changelog, writes)
+    assert verdict.regressions == ["b: the changelog goes from 3 to 1, written by m0 at 6.000"]
+    assert verdict.frozen_writes == []
+    steady = check_counts(LINES, SPLITS, COUNTED, TRUE, TRUE, {"a": [1, 2, 2, 3]}, writes)
+    assert steady.regressions == []
+
+
+def test_a_write_a_stopped_process_had_handed_to_its_producer_is_the_exception() -> None:
+    changelog = {"b": [1, 2, 3, 1]}
+    writes = [Write("m0", "b", 1, 6.0)]
+    frozen = {"m0": [(6.2, 10.0)]}
+    verdict = check_counts(LINES, SPLITS, COUNTED, TRUE, TRUE, changelog, writes, frozen)
+    assert verdict.regressions == []
+    assert len(verdict.frozen_writes) == 1
+    # A freeze long before the write excuses nothing.
+    earlier = {"m0": [(1.0, 3.0)]}
+    assert check_counts(LINES, SPLITS, COUNTED, TRUE, TRUE, changelog, writes, earlier).regressions

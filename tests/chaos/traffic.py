@@ -143,3 +143,14 @@ def last_values(records: list[ConsumerRecord[bytes, bytes]]) -> dict[str, int]:
         else:
             latest[record.key.decode()] = int.from_bytes(record.value, "big", signed=True)
     return latest
+
+
+def values_in_order(records: list[ConsumerRecord[bytes, bytes]]) -> dict[str, list[int]]:
+    """Every value of each key of an INT64-valued topic, in offset order (tombstones left
+    out)."""
+    values: dict[str, list[int]] = {}
+    for record in sorted(records, key=lambda record: (record.partition, record.offset)):
+        if record.key is not None and record.value is not None:
+            value = int.from_bytes(record.value, "big", signed=True)
+            values.setdefault(record.key.decode(), []).append(value)
+    return values
