@@ -45,6 +45,7 @@ async def main(args: argparse.Namespace) -> int:
                         replicas=1 + index % 2 if args.replicas == 0 else args.replicas,
                         rate_per_s=args.rate,
                         runtime=runtime,
+                        kinds=tuple(args.kinds.split(",")) if args.kinds else (),
                     )
                     directory = root / f"{runtime}-{shape.seed}"
                     run = ChaosRun(shape, postgres=postgres, directory=directory)
@@ -76,6 +77,9 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--runtimes", default=",".join(RUNTIMES), help="comma-separated, of " + ", ".join(RUNTIMES)
+    )
+    parser.add_argument(
+        "--kinds", default="", help="comma-separated fault kinds (default: the runtime's all)"
     )
     parser.add_argument("--keep", help="keep journals and logs in this directory")
     logging.basicConfig(level=logging.WARNING)

@@ -6,7 +6,7 @@ chaos`` runs every runtime longer, against every kind, with one and two replicas
 
 A failure prints the run's faults and verdict; replay it with
 ``python -m tests.chaos --seed <seed> --duration <s> --runs 1 --members <n> --replicas 2
---runtimes <runtime>`` (the runtime's every fault kind; the test picks a few).
+--runtimes <runtime> --kinds <the test's fault kinds>``.
 """
 
 from __future__ import annotations
