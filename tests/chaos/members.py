@@ -205,6 +205,10 @@ class Member:
         self.ask_to_stop()
         return await self.wait(timeout_s)
 
+    def last_line(self) -> str:
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else ""
+
     async def wait(self, timeout_s: float) -> int | None:
         assert self.process is not None
         try:

@@ -116,6 +116,8 @@ class Outcome:
     produced: dict[int, int]
     stable: dict[int, int]
     coordinator_errors: list[str] = field(default_factory=list)
+    # Members that had exited by themselves when the run ended (not stopped by a fault).
+    exited: list[str] = field(default_factory=list)
 
 
 def describe(outcome: Outcome) -> str:
@@ -148,6 +150,7 @@ def describe(outcome: Outcome) -> str:
     ):
         found = getattr(verdict, name)
         lines.append(f"  {name}: {len(found)} {found[:5]}")
+    lines.extend(f"  exited by itself: {line}" for line in outcome.exited)
     lines.extend(f"  coordinator: {line}" for line in outcome.coordinator_errors[:10])
     return "\n".join(lines)
 
@@ -229,6 +232,11 @@ class ChaosRun:
                     self.place.bootstrap, self.place.words, self.shape.partitions
                 )
             stable = await self._until_all_committed(self.input_topic, produced)
+            exited = [
+                f"{name} exited with {member.process.returncode}: {member.last_line()}"
+                for name, member in self.workers.items()
+                if member.process is not None and member.process.returncode is not None
+            ]
             for worker in self.workers.values():
                 await worker.stop()
             outputs = await self._read_outputs()
@@ -238,7 +246,7 @@ class ChaosRun:
         # Every finding, where describe() shows the first few.
         (self.directory / "verdict.json").write_text(json.dumps(dataclasses.asdict(verdict)))
         errors = [line for replica in self.replicas for line in replica.error_lines()]
-        return Outcome(self.shape, verdict, self.records, produced, stable, errors)
+        return Outcome(self.shape, verdict, self.records, produced, stable, errors, exited)
 
     @property
     def input_topic(self) -> str:
