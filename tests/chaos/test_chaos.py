@@ -49,6 +49,8 @@ def assert_kept_every_promise(outcome: Outcome) -> None:
     assert verdict.undercounted == []
     assert verdict.unexplained_surplus == []
     assert verdict.restore_mismatches == []
+    assert verdict.regressions == []
+    assert verdict.ok
     assert outcome.coordinator_errors == []
 
 
