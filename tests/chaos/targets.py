@@ -119,7 +119,8 @@ def _block_loop(signum: int, frame: object) -> None:
 
 if multiprocessing.parent_process() is None and _JOURNAL is not None:
     note("boot")
-    logging.getLogger("client.consumer").addHandler(_LossJournal())
+    # On the SDK's parent logger: whichever of its modules says it.
+    logging.getLogger("client").addHandler(_LossJournal())
     signal.signal(signal.SIGUSR1, _block_loop)
 
 
