@@ -59,10 +59,12 @@ bench-streams: $(STAMP)
 bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams
 
 # Fault injection (tests/chaos, docs/guarantees.md): SEED=7 DURATION=300 make chaos
+# Two runs of DURATION seconds per runtime, one runtime after another.
 SEED ?= 1
 DURATION ?= 180
+RUNTIMES ?= run,worker-threads,worker-processes,streams
 chaos: $(STAMP)
-	$(PY) -m tests.chaos --seed $(SEED) --duration $(DURATION)
+	$(PY) -m tests.chaos --seed $(SEED) --duration $(DURATION) --runtimes $(RUNTIMES)
 
 clean:
 	rm -rf $(VENV) .keyrange .pytest_cache .mypy_cache .ruff_cache

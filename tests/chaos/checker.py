@@ -8,6 +8,9 @@ checker itself is tested on hand-made ledgers).
   until it lost its slices and rejoined (its loss count moved on);
 - per-key order within each member's run of a key;
 - duplicates (records handed out again) per fault, and recovery time per fault.
+
+The word count's own invariants (counts, surpluses, the changelog) are in
+``tests/chaos/counts.py``; ``report`` gathers the figures of every runtime a run drove.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tests.chaos.faults import (
@@ -35,6 +38,8 @@ AFFECTED_LOOKBACK_S = 3.0
 # A pause in the affected keys' hand-outs shorter than this is the stream's own rhythm.
 STALL_S = 0.5
 RECOVERY_HORIZON_S = 60.0
+# A violation this soon after a fault ended is named with it (its effects outlast it).
+AFTER_FAULT_S = 2.0
 
 
 @dataclass
@@ -53,6 +58,18 @@ class Verdict:
     # Per partition, how far the group's stable offset stayed short of the end once faults
     # stopped (records processed but never committed, or never processed).
     unfinished: dict[int, int] = field(default_factory=dict)
+    # The word count's (``tests/chaos/counts.py``): words counted below their truth, surpluses
+    # no input processed twice explains, words whose changelog and sink end differently, and
+    # the counts lost over all words.
+    undercounted: list[str] = field(default_factory=list)
+    unexplained_surplus: list[str] = field(default_factory=list)
+    restore_mismatches: list[str] = field(default_factory=list)
+    # Changelog values going down: writes landing after newer ones, and those a frozen
+    # process had already handed to its producer (the exception, counted apart).
+    regressions: list[str] = field(default_factory=list)
+    frozen_writes: list[str] = field(default_factory=list)
+    counts_lost: int = 0
+    surplus: int = 0
 
     @property
     def ok(self) -> bool:
@@ -63,7 +80,16 @@ class Verdict:
             or self.zombie_handouts
             or self.order_violations
             or self.excess_duplicates
+            or self.undercounted
+            or self.unexplained_surplus
+            or self.restore_mismatches
+            or self.regressions
         )
+
+    @property
+    def lost_total(self) -> int:
+        """Records never processed or never committed, plus the word count's lost counts."""
+        return len(self.lost) + sum(self.unfinished.values()) + self.counts_lost
 
 
 def check(
@@ -75,23 +101,32 @@ def check(
     commit_interval_s: float,
     in_flight: int,
     stable: dict[int, int] | None = None,
+    exits: dict[str, list[float]] | None = None,
+    dead_lettered: frozenset[tuple[int, int]] = frozenset(),
+    processing_timeout_s: float | None = None,
+    frozen_kinds: frozenset[str] = FREEZING,
 ) -> Verdict:
     """``produced`` maps each partition to its end offset (one past the last record),
     ``stable`` to the group's stable offset once faults stopped (None: not checked);
-    ``in_flight`` is how many handlers may run at once over all members."""
-    runs = close_killed(runs, faults)
-    overlapping, frozen = overlaps(runs, faults)
+    ``in_flight`` is how many handlers may run at once over all members; ``exits`` when
+    each member process was seen to end; ``dead_lettered`` the records (partition, offset)
+    on the dead-letter topic, which count as handled; ``processing_timeout_s`` the
+    runtime's, past which a call that returned has failed all the same; ``frozen_kinds``
+    the faults that freeze a member mid-call (in the word count, a processor blocking the
+    event loop is one)."""
+    runs = close_killed(runs, faults, exits)
+    overlapping, frozen = overlaps(runs, faults, frozen_kinds)
     redelivered, unexplained = duplicates_per_fault(runs, faults)
     bounds = duplicate_bounds(
         runs, faults, session_s=session_s, commit_interval_s=commit_interval_s, in_flight=in_flight
     )
     return Verdict(
         records=sum(produced.values()),
-        lost=lost(runs, produced),
+        lost=lost(runs, produced, dead_lettered),
         overlaps=overlapping,
         frozen_in_handler=frozen,
         zombie_handouts=zombie_handouts(runs, faults, session_s=session_s),
-        order_violations=order_violations(runs),
+        order_violations=order_violations(runs, processing_timeout_s),
         duplicates_per_fault=redelivered,
         duplicates_unexplained=unexplained,
         excess_duplicates=[
@@ -116,22 +151,32 @@ def check(
     )
 
 
-def close_killed(runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]) -> list[HandlerRun]:
-    """A handler its process died in ran until the kill."""
-    kills = sorted((fault.started, fault.target) for fault in faults if fault.kind == MEMBER_KILL)
+def close_killed(
+    runs: Sequence[HandlerRun],
+    faults: Sequence[FaultRecord],
+    exits: dict[str, list[float]] | None = None,
+) -> list[HandlerRun]:
+    """A handler its process died in (or whose pool child was stopped with it) ran until
+    the process ended: its first exit after the start, else the first kill after it."""
+    ends = sorted(
+        [(fault.started, fault.target) for fault in faults if fault.kind == MEMBER_KILL]
+        + [(at, process) for process, times in (exits or {}).items() for at in times]
+    )
     closed = []
     for run in runs:
         if run.ended is None:
-            at = next(
-                (t for t, target in kills if target == run.process and t >= run.started), None
-            )
+            at = next((t for t, target in ends if target == run.process and t >= run.started), None)
             run = replace(run, ended=math.inf if at is None else at, outcome=KILLED)
         closed.append(run)
     return closed
 
 
-def lost(runs: Iterable[HandlerRun], produced: dict[int, int]) -> list[tuple[int, int]]:
-    done = {(run.partition, run.offset) for run in runs if run.outcome == DONE}
+def lost(
+    runs: Iterable[HandlerRun],
+    produced: dict[int, int],
+    dead_lettered: frozenset[tuple[int, int]] = frozenset(),
+) -> list[tuple[int, int]]:
+    done = {(run.partition, run.offset) for run in runs if run.outcome == DONE} | dead_lettered
     return [
         (partition, offset)
         for partition, end in sorted(produced.items())
@@ -145,13 +190,15 @@ def _ended(run: HandlerRun) -> float:
 
 
 def overlaps(
-    runs: Sequence[HandlerRun], faults: Sequence[FaultRecord]
+    runs: Sequence[HandlerRun],
+    faults: Sequence[FaultRecord],
+    frozen_kinds: frozenset[str] = FREEZING,
 ) -> tuple[list[str], list[str]]:
     """Runs of one key at once: (the violating pairs, the excepted handler runs that were
     frozen mid-call while later runs of their key went on elsewhere, each counted once)."""
     freezes: dict[str, list[FaultRecord]] = defaultdict(list)
     for fault in faults:
-        if fault.kind in FREEZING:
+        if fault.kind in frozen_kinds:
             freezes[fault.target].append(fault)
     per_key: dict[str, list[HandlerRun]] = defaultdict(list)
     for run in runs:
@@ -176,12 +223,27 @@ def overlaps(
                     )
                 else:
                     violations.append(
-                        f"key {key}: p{run.partition}@{run.offset} on {run.process}/{run.member}"
-                        f" started while p{earlier.partition}@{earlier.offset} ran on "
-                        f"{earlier.process}/{earlier.member}"
+                        f"key {key}: p{run.partition}@{run.offset} on {_who(run)} started at "
+                        f"{run.started:.3f} while p{earlier.partition}@{earlier.offset} ran on "
+                        f"{_who(earlier)} ({earlier.started:.3f} to {_ended(earlier):.3f}, "
+                        f"{earlier.outcome}){_during(faults, run.started)}"
                     )
             active.append(run)
     return violations, list(excepted.values())
+
+
+def _during(faults: Sequence[FaultRecord], moment: float) -> str:
+    """The faults under way at ``moment``, to name in a violation."""
+    names = [
+        f"{fault.kind} {fault.target}"
+        for fault in faults
+        if fault.started <= moment <= fault.ended + AFTER_FAULT_S
+    ]
+    return f" during {', '.join(names)}" if names else ""
+
+
+def _who(run: HandlerRun) -> str:
+    return f"{run.process}/{run.member or '-'}/g{run.generation}"
 
 
 def zombie_handouts(
@@ -219,8 +281,12 @@ def zombie_handouts(
     return found
 
 
-def order_violations(runs: Sequence[HandlerRun]) -> list[str]:
-    """Within one member's run of a key (one incarnation), offsets only go up."""
+def order_violations(
+    runs: Sequence[HandlerRun], processing_timeout_s: float | None = None
+) -> list[str]:
+    """Within one member's run of a key (one incarnation), offsets only go up; a record
+    may come again in the same run only as a retry, after a call of it did not succeed (a
+    retry started while the call still ran is an overlap)."""
     per_run_of_key: dict[tuple[object, ...], list[HandlerRun]] = defaultdict(list)
     for run in runs:
         per_run_of_key[(*run.incarnation, run.partition, run.key)].append(run)
@@ -228,7 +294,12 @@ def order_violations(runs: Sequence[HandlerRun]) -> list[str]:
     for (process, member, _, partition, key), key_runs in per_run_of_key.items():
         key_runs.sort(key=lambda run: run.started)
         for before, after in itertools.pairwise(key_runs):
-            if after.offset <= before.offset:
+            failed = before.outcome != DONE or (
+                processing_timeout_s is not None
+                and _ended(before) - before.started > processing_timeout_s
+            )
+            retried = after.offset == before.offset and failed
+            if after.offset < before.offset or (after.offset == before.offset and not retried):
                 problems.append(
                     f"key {key} on {process}/{member}: p{partition}@{after.offset} handed out "
                     f"after p{partition}@{before.offset}"
@@ -354,7 +425,7 @@ def figures(verdicts: Sequence[Verdict], fault_kinds: Sequence[Sequence[str]]) -
         "runs": len(verdicts),
         "faults": dict(sorted(counts.items())),
         "records": sum(verdict.records for verdict in verdicts),
-        "lost": sum(len(v.lost) + sum(v.unfinished.values()) for v in verdicts),
+        "lost": sum(verdict.lost_total for verdict in verdicts),
         "overlaps": sum(len(verdict.overlaps) for verdict in verdicts),
         "frozen_in_handler": sum(len(verdict.frozen_in_handler) for verdict in verdicts),
         "duplicates_p50": percentile(duplicates, 0.5),
@@ -367,3 +438,51 @@ def figures(verdicts: Sequence[Verdict], fault_kinds: Sequence[Sequence[str]]) -
             for kind, values in sorted(recovery.items())
         },
     }
+
+
+def runtime_figures(verdicts: Sequence[Verdict], *, counting: bool = False) -> dict[str, object]:
+    """One runtime's entry in ``report``: its own losses, overlaps and duplicates, and for
+    the word count (``counting``) its counts, surpluses and restore check."""
+    duplicates = [count for verdict in verdicts for count in verdict.duplicates_per_fault]
+    shown: dict[str, object] = {
+        "runs": len(verdicts),
+        "records": sum(verdict.records for verdict in verdicts),
+        "ok": all(verdict.ok for verdict in verdicts),
+        "lost": sum(verdict.lost_total for verdict in verdicts),
+        "overlaps": sum(len(verdict.overlaps) for verdict in verdicts),
+        "frozen_in_handler": sum(len(verdict.frozen_in_handler) for verdict in verdicts),
+        "zombie_handouts": sum(len(verdict.zombie_handouts) for verdict in verdicts),
+        "order_violations": sum(len(verdict.order_violations) for verdict in verdicts),
+        "excess_duplicates": sum(len(verdict.excess_duplicates) for verdict in verdicts),
+        "duplicates_p50": percentile(duplicates, 0.5),
+        "duplicates_max": max(duplicates, default=0),
+    }
+    if counting:
+        shown |= {
+            "undercounted_words": sum(len(verdict.undercounted) for verdict in verdicts),
+            "counts_lost": sum(verdict.counts_lost for verdict in verdicts),
+            "surplus": sum(verdict.surplus for verdict in verdicts),
+            "unexplained_surplus_words": sum(len(v.unexplained_surplus) for v in verdicts),
+            "restore_mismatches": sum(len(verdict.restore_mismatches) for verdict in verdicts),
+            "changelog_regressions": sum(len(verdict.regressions) for verdict in verdicts),
+            "frozen_writes": sum(len(verdict.frozen_writes) for verdict in verdicts),
+        }
+    return shown
+
+
+def report(
+    by_runtime: Mapping[str, Sequence[Verdict]],
+    fault_kinds: Sequence[Sequence[str]],
+    *,
+    counting: frozenset[str] = frozenset(),
+) -> dict[str, object]:
+    """The JSON line: ``figures`` over every run of every runtime (so the top-level ``lost``
+    and ``overlaps`` cover them all) and a ``runtimes`` entry per runtime driven. The
+    runtimes in ``counting`` always show the word count's figures."""
+    every = [verdict for verdicts in by_runtime.values() for verdict in verdicts]
+    shown = figures(every, fault_kinds)
+    shown["runtimes"] = {
+        name: runtime_figures(verdicts, counting=name in counting)
+        for name, verdicts in by_runtime.items()
+    }
+    return shown

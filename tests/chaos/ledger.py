@@ -4,10 +4,12 @@ in a table of the run's Postgres so a failing run can be queried after the fact.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -49,19 +51,24 @@ class Block:
 
 def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
     """Pair each end with the start of the same record in the same process; a start with no
-    end is a handler the process died in. A torn last line (SIGKILL mid-write) is skipped."""
+    end is a handler the process died in. A torn last line (SIGKILL mid-write) is skipped.
+
+    A start without a generation (``tests/chaos/targets.py``: a handler cannot see its
+    membership) gets the number of ``boot`` and ``lost`` events its process journaled
+    before it: each starts a membership."""
     runs: list[HandlerRun] = []
     blocks: list[Block] = []
     open_starts: dict[tuple[int, int], dict[str, object]] = {}
-    if not path.exists():
-        return runs, blocks
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    ends: list[tuple[dict[str, object], dict[str, object] | None]] = []
+    markers: dict[str, list[float]] = {}
+    for event in _events(path):
         if event["e"] == "blocked":
             blocks.append(Block(event["p"], event["s"], event["t"]))
+            continue
+        if event["e"] in ("boot", "lost"):
+            markers.setdefault(event["p"], []).append(event["t"])
+            continue
+        if event["e"] not in ("start", "end"):
             continue
         slot = (event["pt"], event["o"])
         if event["e"] == "start":
@@ -69,16 +76,56 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
             continue
         start = open_starts.pop(slot, None)
         if start is not None:
-            runs.append(_run(start, end=event))
-    runs.extend(_run(start, end=None) for start in open_starts.values())
+            ends.append((start, event))
+    ends.extend((start, None) for start in open_starts.values())
+    for process_markers in markers.values():
+        process_markers.sort()
+    for start, end in ends:
+        if start.get("g") is None:
+            before = markers.get(str(start["p"]), [])
+            moment = float(start["t"])  # type: ignore[arg-type]
+            start = {**start, "g": bisect.bisect_right(before, moment)}
+        runs.append(_run(start, end=end))
     return runs, blocks
+
+
+def read_splits(paths: Sequence[Path]) -> list[tuple[int, int]]:
+    """Each time the word count split a line: its partition and offset, once per time."""
+    return [
+        (int(event["pt"]), int(event["o"]))
+        for path in paths
+        for event in _events(path)
+        if event["e"] == "split"
+    ]
+
+
+def read_writes(paths: Sequence[Path]) -> list[tuple[str, str, int, float]]:
+    """Each count the word count wrote: process, word, count, when its call ended."""
+    return [
+        (str(event["p"]), str(event["k"]), int(event["c"]), float(event["t"]))
+        for path in paths
+        for event in _events(path)
+        if event["e"] == "end" and "c" in event
+    ]
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
 
 
 def _run(start: dict[str, object], *, end: dict[str, object] | None) -> HandlerRun:
     return HandlerRun(
         process=str(start["p"]),
-        member=str(start["m"]),
-        epoch=int(start["ep"] or 0),  # type: ignore[call-overload]
+        member=str(start.get("m") or ""),
+        epoch=int(start.get("ep") or 0),  # type: ignore[call-overload]
         generation=int(start["g"]),  # type: ignore[call-overload]
         partition=int(start["pt"]),  # type: ignore[call-overload]
         offset=int(start["o"]),  # type: ignore[call-overload]

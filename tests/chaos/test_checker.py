@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from tests.chaos.checker import Verdict, check, figures, percentile, recovery_s
+from tests.chaos.checker import Verdict, check, figures, percentile, recovery_s, report
 from tests.chaos.faults import (
     BROKER_LINK,
     COORDINATOR_KILL,
@@ -14,6 +15,11 @@ from tests.chaos.faults import (
     LOOP_BLOCK,
     MEMBER_FREEZE,
     MEMBER_KILL,
+    OF_A_MEMBER,
+    RUNTIME_KINDS,
+    STUCK_HANDLER,
+    TWO_AT_ONCE,
+    Fault,
     FaultRecord,
     plan,
 )
@@ -241,3 +247,167 @@ def test_redelivering_more_than_was_uncommitted_breaks_the_bound() -> None:
     assert outcome.duplicates_per_fault == [10]
     assert len(outcome.excess_duplicates) == 1
     assert verdict(first + again[:7], [kill], 10).excess_duplicates == []
+
+
+def test_a_retry_after_a_failed_call_is_no_order_violation() -> None:
+    failed_then_retried = [
+        run("m0", 0, "a", 1.0, 1.1, outcome="error"),
+        run("m0", 0, "a", 1.3, 1.4),
+    ]
+    assert verdict(failed_then_retried, [], 1).order_violations == []
+    # The same record again after it succeeded, within one membership, is not a retry.
+    done_then_again = [run("m0", 0, "a", 1.0, 1.1), run("m0", 0, "a", 1.3, 1.4)]
+    assert len(verdict(done_then_again, [], 1).order_violations) == 1
+
+
+def test_a_call_past_the_processing_timeout_failed_even_if_it_returned() -> None:
+    timed_out = [run("m0", 0, "a", 1.0, 7.0), run("m0", 0, "a", 7.1, 7.2)]
+    judged = check(
+        timed_out,
+        [],
+        {0: 1},
+        session_s=SESSION_S,
+        commit_interval_s=0.2,
+        in_flight=1,
+        processing_timeout_s=5.0,
+    )
+    assert judged.order_violations == []
+    assert len(verdict(timed_out, [], 1).order_violations) == 1
+
+
+def test_a_retry_started_while_the_timed_out_call_still_runs_is_an_overlap() -> None:
+    retried_early = [run("m0", 0, "a", 1.0, 7.0), run("m0", 0, "a", 6.1, 6.2)]
+    judged = check(
+        retried_early,
+        [],
+        {0: 1},
+        session_s=SESSION_S,
+        commit_interval_s=0.2,
+        in_flight=1,
+        processing_timeout_s=5.0,
+    )
+    assert len(judged.overlaps) == 1
+
+
+def test_a_call_with_no_end_ran_until_its_process_exited() -> None:
+    # A pool child stopped with its member on a graceful exit writes no end.
+    unended = run("m0", 0, "a", 1.0, None)
+    exits = {"m0": [3.0]}
+    after_exit = [unended, run("m1", 1, "a", 3.5, 3.6)]
+    judged = check(
+        after_exit, [], {0: 2}, session_s=SESSION_S, commit_interval_s=0.2, in_flight=1, exits=exits
+    )
+    assert judged.overlaps == []
+    before_exit = [unended, run("m1", 1, "a", 2.5, 2.6)]
+    judged = check(
+        before_exit,
+        [],
+        {0: 2},
+        session_s=SESSION_S,
+        commit_interval_s=0.2,
+        in_flight=1,
+        exits=exits,
+    )
+    assert len(judged.overlaps) == 1
+    assert "m0" in judged.overlaps[0] and "m1" in judged.overlaps[0]
+
+
+def test_a_dead_lettered_record_counts_as_handled() -> None:
+    runs = [run("m0", 0, "a", 1.0, 1.1, outcome="error"), run("m0", 1, "b", 1.1, 1.2)]
+    assert verdict(runs, [], 2).lost == [(0, 0)]
+    judged = check(
+        runs,
+        [],
+        {0: 2},
+        session_s=SESSION_S,
+        commit_interval_s=0.2,
+        in_flight=1,
+        dead_lettered=frozenset({(0, 0)}),
+    )
+    assert judged.lost == []
+
+
+def test_a_stuck_call_is_frozen_only_where_it_blocks_the_event_loop() -> None:
+    runs = [run("m0", 0, "a", 1.0, 5.0), run("m1", 1, "a", 3.0, 3.1)]
+    # The runner dates a stuck call's fault from the call's start.
+    stuck = FaultRecord(STUCK_HANDLER, "m0", 1.0, 8.0)
+    # A stuck call in a thread or a process outlives the revoke timeout: a violation.
+    assert len(verdict(runs, [stuck], 2).overlaps) == 1
+    judged = check(
+        runs,
+        [stuck],
+        {0: 2},
+        session_s=SESSION_S,
+        commit_interval_s=0.2,
+        in_flight=1,
+        frozen_kinds=frozenset({STUCK_HANDLER}),
+    )
+    assert judged.overlaps == []
+    assert len(judged.frozen_in_handler) == 1
+
+
+def test_a_handlers_membership_is_counted_from_boot_and_loss_events(tmp_path: Path) -> None:
+    journal = tmp_path / "m0.jsonl"
+    slot = {"p": "m0", "pt": 0, "k": "61", "w": 0.0}
+    lines = [
+        {"e": "boot", "p": "m0", "t": 0.5},
+        {"e": "start", "o": 0, "t": 1.0, **slot},
+        {"e": "end", "o": 0, "t": 1.1, "ok": "done", **slot},
+        {"e": "lost", "p": "m0", "t": 2.0},
+        {"e": "start", "o": 0, "t": 3.0, **slot},
+        {"e": "end", "o": 0, "t": 3.1, "ok": "done", **slot},
+        {"e": "boot", "p": "m0", "t": 4.0},
+        {"e": "start", "o": 1, "t": 5.0, **slot},
+    ]
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    runs, _ = read_journal(journal)
+    assert sorted((entry.started, entry.generation) for entry in runs) == [
+        (1.0, 1),
+        (3.0, 2),
+        (5.0, 3),
+    ]
+    # The record handed out again after the loss starts a new run of its key.
+    assert verdict(runs, [], 2).order_violations == []
+
+
+def test_the_report_has_an_entry_per_runtime_and_sums_them_at_the_top() -> None:
+    clean = verdict([run("m0", 0, "a", 1.0, 1.1)], [], 1)
+    overlapping = verdict([run("m0", 0, "a", 1.0, 2.0), run("m1", 1, "a", 1.5, 1.6)], [], 3)
+    counting = replace(clean, undercounted=["w1: counted 1, produced 3"], counts_lost=2)
+    shown = report(
+        {"run": [clean], "worker-threads": [overlapping], "streams": [counting]},
+        [[], [], []],
+        counting=frozenset({"streams"}),
+    )
+    runtimes = shown["runtimes"]
+    assert isinstance(runtimes, dict)
+    assert set(runtimes) == {"run", "worker-threads", "streams"}
+    assert runtimes["worker-threads"]["overlaps"] == 1
+    assert runtimes["worker-threads"]["lost"] == 1
+    assert runtimes["streams"]["counts_lost"] == 2
+    assert runtimes["streams"]["lost"] == 2
+    assert not runtimes["streams"]["ok"]
+    assert runtimes["run"]["ok"]
+    assert "counts_lost" not in runtimes["run"]
+    for key in ("lost", "overlaps", "duplicates_p50", "duplicates_max"):
+        assert key in runtimes["run"]
+    assert shown["lost"] == 3
+    assert shown["overlaps"] == 1
+    json.dumps(shown)
+
+
+def test_two_faults_at_once_overlap_in_time_on_different_members() -> None:
+    shape = {"members": 4, "replicas": 2, "session_s": SESSION_S}
+    faults = plan(11, duration_s=400.0, kinds=(*KINDS, *RUNTIME_KINDS, TWO_AT_ONCE), **shape)
+    pairs: dict[int, list[Fault]] = {}
+    for fault in faults:
+        if fault.pair:
+            pairs.setdefault(fault.pair, []).append(fault)
+    assert pairs
+    for first, second in pairs.values():
+        assert first.kind != second.kind
+        assert first.at_s < second.at_s < first.at_s + first.duration_s
+        if first.kind in OF_A_MEMBER and second.kind in OF_A_MEMBER:
+            assert first.target != second.target
+    # The plan of the original kinds is as before: the seeds of earlier runs replay.
+    assert all(fault.pair == 0 for fault in plan(11, duration_s=400.0, **shape))

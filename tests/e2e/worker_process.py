@@ -8,10 +8,12 @@ so a test can line up several processes: ``start`` when a record is handed to th
 (with the member id it was handed out under) and ``effect`` when the handler acts on it, which
 it does only while ``still_owned`` says the record is still this member's. SIGUSR1 makes the
 next handler block the event loop for ``--block-ms`` with a synchronous sleep (then a
-``blocked`` event). With ``--journal`` it appends one JSON line at every handler start and end
-(``tests.chaos.journal`` reads them): the chaos suite's ledger, which outlives a SIGKILL
-because each line is one ``write`` to a file opened for appending. It runs until killed or its
-stdin closes.
+``blocked`` event). With ``--journal`` it appends a ``boot`` line, then one JSON line at every
+handler start and end (``tests.chaos.ledger`` reads them): the chaos suite's ledger, which
+outlives a SIGKILL because each line is one ``write`` to a file opened for appending; a few
+handlers starting before the instant ``<journal>.control`` names first await as long as it
+says (the chaos suite's stuck and long calls; ``tests/chaos/targets.py`` describes the file).
+It runs until killed or its stdin closes.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ async def main(args: argparse.Namespace) -> None:
     out = None if args.out is None else _append(args.out)
     ledger = None if args.ledger is None else _append(args.ledger)
     journal = None if args.journal is None else _append(args.journal)
+    if journal is not None:
+        booted = {"e": "boot", "p": args.name, "t": time.monotonic(), "w": time.time()}
+        os.write(journal, json.dumps(booted).encode() + b"\n")
     losses = _LossCounter()
     block_next = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, block_next.set)
@@ -85,6 +90,7 @@ async def main(args: argparse.Namespace) -> None:
     async def work(record: Any) -> None:
         started = time.monotonic()
         member = consumer.member_id
+        await _control_sleep(args.journal, started)
         note({"e": "start", "m": member, "o": record.offset, "k": record.key.hex(), "t": started})
         if block_next.is_set():
             block_next.clear()
@@ -117,6 +123,7 @@ async def main(args: argparse.Namespace) -> None:
         client_id=args.name,
         session_timeout_ms=args.session_timeout_ms,
         auto_commit_interval_ms=200,
+        revoke_timeout_s=args.revoke_timeout_s,
         rebalance_listener=losses,
     ) as consumer:
         processing = asyncio.create_task(consumer.run(handle, max_concurrency=args.concurrency))
@@ -125,6 +132,27 @@ async def main(args: argparse.Namespace) -> None:
         stdin_closed.cancel()
         if processing.done():
             processing.result()
+
+
+async def _control_sleep(journal: str | None, started: float) -> None:
+    """``tests/chaos/targets.py`` describes the control file."""
+    if journal is None:
+        return
+    control = f"{journal}.control"
+    try:
+        with open(control) as file:  # noqa: ASYNC230 - a small local file
+            asked = json.load(file)
+    except (OSError, ValueError):
+        return
+    if started >= asked["until"]:
+        return
+    for index in range(asked["calls"]):
+        try:
+            os.close(os.open(f"{control}.{asked['id']}.{index}", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        await asyncio.sleep(asked["sleep_s"])
+        return
 
 
 def _append(path: str) -> int:
@@ -151,4 +179,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--block-ms", type=float, default=5_000)
     parser.add_argument("--session-timeout-ms", type=int, default=2_000)
+    parser.add_argument("--revoke-timeout-s", type=float, default=30.0)
     asyncio.run(main(parser.parse_args()))
