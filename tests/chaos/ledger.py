@@ -61,7 +61,12 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
     open_starts: dict[tuple[int, int], dict[str, object]] = {}
     ends: list[tuple[dict[str, object], dict[str, object] | None]] = []
     markers: dict[str, list[float]] = {}
+    # When a pool child of a process was seen gone, by (process, pid).
+    gone: dict[tuple[object, object], list[dict[str, object]]] = {}
     for event in _events(path):
+        if event["e"] == "child_gone":
+            gone.setdefault((event["p"], event.get("pid")), []).append(event)
+            continue
         if event["e"] == "blocked":
             blocks.append(Block(event["p"], event["s"], event["t"]))
             continue
@@ -77,7 +82,11 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
         start = open_starts.pop(slot, None)
         if start is not None:
             ends.append((start, event))
-    ends.extend((start, None) for start in open_starts.values())
+    for start in open_starts.values():
+        # A call whose pool child was killed or died ran until the parent saw it gone.
+        seen = gone.get((start["p"], start.get("pid")), []) if "pid" in start else []
+        after = [event for event in seen if float(event["t"]) >= float(start["t"])]  # type: ignore[arg-type]
+        ends.append((start, {**after[0], "ok": KILLED} if after else None))
     for process_markers in markers.values():
         process_markers.sort()
     for start, end in ends:

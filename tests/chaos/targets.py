@@ -89,7 +89,7 @@ def handle(record: Any) -> None:
     it)."""
     started = time.monotonic()
     slot = {"pt": record.partition, "o": record.offset, "k": record.key.hex()}
-    note("start", **slot)
+    note("start", pid=os.getpid(), **slot)
     outcome = "error"
     try:
         control_sleep(started)
@@ -102,11 +102,16 @@ def handle(record: Any) -> None:
 
 
 class _LossJournal(logging.Handler):
-    """Journals the consumer's "slices lost" line: the membership it ends is over."""
+    """Journals the consumer's "slices lost" line (the membership it ends is over), and the
+    pool's word that a child process it killed to end a call, or that died, has exited: a
+    call with no end in that process ran until then."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage() == "slices lost":
+        message = record.getMessage()
+        if message == "slices lost":
             note("lost")
+        elif message in ("a pool process killed to end a call has exited", "a pool process died"):
+            note("child_gone", pid=getattr(record, "pid", None))
 
 
 def _block_loop(signum: int, frame: object) -> None:

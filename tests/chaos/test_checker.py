@@ -370,6 +370,30 @@ def test_a_handlers_membership_is_counted_from_boot_and_loss_events(tmp_path: Pa
     assert verdict(runs, [], 2).order_violations == []
 
 
+def test_a_call_in_a_pool_child_that_was_killed_ran_until_the_parent_saw_the_child_gone(
+    tmp_path: Path,
+) -> None:
+    """Not until the member process itself exited (it commits and leaves after the kill):
+    the heir may start the key between the two, which is no overlap."""
+    journal = tmp_path / "m0.jsonl"
+    slot = {"p": "m0", "pt": 0, "k": "61", "w": 0.0}
+    lines = [
+        {"e": "boot", "p": "m0", "t": 0.5},
+        {"e": "start", "o": 0, "t": 1.0, "pid": 7, **slot},
+        {"e": "start", "o": 1, "t": 1.5, "pid": 8, **slot},
+        {"e": "child_gone", "p": "m0", "t": 2.0, "w": 2.0, "pid": 7},
+    ]
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    runs, _ = read_journal(journal)
+    by_offset = {entry.offset: entry for entry in runs}
+    assert (by_offset[0].ended, by_offset[0].outcome) == (2.0, "killed")
+    # Another child, still running when the journal ends: no end known.
+    assert by_offset[1].ended is None
+    heir = run("m1", 0, "a", 2.5, 2.6)
+    killed = replace(by_offset[0], key="a")
+    assert verdict([killed, heir], [], 2).overlaps == []
+
+
 def test_the_report_has_an_entry_per_runtime_and_sums_them_at_the_top() -> None:
     clean = verdict([run("m0", 0, "a", 1.0, 1.1)], [], 1)
     overlapping = verdict([run("m0", 0, "a", 1.0, 2.0), run("m1", 1, "a", 1.5, 1.6)], [], 3)
