@@ -284,14 +284,15 @@ def zombie_handouts(
 def order_violations(
     runs: Sequence[HandlerRun], processing_timeout_s: float | None = None
 ) -> list[str]:
-    """Within one member's run of a key (one incarnation), offsets only go up; a record
-    may come again in the same run only as a retry, after a call of it did not succeed (a
-    retry started while the call still ran is an overlap)."""
+    """Within one member's run of a key (one incarnation, between two times it gave slices
+    up: a key revoked and granted back starts again from the group's committed point),
+    offsets only go up; a record may come again in the same run only as a retry, after a
+    call of it did not succeed (a retry started while the call still ran is an overlap)."""
     per_run_of_key: dict[tuple[object, ...], list[HandlerRun]] = defaultdict(list)
     for run in runs:
-        per_run_of_key[(*run.incarnation, run.partition, run.key)].append(run)
+        per_run_of_key[(*run.incarnation, run.releases, run.partition, run.key)].append(run)
     problems = []
-    for (process, member, _, partition, key), key_runs in per_run_of_key.items():
+    for (process, member, _, _, partition, key), key_runs in per_run_of_key.items():
         key_runs.sort(key=lambda run: run.started)
         for before, after in itertools.pairwise(key_runs):
             failed = before.outcome != DONE or (

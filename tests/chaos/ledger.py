@@ -34,6 +34,9 @@ class HandlerRun:
     outcome: str
     wall_started: float
     wall_ended: float | None
+    # How many times its process had given slices up before the hand-out: a key revoked and
+    # granted back starts a new run of it, from the group's committed point.
+    releases: int = 0
 
     @property
     def incarnation(self) -> tuple[str, str, int]:
@@ -61,6 +64,7 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
     open_starts: dict[tuple[int, int], dict[str, object]] = {}
     ends: list[tuple[dict[str, object], dict[str, object] | None]] = []
     markers: dict[str, list[float]] = {}
+    releases: dict[str, list[float]] = {}
     # When a pool child of a process was seen gone, by (process, pid).
     gone: dict[tuple[object, object], list[dict[str, object]]] = {}
     for event in _events(path):
@@ -72,6 +76,9 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
             continue
         if event["e"] in ("boot", "lost"):
             markers.setdefault(event["p"], []).append(event["t"])
+            continue
+        if event["e"] == "released":
+            releases.setdefault(event["p"], []).append(event["t"])
             continue
         if event["e"] not in ("start", "end"):
             continue
@@ -87,13 +94,14 @@ def read_journal(path: Path) -> tuple[list[HandlerRun], list[Block]]:
         seen = gone.get((start["p"], start.get("pid")), []) if "pid" in start else []
         after = [event for event in seen if float(event["t"]) >= float(start["t"])]  # type: ignore[arg-type]
         ends.append((start, {**after[0], "ok": KILLED} if after else None))
-    for process_markers in markers.values():
+    for process_markers in [*markers.values(), *releases.values()]:
         process_markers.sort()
     for start, end in ends:
+        moment = float(start["t"])  # type: ignore[arg-type]
         if start.get("g") is None:
             before = markers.get(str(start["p"]), [])
-            moment = float(start["t"])  # type: ignore[arg-type]
             start = {**start, "g": bisect.bisect_right(before, moment)}
+        start = {**start, "r": bisect.bisect_right(releases.get(str(start["p"]), []), moment)}
         runs.append(_run(start, end=end))
     return runs, blocks
 
@@ -144,6 +152,7 @@ def _run(start: dict[str, object], *, end: dict[str, object] | None) -> HandlerR
         outcome=KILLED if end is None else str(end["ok"]),
         wall_started=float(start["w"]),  # type: ignore[arg-type]
         wall_ended=None if end is None else float(end["w"]),  # type: ignore[arg-type]
+        releases=int(start.get("r") or 0),  # type: ignore[call-overload]
     )
 
 
@@ -162,7 +171,8 @@ CREATE TABLE IF NOT EXISTS chaos_ledger (
     ended double precision,
     outcome text NOT NULL,
     wall_started double precision NOT NULL,
-    wall_ended double precision
+    wall_ended double precision,
+    releases integer NOT NULL
 )
 """
 

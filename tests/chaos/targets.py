@@ -101,6 +101,15 @@ def handle(record: Any) -> None:
         note("end", ok=outcome, **slot)
 
 
+# The SDK's lines that say a membership ended: the membership's own (logged whatever the
+# member owned) and the consumer's (logged when it dropped slices).
+_LOSSES = (
+    "slices lost",
+    "session deadline passed without a successful heartbeat; slices are lost",
+    "membership lost; rejoining",
+)
+
+
 class _LossJournal(logging.Handler):
     """Journals the consumer's "slices lost" line (the membership it ends is over), and the
     pool's word that a child process it killed to end a call, or that died, has exited: a
@@ -108,8 +117,10 @@ class _LossJournal(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message == "slices lost":
+        if message in _LOSSES:
             note("lost")
+        elif message in ("slices released", "held keys released"):
+            note("released")
         elif message in ("a pool process killed to end a call has exited", "a pool process died"):
             note("child_gone", pid=getattr(record, "pid", None))
 

@@ -394,6 +394,30 @@ def test_a_call_in_a_pool_child_that_was_killed_ran_until_the_parent_saw_the_chi
     assert verdict([killed, heir], [], 2).overlaps == []
 
 
+def test_a_key_granted_back_after_its_process_gave_slices_up_starts_a_new_run(
+    tmp_path: Path,
+) -> None:
+    """A call that ended after its slice was revoked is not committed; when the key comes
+    back to the same member, it is handed out again from the committed point: no order
+    violation. Without a release in between, the repeat still is one."""
+    journal = tmp_path / "m0.jsonl"
+    slot = {"p": "m0", "pt": 0, "k": "61", "w": 0.0}
+    lines = [
+        {"e": "boot", "p": "m0", "t": 0.5},
+        {"e": "start", "o": 4, "t": 1.0, **slot},
+        {"e": "end", "o": 4, "t": 1.1, "ok": "done", **slot},
+        {"e": "released", "p": "m0", "t": 2.0},
+        {"e": "start", "o": 4, "t": 3.0, **slot},
+        {"e": "end", "o": 4, "t": 3.1, "ok": "done", **slot},
+        {"e": "start", "o": 4, "t": 4.0, **slot},
+        {"e": "end", "o": 4, "t": 4.1, "ok": "done", **slot},
+    ]
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    runs, _ = read_journal(journal)
+    assert sorted(entry.releases for entry in runs) == [0, 1, 1]
+    assert len(verdict(runs, [], 2).order_violations) == 1
+
+
 def test_the_report_has_an_entry_per_runtime_and_sums_them_at_the_top() -> None:
     clean = verdict([run("m0", 0, "a", 1.0, 1.1)], [], 1)
     overlapping = verdict([run("m0", 0, "a", 1.0, 2.0), run("m1", 1, "a", 1.5, 1.6)], [], 3)
