@@ -451,7 +451,8 @@ async def test_a_shutdown_starts_nothing_queued_and_leaves_once_its_calls_ended(
     monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
     monkeypatch.setenv("WORKER_TEST_SLEEP", "4")
     monkeypatch.setenv("WORKER_TEST_FIRST_N", str(FIRST_ROUND))
-    topic = await topic_with_keys(kafka_bootstrap, coordinator_url, make_topic)
+    topic = await make_topic(1)
+    await allow_range_fetch(coordinator_url, topic)
     group_id = group()
     ledger = Ledger()
     on_threads = pool == "threads"
@@ -473,6 +474,13 @@ async def test_a_shutdown_starts_nothing_queued_and_leaves_once_its_calls_ended(
     async with running(second):
         first_run = asyncio.create_task(first.run())
         try:
+            # The records come once both members own their half, so the first has slow keys.
+            await until(
+                lambda: first.consumer.assignment() and second.consumer.assignment(),
+                60,
+                "both members to own a half",
+            )
+            await produce(kafka_bootstrap, topic, list(KEYS))
             busy = 2 if on_threads else 1
             await until(
                 lambda: len([c for c in calls("first") if c.end is None]) == busy,
