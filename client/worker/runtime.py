@@ -16,6 +16,7 @@ from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.graceful import GracefulStop
 from client.http import Slices
 from client.metrics_server import MetricsServer
+from client.runtime.seams import WorkerSource
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -23,7 +24,6 @@ from client.worker.engine import Stats, WorkerEngine
 from client.worker.metrics import EXTRA as METRICS_EXTRA
 from client.worker.metrics import worker_families
 from client.worker.processes import Handler
-from client.worker.source import WorkerSource
 from client.worker.task import Partitioner, WorkerTask
 
 
