@@ -19,9 +19,12 @@ marks the previous record when the next one is requested (unless ``auto_mark=Fal
 
 The consumer is a front over parts, one job each: ``client.fetcher`` reads Kafka and keeps
 what may be handed out, ``client.handout`` tracks what user code holds (and drains it before a
-revoke), ``client.committer`` commits, ``client.dispatch`` is ``run()``'s worker pool, and
-``client.membership`` heartbeats and reconciles. The front owns the lifecycle, the public API,
-the slice changes reconciliation asks for, and the hand-out guard.
+revoke), ``client.committer`` commits, ``client.dispatch`` is ``run()``'s worker pool,
+``client.release`` gives slices up, ``client.membership`` heartbeats and reconciles, and
+``client.lifecycle`` holds where the consumer stands and the hand-out guard, which the parts
+ask instead of the front. The front owns the public API, the order of the lifecycle's steps
+and the slice changes reconciliation asks for; ``drive`` builds the seams a runtime uses
+(``client.consumer_source``) from the parts.
 
 Concerns and their tasks: the Kafka fetch runs in the caller's ``async for``/``getmany``
 (aiokafka prefetches in its own task), periodic commits in one task, and in group mode the
