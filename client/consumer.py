@@ -21,7 +21,7 @@ The consumer is a front over parts, one job each: ``client.fetcher`` reads Kafka
 what may be handed out, ``client.handout`` tracks what user code holds (and drains it before a
 revoke), ``client.committer`` commits, ``client.dispatch`` is ``run()``'s worker pool,
 ``client.release`` gives slices up, ``client.membership`` heartbeats and reconciles, and
-``client.lifecycle`` holds where the consumer stands and the hand-out guard, which the parts
+``client.status`` holds where the consumer stands and the hand-out guard, which the parts
 ask instead of the front. The front owns the public API, the order of the lifecycle's steps
 and the slice changes reconciliation asks for; ``drive`` builds the seams a runtime uses
 (``client.consumer_source``) from the parts.
@@ -50,7 +50,6 @@ from client.errors import ConsumerStopped, InvalidRequest, NoOffsetForPartition
 from client.fetcher import Fetcher, OutsideLog, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices, StuckCall
-from client.lifecycle import ConsumerLifecycle
 from client.log_reset import OutsideLogReset
 from client.membership import Membership, Reconciler
 from client.protocol.keyspace import KeyRange, normalize
@@ -58,6 +57,7 @@ from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
 from client.release import SliceRelease, describe
 from client.runtime.gate import OwnershipGate, Running
 from client.runtime.seams import Engine
+from client.status import ConsumerStatus
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]
@@ -172,13 +172,13 @@ class KeyrangeConsumer:
         self._client = coordinator or CoordinatorClient(coordinator_url, token=token)
         mode: CommitMode = "watermarks" if allow_individual_commit else "offset"
         self._tracker = OffsetTracker(mode=commit_mode or mode)
-        self._life = ConsumerLifecycle()
+        self._status = ConsumerStatus()
         self._fetcher = Fetcher(
             self._tracker,
             kafka_kwargs,
             key_deserializer=key_deserializer,
             value_deserializer=value_deserializer,
-            lifecycle=self._life,
+            status=self._status,
             on_outside_log=self._reset_outside_log,
         )
         self._outside_log_reset = OutsideLogReset(
@@ -187,14 +187,14 @@ class KeyrangeConsumer:
             self._tracker,
             self._fetcher,
             self._auto_offset_reset,
-            identity=self._life.identity,
+            identity=self._status.identity,
             withdraw=self._withdraw,
         )
         self._handed = HandedOut()
         # Asked by every runtime right before user code starts a record (DESIGN §5).
-        self._gate = OwnershipGate(self._life.session_deadline)
+        self._gate = OwnershipGate(self._status.session_deadline)
         self._committer = Committer(
-            self._client, group_id, self._tracker, may_commit=self._life.may_hand_out
+            self._client, group_id, self._tracker, may_commit=self._status.may_hand_out
         )
         self._last_auto: Record | None = None
         self._dispatchers: set[Engine] = set()
@@ -230,15 +230,15 @@ class KeyrangeConsumer:
         await self.stop()
 
     async def start(self) -> None:
-        if self._life.started:
+        if self._status.started:
             return
-        self._life.started = True
+        self._status.started = True
         try:
             limits = await self._client.wait_until_reachable(self._coordinator_start_timeout_s)
             self._committer.learn(limits)
             await self._fetcher.start()
         except BaseException:
-            self._life.stopped = True
+            self._status.stopped = True
             if self._owns_client:
                 await self._client.aclose()
             raise
@@ -254,9 +254,9 @@ class KeyrangeConsumer:
                 instance_id=self._instance_id,
                 client_id=self._client_id,
             )
-            self._committer.membership = self._life.membership = self._membership
+            self._committer.membership = self._status.membership = self._membership
             self._reconciler = self._membership.reconciler
-            self._membership.failure.add_done_callback(lambda _: self._life.notify())
+            self._membership.failure.add_done_callback(lambda _: self._status.notify())
             self._membership.start()
         else:
             self._reconciler = Reconciler(self, _nothing)
@@ -275,12 +275,12 @@ class KeyrangeConsumer:
         heartbeating, so their keys stay here until they end (DESIGN §5). A second signal or
         a kill ends the process, and the calls with it, for an operator who will not wait.
         """
-        if self._life.stopped or not self._life.started:
-            self._life.stopped = True
+        if self._status.stopped or not self._status.started:
+            self._status.stopped = True
             return
-        self._life.stopped = True
+        self._status.stopped = True
         self._gate.close()
-        self._life.notify()
+        self._status.notify()
         try:
             if self._reconciler is not None:
                 await self._reconciler.stop()
@@ -339,7 +339,7 @@ class KeyrangeConsumer:
 
     async def wait_for_assignment(self) -> Slices:
         """Until the consumer owns what the coordinator (or ``assign``) currently grants."""
-        self._life.check_running()
+        self._status.check_running()
         if self._reconciler is None:
             raise ConsumerStopped("the consumer is not started")
         settled = asyncio.ensure_future(self._reconciler.wait_settled())
@@ -374,14 +374,14 @@ class KeyrangeConsumer:
                 self._last_auto = None
             try:
                 if (
-                    self._life.stopped
+                    self._status.stopped
                     or not self._fetcher.buffered
-                    or not self._life.may_hand_out()
+                    or not self._status.may_hand_out()
                 ):
                     await self._fetcher.until_buffered(None)
                 tp, record, hashed = self._fetcher.take_one()
             except ConsumerStopped:
-                if self._life.stopped:
+                if self._status.stopped:
                     return
                 raise
             self._handed.hand_out(tp, record.offset, hashed)
@@ -396,7 +396,7 @@ class KeyrangeConsumer:
         ``mark_processed`` once done."""
         deadline = time.monotonic() + timeout_ms / 1000
         batch: dict[TopicPartition, list[Record]] = {}
-        if not self._fetcher.buffered or not self._life.may_hand_out():
+        if not self._fetcher.buffered or not self._status.may_hand_out():
             try:
                 await self._fetcher.until_buffered(deadline)
             except TimeoutError:
@@ -434,11 +434,11 @@ class KeyrangeConsumer:
         the instant the session deadline passes. Ask it right before a side effect (it costs
         a clock read and a lookup); what it cannot cover, a handler frozen between asking and
         acting, needs a fence downstream (docs/membership.md, "Zombie members")."""
-        return self._life.may_hand_out() and self._handed.holds(record)
+        return self._status.may_hand_out() and self._handed.holds(record)
 
     async def commit(self) -> None:
         """Commit everything marked so far, now."""
-        self._life.check_running()
+        self._status.check_running()
         await self._committer.commit(raise_errors=True)
 
     async def run(
@@ -470,7 +470,7 @@ class KeyrangeConsumer:
             self._handed,
             self._tracker,
             self._gate,
-            self._life,
+            self._status,
             mark_processed=self.mark_processed,
         )
         engine = make_engine(source)
@@ -497,13 +497,13 @@ class KeyrangeConsumer:
         committed = await self._client.fetch_offsets(self._group_id, topics)
         fresh = [tp for tp in added if tp not in committed]
         if fresh and self._auto_offset_reset == "none":
-            self._life.failure = NoOffsetForPartition(
+            self._status.failure = NoOffsetForPartition(
                 f"group '{self._group_id}' has no committed offset for "
                 f"{', '.join(f'{tp.topic}[{tp.partition}]' for tp in sorted(fresh))} and "
                 "auto_offset_reset is 'none'"
             )
-            self._life.notify()
-            raise self._life.failure
+            self._status.notify()
+            raise self._status.failure
         starts = await self._fetcher.start_positions(fresh, self._auto_offset_reset)
         async with self._fetcher.lock:
             # Keys kept for a call that could not be stopped, granted back: ours again; the
@@ -521,7 +521,7 @@ class KeyrangeConsumer:
             "slices assigned",
             extra={"group_id": self._group_id, "slices": describe(added)},
         )
-        self._life.notify()
+        self._status.notify()
         await self._call_listener(self._listener.on_slices_assigned, added)
 
     async def release(self, revoked: Slices) -> None:
@@ -577,9 +577,9 @@ class KeyrangeConsumer:
 
     async def _until(self, awaitable: asyncio.Future[None]) -> None:
         while not awaitable.done():
-            self._life.check_running()
+            self._status.check_running()
             await asyncio.wait(
-                {awaitable, self._life.change_future()}, return_when=asyncio.FIRST_COMPLETED
+                {awaitable, self._status.change_future()}, return_when=asyncio.FIRST_COMPLETED
             )
         awaitable.result()
 

@@ -16,9 +16,9 @@ from aiokafka.structs import TopicPartition
 
 from client.fetcher import Fetcher, Item, Record
 from client.handout import HandedOut
-from client.lifecycle import ConsumerLifecycle
 from client.protocol.keyspace import KeyRange
 from client.runtime.gate import Lease, OwnershipGate
+from client.status import ConsumerStatus
 from client.tracker import OffsetTracker
 
 
@@ -32,22 +32,22 @@ class ConsumerSource:
         handed: HandedOut,
         tracker: OffsetTracker,
         gate: OwnershipGate,
-        lifecycle: ConsumerLifecycle,
+        status: ConsumerStatus,
         *,
         mark_processed: Callable[[Record], None],
     ) -> None:
         self._fetcher = fetcher
         self._handed = handed
         self._tracker = tracker
-        self._lifecycle = lifecycle
+        self._status = status
         self.gate = gate
-        self.may_hand_out = lifecycle.may_hand_out
-        self.session_deadline = lifecycle.session_deadline
+        self.may_hand_out = status.may_hand_out
+        self.session_deadline = status.session_deadline
         self.mark_processed = mark_processed
 
     @property
     def stopped(self) -> bool:
-        return self._lifecycle.stopped
+        return self._status.stopped
 
     async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
         return await self._fetcher.next_item(None, interrupt)

@@ -59,8 +59,8 @@ class OutsideLog:
 OutsideLogHandler = Callable[[list[OutsideLog]], Awaitable[None]]
 
 
-class Lifecycle(Protocol):
-    """What a fetch asks of the consumer while it waits (``client.lifecycle``)."""
+class Status(Protocol):
+    """What a fetch asks of the consumer while it waits (``client.status``)."""
 
     def may_hand_out(self) -> bool:
         """The hand-out guard (DESIGN §5)."""
@@ -97,7 +97,7 @@ class Fetcher:
     """Reads Kafka for the tracker's slices and buffers what may be handed out.
 
     ``lock`` serialises a poll against assignment changes (``sync``, ``withdraw`` and the
-    tracker's slice changes happen with it held). The consumer's ``lifecycle`` raises when
+    tracker's slice changes happen with it held). The consumer's ``status`` raises when
     the consumer stopped or its membership failed, and resolves a ``change_future`` when the
     assignment changes, so a fetch with nothing assigned waits for it instead of polling.
 
@@ -116,7 +116,7 @@ class Fetcher:
         *,
         key_deserializer: Deserializer | None,
         value_deserializer: Deserializer | None,
-        lifecycle: Lifecycle,
+        status: Status,
         on_outside_log: OutsideLogHandler,
     ) -> None:
         self._tracker = tracker
@@ -124,9 +124,9 @@ class Fetcher:
         self._kafka_kwargs = {**kafka_kwargs, "auto_offset_reset": "none"}
         self._key_deserializer = key_deserializer
         self._value_deserializer = value_deserializer
-        self._may_hand_out = lifecycle.may_hand_out
-        self._check_running = lifecycle.check_running
-        self._change_future = lifecycle.change_future
+        self._may_hand_out = status.may_hand_out
+        self._check_running = status.check_running
+        self._change_future = status.change_future
         self._on_outside_log = on_outside_log
         self._kafka: AIOKafkaConsumer | None = None
         # Per partition, aiokafka's last poll time when we last sought it: a high watermark

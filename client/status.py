@@ -14,7 +14,7 @@ from client.errors import ConsumerStopped, KeyrangeClientError
 from client.membership import Membership
 
 
-class ConsumerLifecycle:
+class ConsumerStatus:
     """The consumer's state and the hand-out guard, one object for every part that asks."""
 
     def __init__(self) -> None:
