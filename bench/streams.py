@@ -43,7 +43,6 @@ from aiokafka import AIOKafkaProducer
 from bench.commit import free_port
 from client.http import CoordinatorClient
 from client.protocol.keyspace import KeyRange
-from client.streams import restore
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.stores import RocksStore
 from coordinator.kafka import ClusterMetadata
@@ -169,16 +168,15 @@ async def restoration(stack: Stack, args: argparse.Namespace, work: Path) -> dic
     keys = [b"key-%d" % index for index in range(args.changelog_records)]
     await produce(stack.bootstrap, changelog, keys, value_size=32)
     restorer = Restorer({"bootstrap_servers": stack.bootstrap})
+    # The same restores judged by the Python loop, what an install without a C compiler gets.
+    python_restorer = Restorer({"bootstrap_servers": stack.bootstrap}, judge_in_c=False)
     await restorer.start()
-    native = restore._native
+    await python_restorer.start()
     try:
         measured = await restore_times(restorer, changelog, work, args.rounds, "native")
-        # The same restores judged by the Python loop, what an install without a C
-        # compiler gets.
-        restore._native = None
-        in_python = await restore_times(restorer, changelog, work, args.rounds, "python")
+        in_python = await restore_times(python_restorer, changelog, work, args.rounds, "python")
     finally:
-        restore._native = native
+        await python_restorer.stop()
         await restorer.stop()
     whole, quarter, floor = (
         statistics.median(progress.seconds for progress in measured[name])
@@ -199,7 +197,7 @@ async def restoration(stack: Stack, args: argparse.Namespace, work: Path) -> dic
         "restore_records_read": measured["quarter"][0].read,
         "restore_records_restored_quarter": measured["quarter"][0].restored,
         "restore_records_restored_whole": measured["whole"][0].restored,
-        "restore_native": native is not None,
+        "restore_native": restorer.judges_in_c,
         "restore_ratio_python": round(python_quarter / python_whole, 3),
         "restore_quarter_python_s": round(python_quarter, 3),
     }

@@ -19,9 +19,12 @@ marks the previous record when the next one is requested (unless ``auto_mark=Fal
 
 The consumer is a front over parts, one job each: ``client.fetcher`` reads Kafka and keeps
 what may be handed out, ``client.handout`` tracks what user code holds (and drains it before a
-revoke), ``client.committer`` commits, ``client.dispatch`` is ``run()``'s worker pool, and
-``client.membership`` heartbeats and reconciles. The front owns the lifecycle, the public API,
-the slice changes reconciliation asks for, and the hand-out guard.
+revoke), ``client.committer`` commits, ``client.dispatch`` is ``run()``'s worker pool,
+``client.release`` gives slices up, ``client.membership`` heartbeats and reconciles, and
+``client.status`` holds where the consumer stands and the hand-out guard, which the parts
+ask instead of the front. The front owns the public API, the order of the lifecycle's steps
+and the slice changes reconciliation asks for; ``drive`` builds the seams a runtime uses
+(``client.consumer_source``) from the parts.
 
 Concerns and their tasks: the Kafka fetch runs in the caller's ``async for``/``getmany``
 (aiokafka prefetches in its own task), periodic commits in one task, and in group mode the
@@ -42,8 +45,8 @@ from aiokafka.structs import TopicPartition
 
 from client.committer import Committer
 from client.consumer_source import ConsumerSource
-from client.dispatch import Dispatcher, Engine, Handler
-from client.errors import ConsumerStopped, InvalidRequest, KeyrangeClientError, NoOffsetForPartition
+from client.dispatch import Dispatcher, Handler
+from client.errors import ConsumerStopped, InvalidRequest, NoOffsetForPartition
 from client.fetcher import Fetcher, OutsideLog, Record
 from client.handout import HandedOut
 from client.http import CoordinatorClient, Slices, StuckCall
@@ -53,6 +56,8 @@ from client.protocol.keyspace import KeyRange, normalize
 from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
 from client.release import SliceRelease, describe
 from client.runtime.gate import OwnershipGate, Running
+from client.runtime.seams import Engine
+from client.status import ConsumerStatus
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]
@@ -167,15 +172,13 @@ class KeyrangeConsumer:
         self._client = coordinator or CoordinatorClient(coordinator_url, token=token)
         mode: CommitMode = "watermarks" if allow_individual_commit else "offset"
         self._tracker = OffsetTracker(mode=commit_mode or mode)
-
+        self._status = ConsumerStatus()
         self._fetcher = Fetcher(
             self._tracker,
             kafka_kwargs,
             key_deserializer=key_deserializer,
             value_deserializer=value_deserializer,
-            may_hand_out=self._may_hand_out,
-            check_running=self._check_running,
-            change_future=self._change_future,
+            status=self._status,
             on_outside_log=self._reset_outside_log,
         )
         self._outside_log_reset = OutsideLogReset(
@@ -184,17 +187,16 @@ class KeyrangeConsumer:
             self._tracker,
             self._fetcher,
             self._auto_offset_reset,
-            identity=self._identity,
+            identity=self._status.identity,
             withdraw=self._withdraw,
         )
         self._handed = HandedOut()
         # Asked by every runtime right before user code starts a record (DESIGN §5).
-        self._gate = OwnershipGate(self._session_deadline)
+        self._gate = OwnershipGate(self._status.session_deadline)
         self._committer = Committer(
-            self._client, group_id, self._tracker, may_commit=self._may_hand_out
+            self._client, group_id, self._tracker, may_commit=self._status.may_hand_out
         )
         self._last_auto: Record | None = None
-        self._changed: asyncio.Future[None] | None = None
         self._dispatchers: set[Engine] = set()
         self._releasing = SliceRelease(
             group_id,
@@ -212,10 +214,6 @@ class KeyrangeConsumer:
         self._membership: Membership | None = None
         self._reconciler: Reconciler | None = None
         self._standalone_target: Slices | None = None
-        self._started = False
-        self._closed = False
-        # Raised to whoever consumes next: set where the consumer cannot go on by itself.
-        self._failure: KeyrangeClientError | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -232,15 +230,15 @@ class KeyrangeConsumer:
         await self.stop()
 
     async def start(self) -> None:
-        if self._started:
+        if self._status.started:
             return
-        self._started = True
+        self._status.started = True
         try:
             limits = await self._client.wait_until_reachable(self._coordinator_start_timeout_s)
             self._committer.learn(limits)
             await self._fetcher.start()
         except BaseException:
-            self._closed = True
+            self._status.stopped = True
             if self._owns_client:
                 await self._client.aclose()
             raise
@@ -256,9 +254,9 @@ class KeyrangeConsumer:
                 instance_id=self._instance_id,
                 client_id=self._client_id,
             )
-            self._committer.membership = self._membership
+            self._committer.membership = self._status.membership = self._membership
             self._reconciler = self._membership.reconciler
-            self._membership.failure.add_done_callback(lambda _: self._notify())
+            self._membership.failure.add_done_callback(lambda _: self._status.notify())
             self._membership.start()
         else:
             self._reconciler = Reconciler(self, _nothing)
@@ -277,12 +275,12 @@ class KeyrangeConsumer:
         heartbeating, so their keys stay here until they end (DESIGN §5). A second signal or
         a kill ends the process, and the calls with it, for an operator who will not wait.
         """
-        if self._closed or not self._started:
-            self._closed = True
+        if self._status.stopped or not self._status.started:
+            self._status.stopped = True
             return
-        self._closed = True
+        self._status.stopped = True
         self._gate.close()
-        self._notify()
+        self._status.notify()
         try:
             if self._reconciler is not None:
                 await self._reconciler.stop()
@@ -341,7 +339,7 @@ class KeyrangeConsumer:
 
     async def wait_for_assignment(self) -> Slices:
         """Until the consumer owns what the coordinator (or ``assign``) currently grants."""
-        self._check_running()
+        self._status.check_running()
         if self._reconciler is None:
             raise ConsumerStopped("the consumer is not started")
         settled = asyncio.ensure_future(self._reconciler.wait_settled())
@@ -375,11 +373,15 @@ class KeyrangeConsumer:
                 self.mark_processed(self._last_auto)
                 self._last_auto = None
             try:
-                if self._closed or not self._fetcher.buffered or not self._may_hand_out():
+                if (
+                    self._status.stopped
+                    or not self._fetcher.buffered
+                    or not self._status.may_hand_out()
+                ):
                     await self._fetcher.until_buffered(None)
                 tp, record, hashed = self._fetcher.take_one()
             except ConsumerStopped:
-                if self._closed:
+                if self._status.stopped:
                     return
                 raise
             self._handed.hand_out(tp, record.offset, hashed)
@@ -394,7 +396,7 @@ class KeyrangeConsumer:
         ``mark_processed`` once done."""
         deadline = time.monotonic() + timeout_ms / 1000
         batch: dict[TopicPartition, list[Record]] = {}
-        if not self._fetcher.buffered or not self._may_hand_out():
+        if not self._fetcher.buffered or not self._status.may_hand_out():
             try:
                 await self._fetcher.until_buffered(deadline)
             except TimeoutError:
@@ -432,11 +434,11 @@ class KeyrangeConsumer:
         the instant the session deadline passes. Ask it right before a side effect (it costs
         a clock read and a lookup); what it cannot cover, a handler frozen between asking and
         acting, needs a fence downstream (docs/membership.md, "Zombie members")."""
-        return self._may_hand_out() and self._handed.holds(record)
+        return self._status.may_hand_out() and self._handed.holds(record)
 
     async def commit(self) -> None:
         """Commit everything marked so far, now."""
-        self._check_running()
+        self._status.check_running()
         await self._committer.commit(raise_errors=True)
 
     async def run(
@@ -463,7 +465,15 @@ class KeyrangeConsumer:
         """Run a processing engine over this consumer's records until ``stop()``: what
         ``run`` does with its dispatcher, open to other engines (``client.worker``). The
         engine is told of revocations, losses and the stop as ``run``'s dispatcher is."""
-        engine = make_engine(ConsumerSource(self))
+        source = ConsumerSource(
+            self._fetcher,
+            self._handed,
+            self._tracker,
+            self._gate,
+            self._status,
+            mark_processed=self.mark_processed,
+        )
+        engine = make_engine(source)
         self._dispatchers.add(engine)
         try:
             await engine.run()
@@ -487,13 +497,13 @@ class KeyrangeConsumer:
         committed = await self._client.fetch_offsets(self._group_id, topics)
         fresh = [tp for tp in added if tp not in committed]
         if fresh and self._auto_offset_reset == "none":
-            self._failure = NoOffsetForPartition(
+            self._status.failure = NoOffsetForPartition(
                 f"group '{self._group_id}' has no committed offset for "
                 f"{', '.join(f'{tp.topic}[{tp.partition}]' for tp in sorted(fresh))} and "
                 "auto_offset_reset is 'none'"
             )
-            self._notify()
-            raise self._failure
+            self._status.notify()
+            raise self._status.failure
         starts = await self._fetcher.start_positions(fresh, self._auto_offset_reset)
         async with self._fetcher.lock:
             # Keys kept for a call that could not be stopped, granted back: ours again; the
@@ -511,7 +521,7 @@ class KeyrangeConsumer:
             "slices assigned",
             extra={"group_id": self._group_id, "slices": describe(added)},
         )
-        self._notify()
+        self._status.notify()
         await self._call_listener(self._listener.on_slices_assigned, added)
 
     async def release(self, revoked: Slices) -> None:
@@ -549,17 +559,6 @@ class KeyrangeConsumer:
 
     # ----------------------------------------------------------------- helpers
 
-    def _check_running(self) -> None:
-        if self._closed or not self._started:
-            raise ConsumerStopped("the consumer is not running")
-        if self._failure is not None:
-            raise self._failure
-        if self._membership is not None and self._membership.failure.done():
-            self._membership.failure.result()
-
-    def _identity(self) -> tuple[str | None, int | None]:
-        return (None, None) if self._membership is None else self._membership.identity()
-
     async def _reset_outside_log(self, outside: list[OutsideLog]) -> None:
         await self._outside_log_reset.apply(outside)
 
@@ -576,30 +575,11 @@ class KeyrangeConsumer:
         for dispatcher in self._dispatchers:
             dispatcher.withdraw(slices)
 
-    def _may_hand_out(self) -> bool:
-        """The guard before every hand-out (DESIGN §5, the client half of the safety
-        invariant); asking it is what notices a session deadline passed during a freeze."""
-        return self._membership is None or not self._membership.session_lost()
-
-    def _session_deadline(self) -> float:
-        """``_may_hand_out`` as an instant, for checks made off the event loop."""
-        return float("inf") if self._membership is None else self._membership.session_deadline()
-
-    def _change_future(self) -> asyncio.Future[None]:
-        if self._changed is None or self._changed.done():
-            self._changed = asyncio.get_running_loop().create_future()
-        return self._changed
-
-    def _notify(self) -> None:
-        """Wake waiters for an assignment: it changed, failed, or the consumer stops."""
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
-
     async def _until(self, awaitable: asyncio.Future[None]) -> None:
         while not awaitable.done():
-            self._check_running()
+            self._status.check_running()
             await asyncio.wait(
-                {awaitable, self._change_future()}, return_when=asyncio.FIRST_COMPLETED
+                {awaitable, self._status.change_future()}, return_when=asyncio.FIRST_COMPLETED
             )
         awaitable.result()
 

@@ -1,39 +1,53 @@
-"""The seams an engine drives a consumer through (``run()``'s dispatcher, ``client.worker``):
+"""The one implementation of the seams a runtime drives the consumer through
+(``client.runtime.seams``: ``run()``'s dispatcher, ``client.worker``, ``client.streams``):
 what to hand out next, marking, giving back, pausing, and the partition ends and slice
-watermarks that metrics read. Kept beside the consumer, apart from its public face."""
+watermarks that metrics read.
+
+Built by the consumer from its parts (``KeyrangeConsumer.drive``), so it needs nothing of the
+consumer's front and the front's module and this one do not import each other.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 from aiokafka.structs import TopicPartition
 
-from client.fetcher import Item, Record
+from client.fetcher import Fetcher, Item, Record
+from client.handout import HandedOut
 from client.protocol.keyspace import KeyRange
 from client.runtime.gate import Lease, OwnershipGate
-
-if TYPE_CHECKING:
-    from client.consumer import KeyrangeConsumer
+from client.status import ConsumerStatus
+from client.tracker import OffsetTracker
 
 
 class ConsumerSource:
-    """The seams an engine uses (``run()``'s dispatcher, ``client.worker``), over the
+    """The seams an engine uses (``WorkerSource``, which includes ``RecordSource``), over the
     consumer's parts."""
 
-    def __init__(self, consumer: KeyrangeConsumer) -> None:
-        self._consumer = consumer
-        self._fetcher = consumer._fetcher
-        self._handed = consumer._handed
-        self.gate: OwnershipGate = consumer.gate
-        self.may_hand_out = consumer._may_hand_out
-        self.session_deadline = consumer._session_deadline
-        self.mark_processed = consumer.mark_processed
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        handed: HandedOut,
+        tracker: OffsetTracker,
+        gate: OwnershipGate,
+        status: ConsumerStatus,
+        *,
+        mark_processed: Callable[[Record], None],
+    ) -> None:
+        self._fetcher = fetcher
+        self._handed = handed
+        self._tracker = tracker
+        self._status = status
+        self.gate = gate
+        self.may_hand_out = status.may_hand_out
+        self.session_deadline = status.session_deadline
+        self.mark_processed = mark_processed
 
     @property
     def stopped(self) -> bool:
-        return self._consumer._closed
+        return self._status.stopped
 
     async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
         return await self._fetcher.next_item(None, interrupt)
@@ -65,7 +79,7 @@ class ConsumerSource:
 
     def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]:
         """Each active slice with its lowest offset not processed yet (its commit point)."""
-        tracker = self._consumer._tracker
+        tracker = self._tracker
         return [
             (tp, progress.keys, progress.watermark)
             for tp in tracker.partitions()

@@ -1,9 +1,10 @@
 """``run()``'s machinery: records of different keys processed concurrently, each key's one at a
 time in offset order, on a fixed pool of worker tasks apart from the fetch.
 
-It sees the consumer only through ``RecordSource``: the next record to hand out, the hand-out
-guard (the membership's session deadline), handing out and marking. When the membership is
-lost the consumer calls ``lose``, which drops what is queued and cancels running handlers.
+It sees the consumer only through ``RecordSource`` (``client.runtime.seams``): the next record
+to hand out, the hand-out guard (the membership's session deadline), handing out and marking.
+When the membership is lost the consumer calls ``lose``, which drops what is queued and
+cancels running handlers.
 """
 
 from __future__ import annotations
@@ -11,68 +12,20 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 
 from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted, Item, Record, in_slices
 from client.http import Slices
-from client.runtime.gate import Lease, OwnershipGate
+from client.runtime.seams import RecordSource
 
 Handler = Callable[[Record], Awaitable[object]]
 
 # How long cancelled handlers get to end at shutdown before the consumer's stop takes over
 # waiting for them (it holds their keys until they end).
 _STOPPED_GRACE_S = 1.0
-
-
-class RecordSource(Protocol):
-    """What the dispatcher needs of the consumer."""
-
-    @property
-    def stopped(self) -> bool:
-        """The consumer was stopped (a ``ConsumerStopped`` then ends the run quietly)."""
-
-    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
-        """The next record to hand out; ``FetchInterrupted`` once ``interrupt`` is done."""
-
-    @property
-    def gate(self) -> OwnershipGate:
-        """Asked immediately before user code starts a record (DESIGN §5)."""
-
-    def may_hand_out(self) -> bool:
-        """Asked right before each hand-out (DESIGN §5); notices a passed session deadline."""
-
-    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> Lease | None:
-        """The record is with user code from now on; the lease it may start under."""
-
-    def give_back(self, record: Record) -> None:
-        """Handed out and not processed: no longer with user code."""
-
-    def mark_processed(self, record: Record) -> None: ...
-
-
-class Engine(Protocol):
-    """What the consumer drives: ``run()``'s dispatcher, or another engine over the same
-    ``RecordSource`` (``KeyrangeConsumer.drive``)."""
-
-    async def run(self) -> None:
-        """Take records from the source and process them until ``finish`` or a failure."""
-
-    def withdraw(self, slices: Slices | None) -> None:
-        """Drop queued records of ``slices`` (all with None) that no handler started."""
-
-    def lose(self) -> None:
-        """The membership is lost: drop what is queued; running work is not ours any more."""
-
-    async def stop_calls(self, slices: Slices) -> None:
-        """A revocation of ``slices`` timed out: stop the calls of their keys that can be
-        stopped (cancel them, kill their process) and give their records back; calls that
-        cannot be stopped run on, and the gate shows them holding their keys."""
-
-    async def finish(self, timeout_s: float | None) -> None:
-        """Stop taking records; let started work end (up to ``timeout_s``), drop the rest."""
 
 
 class Dispatcher:

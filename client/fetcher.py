@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import compress
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import OffsetOutOfRangeError
@@ -59,6 +59,19 @@ class OutsideLog:
 OutsideLogHandler = Callable[[list[OutsideLog]], Awaitable[None]]
 
 
+class Status(Protocol):
+    """What a fetch asks of the consumer while it waits (``client.status``)."""
+
+    def may_hand_out(self) -> bool:
+        """The hand-out guard (DESIGN §5)."""
+
+    def check_running(self) -> None:
+        """Raises once the consumer stopped, or it or its membership failed."""
+
+    def change_future(self) -> asyncio.Future[None]:
+        """Resolved when the assignment changes (or fails, or the consumer stops)."""
+
+
 class Run:
     """Fetched records of one partition to hand out, in offset order, with their offsets and
     key hashes; ``next`` is the first not handed out. Whole fetches are buffered this way
@@ -84,9 +97,9 @@ class Fetcher:
     """Reads Kafka for the tracker's slices and buffers what may be handed out.
 
     ``lock`` serialises a poll against assignment changes (``sync``, ``withdraw`` and the
-    tracker's slice changes happen with it held). ``check_running`` raises when the consumer
-    stopped or its membership failed; ``change_future`` is resolved when the assignment
-    changes, so a fetch with nothing assigned waits for it instead of polling.
+    tracker's slice changes happen with it held). The consumer's ``status`` raises when
+    the consumer stopped or its membership failed, and resolves a ``change_future`` when the
+    assignment changes, so a fetch with nothing assigned waits for it instead of polling.
 
     A read position outside the partition's log is handed to ``on_outside_log`` (which applies
     the reset policy), never skipped over: Kafka refuses such a fetch with
@@ -103,9 +116,7 @@ class Fetcher:
         *,
         key_deserializer: Deserializer | None,
         value_deserializer: Deserializer | None,
-        may_hand_out: Callable[[], bool],
-        check_running: Callable[[], None],
-        change_future: Callable[[], asyncio.Future[None]],
+        status: Status,
         on_outside_log: OutsideLogHandler,
     ) -> None:
         self._tracker = tracker
@@ -113,9 +124,9 @@ class Fetcher:
         self._kafka_kwargs = {**kafka_kwargs, "auto_offset_reset": "none"}
         self._key_deserializer = key_deserializer
         self._value_deserializer = value_deserializer
-        self._may_hand_out = may_hand_out
-        self._check_running = check_running
-        self._change_future = change_future
+        self._may_hand_out = status.may_hand_out
+        self._check_running = status.check_running
+        self._change_future = status.change_future
         self._on_outside_log = on_outside_log
         self._kafka: AIOKafkaConsumer | None = None
         # Per partition, aiokafka's last poll time when we last sought it: a high watermark

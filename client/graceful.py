@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 from client.consumer import KeyrangeConsumer
 from client.consumer_source import ConsumerSource
-from client.dispatch import Engine
+from client.runtime.seams import Engine
 
 logger = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ import time
 from collections.abc import Awaitable, Callable, Set
 
 from client.committer import Committer
-from client.dispatch import Engine
 from client.fetcher import Fetcher
 from client.handout import HandedOut
 from client.http import Slices, StuckCall
 from client.membership import slices_minus
 from client.protocol.keyspace import normalize
 from client.runtime.gate import OwnershipGate, Running, pieces_of
+from client.runtime.seams import Engine
 from client.tracker import OffsetTracker
 
 logger = logging.getLogger("client.consumer")

@@ -112,7 +112,8 @@ class CommittedOffsets:
     ) -> CommittedOffsets:
         """The constructor of the coordinator's commit path: tuples in, nothing converted."""
         state = cls.__new__(cls)
-        state._assign(stable_offset, ranges, pieces, metadata)
+        # Through the class: ``state`` has not been initialised, ``_assign`` is what does it.
+        cls._assign(state, stable_offset, ranges, pieces, metadata)
         return state
 
     def _assign(

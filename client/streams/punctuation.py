@@ -28,9 +28,6 @@ class Schedule:
     def cancel(self) -> None:
         self.cancelled = True
 
-    def _align(self, now_ms: int) -> None:
-        self.due_ms = (now_ms // self.interval_ms + 1) * self.interval_ms
-
 
 class Punctuations:
     """The schedules of one task."""
@@ -59,13 +56,18 @@ class Punctuations:
             if entry.kind is not kind or now_ms < 0:
                 continue
             if entry.due_ms is None:
-                entry._align(now_ms)
+                entry.due_ms = _next_due(entry.interval_ms, now_ms)
                 continue
             if now_ms >= entry.due_ms:
                 firing.append((entry.due_ms, entry.sequence, entry))
         firing.sort(key=lambda item: (item[0], item[1]))
         result = []
         for _, _, entry in firing:
-            entry._align(now_ms)
+            entry.due_ms = _next_due(entry.interval_ms, now_ms)
             result.append((entry, now_ms))
         return result
+
+
+def _next_due(interval_ms: int, now_ms: int) -> int:
+    """The first multiple of ``interval_ms`` after ``now_ms``."""
+    return (now_ms // interval_ms + 1) * interval_ms

@@ -127,11 +127,21 @@ class Restorer:
         self,
         kafka_kwargs: dict[str, object],
         partition_fetch_bytes: int = _PARTITION_FETCH_BYTES,
+        *,
+        judge_in_c: bool = True,
     ) -> None:
         self._client = AIOKafkaClient(**kafka_kwargs)
+        # False judges every batch in Python, as an install without a C compiler does: what
+        # bench/streams.py measures the C filter against.
+        self._judge_in_c = judge_in_c
         self._fetch_bytes = partition_fetch_bytes
         self._lock = asyncio.Lock()
         self._started = False
+
+    @property
+    def judges_in_c(self) -> bool:
+        """Whether this restorer's restores judge keys with the C filter."""
+        return self._judge_in_c and _native is not None
 
     async def start(self) -> None:
         if _native is None:
@@ -174,7 +184,10 @@ class Restorer:
                             self._fetch(tp, fetched.next_offset, fetch_bytes)
                         )
                     for batch in fetched.batches:
-                        _restore_batch(batch, progress, bounds, engine, tp)
+                        if self._judge_in_c:
+                            _restore_batch(batch, progress, bounds, engine, tp)
+                        else:
+                            _judge_in_python(batch.records, progress, bounds, engine)
                         progress.position = batch.records.next_offset
                         # The next answer arrives meanwhile: read off the socket between
                         # batches, the broker goes on sending instead of waiting on a full

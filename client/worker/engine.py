@@ -39,6 +39,7 @@ from aiokafka.structs import TopicPartition
 from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted, Item, in_slices
 from client.http import Slices
+from client.runtime.seams import WorkerSource
 from client.worker.calls import Calls, is_async, overrides
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -53,7 +54,6 @@ from client.worker.failures import (
 )
 from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, weight
 from client.worker.pressure import ByteBudget
-from client.worker.source import WorkerSource
 from client.worker.task import KeyHashPartitioner, Partitioner, SubPartition, WorkerTask
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ to ``drain_timeout_s``), commit, leave the group; a second signal exits at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiokafka.structs import TopicPartition
@@ -16,6 +16,7 @@ from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.graceful import GracefulStop
 from client.http import Slices
 from client.metrics_server import MetricsServer
+from client.runtime.seams import WorkerSource
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -23,7 +24,6 @@ from client.worker.engine import Stats, WorkerEngine
 from client.worker.metrics import EXTRA as METRICS_EXTRA
 from client.worker.metrics import worker_families
 from client.worker.processes import Handler
-from client.worker.source import WorkerSource
 from client.worker.task import Partitioner, WorkerTask
 
 
@@ -85,7 +85,7 @@ class Worker:
             coordinator_start_timeout_ms=config.coordinator_start_timeout_ms,
             auto_commit_interval_ms=config.commit_interval_ms,
             revoke_timeout_s=config.drain_timeout_s,
-            rebalance_listener=_Listener(self),
+            rebalance_listener=_Listener(self._slices_changed),
             **{**security, **config.consumer_options},
         )
         self._calls = Calls(config.threads, config.processes, self._consumer.gate)
@@ -173,11 +173,11 @@ class _Listener(RebalanceListener):
     """Creates tasks when partitions are first owned, closes them when the last slice of a
     partition was revoked (after its records in processing finished and were committed)."""
 
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
+    def __init__(self, slices_changed: Callable[[Slices | None], Awaitable[None]]) -> None:
+        self._slices_changed = slices_changed
 
     async def on_slices_assigned(self, slices: Slices) -> None:
-        await self._worker._slices_changed(None)
+        await self._slices_changed(None)
 
     async def on_slices_revoked(self, slices: Slices) -> None:
-        await self._worker._slices_changed(slices)
+        await self._slices_changed(slices)

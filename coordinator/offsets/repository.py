@@ -60,7 +60,7 @@ def _ranges_from_db(ranges: Sequence[Any]) -> tuple[tuple[int, int], ...]:
 
 
 class _Row(Protocol):
-    """A row by column name: an asyncpg ``Record`` or a SQLAlchemy row's ``_mapping``."""
+    """A row by column name: an asyncpg ``Record`` or a SQLAlchemy ``RowMapping``."""
 
     def __getitem__(self, column: str, /) -> Any: ...
 
@@ -297,7 +297,9 @@ async def read_partitions(
         query = query.where(PartitionOffsets.partition.in_(partitions))
     query = query.order_by(PartitionOffsets.topic, PartitionOffsets.partition)
     result = await connection.execute(query)
-    return [StoredPartition(row.topic, row.partition, _state_of(row._mapping)) for row in result]
+    return [
+        StoredPartition(row["topic"], row["partition"], _state_of(row)) for row in result.mappings()
+    ]
 
 
 async def lock_existing_partitions(
@@ -313,7 +315,7 @@ async def lock_existing_partitions(
     if partitions:
         query = query.where(PartitionOffsets.partition.in_(partitions))
     result = await connection.execute(query)
-    return {(row.topic, row.partition): _state_of(row._mapping) for row in result}
+    return {(row["topic"], row["partition"]): _state_of(row) for row in result.mappings()}
 
 
 async def delete_offsets(connection: AsyncConnection, group_id: str, topic: str | None) -> int:

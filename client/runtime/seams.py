@@ -1,0 +1,85 @@
+"""The seams between the consumer and the runtimes that drive it (``run()``'s dispatcher,
+``client.worker``, ``client.streams``): what a runtime may ask of the consumer's records
+(``RecordSource``, ``WorkerSource``) and what the consumer asks of a runtime (``Engine``).
+
+They live in the kernel, apart from any one implementation, so a runtime and the consumer
+depend on the seam and not on each other: the consumer builds the one implementation of the
+sources (``client.consumer_source``) from its parts, and ``KeyrangeConsumer.drive`` hands it to
+whichever engine it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from aiokafka.structs import TopicPartition
+
+from client.fetcher import Item, Record
+from client.http import Slices
+from client.protocol.keyspace import KeyRange
+from client.runtime.gate import Lease, OwnershipGate
+
+
+class RecordSource(Protocol):
+    """What ``run()``'s dispatcher needs of the consumer."""
+
+    @property
+    def stopped(self) -> bool:
+        """The consumer was stopped (a ``ConsumerStopped`` then ends the run quietly)."""
+
+    async def next_item(self, interrupt: asyncio.Future[None]) -> Item:
+        """The next record to hand out; ``FetchInterrupted`` once ``interrupt`` is done."""
+
+    @property
+    def gate(self) -> OwnershipGate:
+        """Asked immediately before user code starts a record (DESIGN §5)."""
+
+    def may_hand_out(self) -> bool:
+        """Asked right before each hand-out (DESIGN §5); notices a passed session deadline."""
+
+    def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> Lease | None:
+        """The record is with user code from now on; the lease it may start under."""
+
+    def give_back(self, record: Record) -> None:
+        """Handed out and not processed: no longer with user code."""
+
+    def mark_processed(self, record: Record) -> None: ...
+
+
+class WorkerSource(RecordSource, Protocol):
+    """``run()``'s seams plus pausing fetches, the session deadline for checks off the event
+    loop, and the progress metrics read."""
+
+    def session_deadline(self) -> float:
+        """The monotonic instant from which nothing may be handed out; a thread may ask."""
+
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    def highwater(self, tp: TopicPartition) -> int | None: ...
+
+    def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]: ...
+
+
+class Engine(Protocol):
+    """What the consumer drives: ``run()``'s dispatcher, or another engine over the same
+    source (``KeyrangeConsumer.drive``)."""
+
+    async def run(self) -> None:
+        """Take records from the source and process them until ``finish`` or a failure."""
+
+    def withdraw(self, slices: Slices | None) -> None:
+        """Drop queued records of ``slices`` (all with None) that no handler started."""
+
+    def lose(self) -> None:
+        """The membership is lost: drop what is queued; running work is not ours any more."""
+
+    async def stop_calls(self, slices: Slices) -> None:
+        """A revocation of ``slices`` timed out: stop the calls of their keys that can be
+        stopped (cancel them, kill their process) and give their records back; calls that
+        cannot be stopped run on, and the gate shows them holding their keys."""
+
+    async def finish(self, timeout_s: float | None) -> None:
+        """Stop taking records; let started work end (up to ``timeout_s``), drop the rest."""
