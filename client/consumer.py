@@ -11,7 +11,7 @@ Nothing is handed out once the membership is lost: before every hand-out (``reco
 ``getmany``, ``run``'s workers, and before buffering a fetch) the consumer asks
 ``Membership.session_lost``, which reads the session deadline off the monotonic clock, so a
 member frozen or blocked past its session hands out nothing after it resumes, even before its
-heartbeat learns what the coordinator did meanwhile (DESIGN §5, docs/membership.md).
+heartbeat learns what the coordinator did meanwhile (docs/design.md §5, docs/membership.md).
 
 Delivery is at least once. A record counts as processed when it is marked: ``async for``
 marks the previous record when the next one is requested (unless ``auto_mark=False``),
@@ -191,7 +191,7 @@ class KeyrangeConsumer:
             withdraw=self._withdraw,
         )
         self._handed = HandedOut()
-        # Asked by every runtime right before user code starts a record (DESIGN §5).
+        # Asked by every runtime right before user code starts a record (docs/design.md §5).
         self._gate = OwnershipGate(self._status.session_deadline)
         self._committer = Committer(
             self._client, group_id, self._tracker, may_commit=self._status.may_hand_out
@@ -272,7 +272,7 @@ class KeyrangeConsumer:
         Nothing starts in user code once this is called. Records in processing get
         ``revoke_timeout_s``; then calls that can be stopped are (cancelled, their process
         killed) and those that cannot, on threads, hold the leave: the member goes on
-        heartbeating, so their keys stay here until they end (DESIGN §5). A second signal or
+        heartbeating, so their keys stay here until they end (docs/design.md §5). A second signal or
         a kill ends the process, and the calls with it, for an operator who will not wait.
         """
         if self._status.stopped or not self._status.started:
@@ -351,7 +351,7 @@ class KeyrangeConsumer:
 
     @property
     def gate(self) -> OwnershipGate:
-        """Asked by every runtime right before user code starts a record (DESIGN §5)."""
+        """Asked by every runtime right before user code starts a record (docs/design.md §5)."""
         return self._gate
 
     @property

@@ -63,7 +63,7 @@ class Status(Protocol):
     """What a fetch asks of the consumer while it waits (``client.status``)."""
 
     def may_hand_out(self) -> bool:
-        """The hand-out guard (DESIGN §5)."""
+        """The hand-out guard (docs/design.md §5)."""
 
     def check_running(self) -> None:
         """Raises once the consumer stopped, or it or its membership failed."""

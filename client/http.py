@@ -1,7 +1,7 @@
 """Async HTTP client for the coordinator's client routes (docs/api.md).
 
 Every call that is safe to repeat is retried a bounded number of times on connection errors
-and 5xx replies, with exponential backoff: commits are idempotent by design (DESIGN §3: a
+and 5xx replies, with exponential backoff: commits are idempotent by design (docs/design.md §3: a
 duplicate is accepted silently), offset fetches are reads, and heartbeats restate the
 member's whole view. The one exception is an anonymous join (epoch 0, no member id, no
 instance id): a retry after a lost reply would register a second member that then holds
@@ -52,7 +52,7 @@ Slices = dict[TopicPartition, list[KeyRange]]
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request limits of the coordinator; the defaults are DESIGN §3.1's."""
+    """Per-request limits of the coordinator; the defaults are docs/design.md §3.1's."""
 
     max_ranges_per_request: int = 60_000
 
@@ -99,7 +99,7 @@ class PartitionCommitReply:
 @dataclass(frozen=True, slots=True)
 class StuckCall:
     """A call of this member's user code still running on a key of a slice it was asked to
-    give up: the key, and its slice, stay held until it ends (DESIGN §5). The coordinator
+    give up: the key, and its slice, stay held until it ends (docs/design.md §5). The coordinator
     shows it to operators (docs/api.md, "Stuck calls")."""
 
     topic: str
@@ -272,7 +272,7 @@ class CoordinatorClient:
         member_id: str | None = None,
         member_epoch: int | None = None,
     ) -> list[PartitionCommitReply]:
-        """Commit atomically; no member id means a standalone consumer (DESIGN §3.7)."""
+        """Commit atomically; no member id means a standalone consumer (docs/design.md §3.7)."""
         body = {
             "member_id": member_id,
             "member_epoch": member_epoch,
@@ -382,7 +382,7 @@ class CoordinatorClient:
 
     async def set_accept_range_fetch(self, topic: str, accept: bool = True) -> None:
         """Let the coordinator split ``topic``'s partitions by key among members (its
-        ``accept.range.fetch``, DESIGN §4); needs an admin-scope token."""
+        ``accept.range.fetch``, docs/design.md §4); needs an admin-scope token."""
         await self._request(
             "PUT",
             f"/v1/admin/topics/{_checked_topic(topic)}/config",

@@ -1,4 +1,4 @@
-"""Group membership through the coordinator's heartbeat endpoint (DESIGN §5, docs/api.md).
+"""Group membership through the coordinator's heartbeat endpoint (docs/design.md §5, docs/api.md).
 
 Two long-lived tasks, one per concern. ``Membership`` heartbeats on a ``time.monotonic()``
 schedule and publishes each reply's ``assignment`` (what the member may own *now*).
@@ -20,7 +20,7 @@ the last successful heartbeat plus the session timeout. The coordinator measures
 *received* that heartbeat, so the member's deadline is never later than the coordinator's
 expiry, and a member frozen or blocked past it (SIGSTOP, a paused VM, a synchronous call in
 the event loop) learns it from the clock the moment it runs again, without a round trip.
-``Membership.session_lost`` is what the consumer asks before every hand-out (DESIGN §5).
+``Membership.session_lost`` is what the consumer asks before every hand-out (docs/design.md §5).
 """
 
 from __future__ import annotations

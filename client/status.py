@@ -1,5 +1,5 @@
 """Where a ``KeyrangeConsumer`` stands, as its parts ask it: started or stopped, failed, and
-whether its membership still lets it hand records out (DESIGN §5).
+whether its membership still lets it hand records out (docs/design.md §5).
 
 The parts that wait or hand out (``client.fetcher``, ``client.consumer_source``, the ownership
 gate, the committer) are given this object instead of the consumer, so none of them reaches
@@ -37,7 +37,7 @@ class ConsumerStatus:
             self.membership.failure.result()
 
     def may_hand_out(self) -> bool:
-        """The guard before every hand-out (DESIGN §5, the client half of the safety
+        """The guard before every hand-out (docs/design.md §5, the client half of the safety
         invariant); asking it is what notices a session deadline passed during a freeze."""
         return self.membership is None or not self.membership.session_lost()
 

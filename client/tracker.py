@@ -2,12 +2,12 @@
 
 Pure bookkeeping, no I/O: the consumer registers every record of an owned slice as it
 examines the fetched stream (in offset order), marks records processed in any order, and
-asks for a commit payload. The payload follows DESIGN §3a: per owned slice ONE watermark,
+asks for a commit payload. The payload follows docs/design.md §3a: per owned slice ONE watermark,
 the lowest own offset registered but not yet processed (else the slice's read position), and
 IC ranges only for own offsets processed out of order above it. IC ranges cover offsets this
 consumer actually processed and nothing else; offsets of other slices between two of ours are
 not ours to claim, so ranges are never bridged across them. Mode ``"ranges"`` commits plain
-IC ranges, as the KIP's "gap amending" does (DESIGN §3); mode ``"offset"`` commits a classic
+IC ranges, as the KIP's "gap amending" does (docs/design.md §3); mode ``"offset"`` commits a classic
 offset (the lowest unprocessed one) for a member that owns whole partitions and does not use
 individual commit (``allow.individual.commit=false``).
 

@@ -1,8 +1,8 @@
 """What a group has processed in one partition, and the question a consumer asks per record.
 
-This is the read side of DESIGN §3 and §3a. It lives in the client package so that workers and
-Spark executors can skip processed records with no server dependency; the coordinator's write
-side (``coordinator/core/offsets.py``) produces these values and relies on the invariants that
+This is the read side of docs/design.md §3 and §3a. It lives in the client package so that
+workers and Spark executors can skip processed records with no server dependency; the
+coordinator's write side (``coordinator/core/offsets.py``) produces these values and relies on the invariants that
 ``CommittedOffsets`` enforces on construction.
 """
 
@@ -73,7 +73,7 @@ Piece = tuple[int, int, int]
 
 @dataclass(frozen=True, init=False)
 class CommittedOffsets:
-    """A group's committed state for one partition (DESIGN §3, §3a).
+    """A group's committed state for one partition (docs/design.md §3, §3a).
 
     Invariants, checked on construction so no malformed state reaches the hot path:
     ``ranges`` are sorted, disjoint, non-adjacent closed offset intervals all above

@@ -1,4 +1,5 @@
-"""Member epochs of the heartbeat (DESIGN §5): what a request's ``member_epoch`` asks for."""
+"""Member epochs of the heartbeat (docs/design.md §5): what a request's ``member_epoch``
+asks for."""
 
 from __future__ import annotations
 

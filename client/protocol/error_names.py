@@ -1,4 +1,4 @@
-"""The error names of the protocol (DESIGN §3, docs/api.md).
+"""The error names of the protocol (docs/design.md §3, docs/api.md).
 
 A problem document's ``error`` field, and a commit reply's per-partition ``error``. The
 coordinator's errors and the client's error classes take their names from here, and
@@ -31,7 +31,7 @@ MAX_GROUPS_REACHED = "MAX_GROUPS_REACHED"
 INDIVIDUAL_COMMIT_TOO_OLD = "INDIVIDUAL_COMMIT_TOO_OLD"
 MAX_INDIVIDUAL_COMMIT_REACHED = "MAX_INDIVIDUAL_COMMIT_REACHED"
 
-# Named by DESIGN §3 after the KIP, for a broker that refuses a range fetch. Keyrange's
+# Named by docs/design.md §3 after the KIP, for a broker that refuses a range fetch. Keyrange's
 # coordinator never sends them: a topic whose ``accept.range.fetch`` is off, or a member whose
 # ``allow.individual.commit`` is off, is simply given whole partitions.
 TOPIC_RANGE_FETCH_NOT_ALLOWED = "TOPIC_RANGE_FETCH_NOT_ALLOWED"

@@ -1,6 +1,6 @@
 """Key hashing, key ranges and the hash bounds: the one definition every part of Keyrange
-agrees on (DESIGN §2: the hash must be identical everywhere). Nothing else defines the bounds
-or computes the hash; the consumer hashes a fetch's records in one call of ``hash_records``.
+agrees on (docs/design.md §2: the hash must be identical everywhere). Nothing else defines the
+bounds or computes the hash; the consumer hashes a fetch's records in one call of ``hash_records``.
 """
 
 from __future__ import annotations

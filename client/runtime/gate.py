@@ -1,5 +1,5 @@
 """The ownership gate: the one rule every runtime asks right before user code starts a
-record (DESIGN §5, "release means nothing of it runs").
+record (docs/design.md §5, "release means nothing of it runs").
 
 A record may start only while the slice it was handed out under is still this member's:
 not revoked since, the membership not lost, the member not leaving, and the session

@@ -33,10 +33,11 @@ class RecordSource(Protocol):
 
     @property
     def gate(self) -> OwnershipGate:
-        """Asked immediately before user code starts a record (DESIGN §5)."""
+        """Asked immediately before user code starts a record (docs/design.md §5)."""
 
     def may_hand_out(self) -> bool:
-        """Asked right before each hand-out (DESIGN §5); notices a passed session deadline."""
+        """Asked right before each hand-out (docs/design.md §5); notices a passed session
+        deadline."""
 
     def hand_out(self, tp: TopicPartition, record: Record, hashed: int) -> Lease | None:
         """The record is with user code from now on; the lease it may start under."""

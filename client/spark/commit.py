@@ -5,7 +5,7 @@ progress event for every micro-batch once the batch is in its commit log, includ
 last batch of an ``availableNow`` run (the stream reader's own ``commit`` hook is only called
 when a *next* batch is planned). A failed batch posts no progress, so it reports nothing.
 
-Spark commits as a standalone consumer (no member id, DESIGN §3.7). Reports are idempotent:
+Spark commits as a standalone consumer (no member id, docs/design.md §3.7). Reports are idempotent:
 a replayed batch, or a report that repeats an earlier one, changes nothing.
 """
 

@@ -218,7 +218,7 @@ def plan_commits(
 
     Where the group's watermark already reaches the origin (the span started at its range's
     watermark), everything below ``next`` is processed: a watermark says so and keeps the
-    stored state small (DESIGN §3a). Elsewhere the records below the origin are unknown, so
+    stored state small (docs/design.md §3a). Elsewhere the records below the origin are unknown, so
     only the span itself is reported, as an IC range. A partition the group never committed
     reports a watermark when its origin is the group's own choice (``auto_offset_reset``, as
     a Kafka consumer's offset reset and first commit would) or the log start; an explicit
