@@ -2,8 +2,8 @@
 
 This is the read side of docs/design.md §3 and §3a. It lives in the client package so that
 workers and Spark executors can skip processed records with no server dependency; the
-coordinator's write side (``coordinator/core/offsets.py``) produces these values and relies on the invariants that
-``CommittedOffsets`` enforces on construction.
+coordinator's write side (``coordinator/core/offsets.py``) produces these values and relies
+on the invariants that ``CommittedOffsets`` enforces on construction.
 """
 
 from __future__ import annotations
