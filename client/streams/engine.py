@@ -51,7 +51,8 @@ from client.streams.outputs import Outputs
 from client.streams.processor import WALL_CLOCK
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.state import StateManager
-from client.streams.task import StreamTask, TaskId
+from client.streams.task import StreamTask, TaskId, TaskState
+from client.streams.tasks import Tasks
 from client.streams.topology import BuiltTopology
 
 logger = logging.getLogger(__name__)
@@ -92,10 +93,12 @@ class StreamEngine:
         self._max_idle_ms = max_idle_ms
         self._max_buffered = max_buffered
         self._on_restore = on_restore
-        self.tasks: dict[TaskId, StreamTask] = {}
+        self.tasks = Tasks(topology)
         self.restores: dict[TaskId, list[RestoreProgress]] = {}
-        self._restoring: dict[TaskId, asyncio.Task[None]] = {}
-        self._closing: dict[TaskId, asyncio.Task[None]] = {}
+        # The asyncio tasks restoring and closing stream tasks: handles to cancel and to
+        # wait for; where a task is in its life is its ``state``.
+        self._restorations: dict[TaskId, asyncio.Task[None]] = {}
+        self._closings: dict[TaskId, asyncio.Task[None]] = {}
         self._paused: set[TopicPartition] = set()
         self._round_lock = asyncio.Lock()
         self._pool = (
@@ -127,22 +130,23 @@ class StreamEngine:
             intake.cancel()
             with contextlib.suppress(asyncio.CancelledError, FetchInterrupted, ConsumerStopped):
                 await intake
-            for restoring in self._restoring.values():
+            for restoring in self._restorations.values():
                 restoring.cancel()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
 
     def withdraw(self, slices: Slices | None) -> None:
-        for task in self._tasks_in(slices):
-            self._start_closing(task, None if slices is None else self._revoked_keys(task, slices))
+        for task in self.tasks.in_slices(slices):
+            revoked = None if slices is None else self.tasks.revoked_keys(task, slices)
+            self._start_closing(task, revoked)
 
     def lose(self) -> None:
         """The membership is lost: no task takes another record (a pool thread inside one
         finishes the record it is on; a thread cannot be interrupted) and nothing held back
         is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
         self._held_back.clear()
-        for task in self.tasks.values():
-            task.halted = True
+        for task in self.tasks:
+            task.state = TaskState.HALTED
 
     async def stop_calls(self, slices: Slices) -> None:
         """Processing runs under the round lock, on the loop or on a pool thread, and a
@@ -153,7 +157,7 @@ class StreamEngine:
         closing a task's processors or deleting its keys while a pool thread is inside it
         would race with that thread."""
         async with self._round_lock:
-            for task in [task for task in self.tasks.values() if task.halted]:
+            for task in [task for task in self.tasks if task.state is TaskState.HALTED]:
                 self._drop_task(task, processed_count=False)
 
     async def finish(self, timeout_s: float | None) -> None:
@@ -173,21 +177,16 @@ class StreamEngine:
         for tp, keys, _ in self._owned():
             sub = self._topology.subtopology_of_topic(tp.topic)
             task_id = TaskId(sub.index, tp.partition, keys)
-            if task_id not in self.tasks and not any(
-                other.subtopology == sub.index
-                and other.partition == tp.partition
-                and other.keys.overlaps(keys)
-                for other in self.tasks
-            ):
+            if not self.tasks.overlapping(task_id):
                 self._create(task_id)
 
     async def revoked(self, slices: Slices) -> None:
         """After the consumer committed a revocation: close the tasks and drop their keys;
         at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
-        tasks = self._tasks_in(slices)
+        tasks = self.tasks.in_slices(slices)
         failed: dict[TaskId, BaseException] = {}
         for task in tasks:
-            closing = self._closing.get(task.id)
+            closing = self._closings.get(task.id)
             if closing is not None:
                 await asyncio.wait([closing])
                 if not closing.cancelled() and closing.exception() is not None:
@@ -209,12 +208,11 @@ class StreamEngine:
                 self._drop_task(task, processed_count=False)
                 continue
             if self._finishing:
-                if task.ready:
-                    task.close()
-                self.tasks.pop(task.id, None)
-                self._closing.pop(task.id, None)
+                task.close()
+                self.tasks.remove(task)
+                self._closings.pop(task.id, None)
                 continue
-            kept = subtract([task.id.keys], self._revoked_keys(task, slices))
+            kept = subtract([task.id.keys], self.tasks.revoked_keys(task, slices))
             self._drop_task(task, processed_count=True, keep=kept)
         if stopping:
             held_back, self._held_back = self._held_back, []
@@ -243,7 +241,7 @@ class StreamEngine:
             if task is None:
                 continue
             self._source.hand_out(tp, record, hashed)
-            if task.id in self._closing:
+            if task.state is TaskState.CLOSING:
                 # Kept keys of a task closing for a partial revocation: its heir takes them.
                 self._held_back.append((tp, record, hashed))
                 continue
@@ -254,16 +252,12 @@ class StreamEngine:
             self._work.set()
 
     def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
-        sub = self._topology.subtopology_of_topic(tp.topic)
-        for task_id, task in self.tasks.items():
-            if (
-                task_id.subtopology == sub.index
-                and task_id.partition == tp.partition
-                and task_id.keys.contains(hashed)
-            ):
-                return task
+        task = self.tasks.find(tp, hashed)
+        if task is not None:
+            return task
         for owned_tp, keys, _ in self._owned():
             if owned_tp == tp and keys.contains(hashed):
+                sub = self._topology.subtopology_of_topic(tp.topic)
                 return self._create(TaskId(sub.index, tp.partition, keys))
         return None
 
@@ -274,8 +268,8 @@ class StreamEngine:
             task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
         )
         self._gate.grant(task, sub.source_topics[0])
-        self.tasks[task_id] = task
-        self._restoring[task_id] = asyncio.create_task(
+        self.tasks.add(task)
+        self._restorations[task_id] = asyncio.create_task(
             self._restore(task), name=f"keyrange-streams-restore-{task_id}"
         )
         logger.info("task created", extra={"task": str(task_id)})
@@ -306,8 +300,10 @@ class StreamEngine:
                     "seconds": round(progress.seconds, 3),
                 },
             )
-        task.init()
-        self._restoring.pop(task.id, None)
+        self._restorations.pop(task.id, None)
+        # A task closed or halted while it restored never runs: its processors stay uncreated.
+        if task.state is TaskState.RESTORING:
+            task.init()
         self._work.set()
 
     # ------------------------------------------------------------------ processing
@@ -334,7 +330,9 @@ class StreamEngine:
                     task.punctuate(WALL_CLOCK, now_ms)
                 await self._send()
                 requested = any(
-                    task.commit_requested for task in self.tasks.values() if not task.halted
+                    task.commit_requested
+                    for task in self.tasks
+                    if task.state is not TaskState.HALTED
                 )
                 if requested or self._commits.due():
                     await self.commit()
@@ -383,11 +381,7 @@ class StreamEngine:
 
     def _startable(self, deadline: float) -> list[StreamTask]:
         """The tasks whose records may start before ``deadline`` (the gate's rule)."""
-        return [
-            task
-            for task in self.tasks.values()
-            if task.ready and self._gate.may_start(task, deadline)
-        ]
+        return [task for task in self.tasks if self._gate.may_start(task, deadline)]
 
     async def _send(self) -> None:
         await self._outputs.send(list(self.tasks.values()))
@@ -399,8 +393,8 @@ class StreamEngine:
         self._state.flush()
         await self._send()
         await self._outputs.flush()
-        for task in tasks if tasks is not None else list(self.tasks.values()):
-            if task.halted:
+        for task in tasks if tasks is not None else self.tasks.values():
+            if task.state is TaskState.HALTED:
                 continue
             processed, task.processed = task.processed, []
             for record in processed:
@@ -431,50 +425,21 @@ class StreamEngine:
 
     def _resume_drained(self) -> None:
         for tp in list(self._paused):
-            holders = [
-                task
-                for task in self.tasks.values()
-                if task.id.partition == tp.partition
-                and tp.topic in self._topology.subtopologies[task.id.subtopology].source_topics
-            ]
+            holders = self.tasks.of_partition(tp)
             if all(task.inputs.drained(tp.topic, self._max_buffered) for task in holders):
                 self._paused.discard(tp)
                 self._source.resume([tp])
 
     # ------------------------------------------------------------------ revocation
 
-    def _tasks_in(self, slices: Slices | None) -> list[StreamTask]:
-        if slices is None:
-            return list(self.tasks.values())
-        chosen = []
-        for task in self.tasks.values():
-            sub = self._topology.subtopologies[task.id.subtopology]
-            for tp, ranges in slices.items():
-                if (
-                    tp.partition == task.id.partition
-                    and tp.topic in sub.source_topics
-                    and any(keys.overlaps(task.id.keys) for keys in ranges)
-                ):
-                    chosen.append(task)
-                    break
-        return chosen
-
-    def _revoked_keys(self, task: StreamTask, slices: Slices) -> list[KeyRange]:
-        sub = self._topology.subtopologies[task.id.subtopology]
-        return [
-            keys
-            for tp, ranges in slices.items()
-            if tp.partition == task.id.partition and tp.topic in sub.source_topics
-            for keys in ranges
-        ]
-
     def _start_closing(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
         """Stop the task; its buffered records of revoked keys go back to the consumer, those
         of kept keys (a partial revocation) wait for the task that takes the rest over."""
-        if task.id in self._closing:
+        if task.state in (TaskState.CLOSING, TaskState.HALTED):
+            # Closing already, or halted: the loss drops it, giving nothing back or marking it.
             return
-        task.closing = True
-        self._closing[task.id] = asyncio.ensure_future(self._close(task, revoked))
+        task.state = TaskState.CLOSING
+        self._closings[task.id] = asyncio.ensure_future(self._close(task, revoked))
 
     async def _close(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
         """After the round under way (a pool thread may be running the task). When the
@@ -497,20 +462,19 @@ class StreamEngine:
                         self._source.give_back(record)
                     raise
         finally:
-            restoring = self._restoring.pop(task.id, None)
+            restoring = self._restorations.pop(task.id, None)
             if restoring is not None:
                 restoring.cancel()
 
     def _drop_task(
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
     ) -> None:
-        restoring = self._restoring.pop(task.id, None)
+        restoring = self._restorations.pop(task.id, None)
         if restoring is not None:
             restoring.cancel()
-        self._closing.pop(task.id, None)
-        if task.ready:
-            task.close()
-        self.tasks.pop(task.id, None)
+        self._closings.pop(task.id, None)
+        task.close()
+        self.tasks.remove(task)
         self.restores.pop(task.id, None)
         for store in task.stores:
             changelog = self._topology.stores[store].changelog_topic(self._application_id)

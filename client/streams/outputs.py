@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
 from client.streams.state import StateManager
-from client.streams.task import StreamTask
+from client.streams.task import StreamTask, TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Outputs:
         if task in self._reported:
             return
         self._reported.add(task)
-        if task.halted:
+        if task.state is TaskState.HALTED:
             logger.warning(
                 "a send of a task whose membership was lost failed; its inputs were not "
                 "committed and go to the keys' next owner",

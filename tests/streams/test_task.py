@@ -27,7 +27,7 @@ from client.streams.engine import _process_for
 from client.streams.gate import TaskGate
 from client.streams.serde import JSON
 from client.streams.stores import MemoryStore
-from client.streams.task import StreamTask, TaskId
+from client.streams.task import StreamTask, TaskId, TaskState
 from examples import streams_windowed
 
 FULL = KeyRange.full()
@@ -168,7 +168,7 @@ def test_a_task_halted_mid_round_takes_no_further_record() -> None:
     class HaltAfterOne(Processor):
         def process(self, key: Any, value: Any) -> None:
             seen.append(value)
-            tasks[0].halted = True
+            tasks[0].state = TaskState.HALTED
 
     topology = (
         Topology()
