@@ -4,17 +4,10 @@ Two long-lived routines, one per concern, as in the Streams threading design: th
 takes records from the consumer and buffers each in its task (tasks are created, and their
 restoration started, when their slices are assigned), and the processing loop
 runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
-sends what they produced, fires wall-clock punctuations and commits; one lock keeps a round,
-a commit and a task's closing apart. Restorations run as their own tasks on a restore
-consumer of their own: only the restoring task waits, the others go on.
-
-The commit protocol (at-least-once), at each commit interval and when a processor asks:
-1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
-commit, and the instance: ``client.streams.outputs``); 3. mark the processed records and
-commit input offsets through the coordinator; 4. write the checkpoints of changelog offsets.
-docs/streams.md says what a crash between the steps does. A commit the coordinator cannot
-take now (unreachable, or the membership just lost) is not fatal: it is tried again with a
-backoff until the session deadline, past which the loss drops the tasks instead.
+sends what they produced, fires wall-clock punctuations and commits (the protocol's steps:
+``client.streams.commits``); one lock keeps a round, a commit and a task's closing apart.
+Restorations run as their own tasks on a restore consumer of their own: only the restoring
+task waits, the others go on.
 
 Records start in user code, and outputs go to the producer, only through the ownership gate
 (``client.streams.gate``).
@@ -34,17 +27,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from client.consumer_source import ConsumerSource
-from client.errors import (
-    ConsumerStopped,
-    FencedMemberEpoch,
-    KeyrangeClientError,
-    UnknownMemberId,
-)
+from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, key_hash, subtract
 from client.runtime.gate import Running
-from client.streams.commits import CommitSchedule
+from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
 from client.streams.outputs import Outputs
@@ -89,7 +77,6 @@ class StreamEngine:
         self._restorer = restorer
         self._state = state
         self._owned = owned
-        self._commit_offsets = commit
         self._max_idle_ms = max_idle_ms
         self._max_buffered = max_buffered
         self._on_restore = on_restore
@@ -111,7 +98,15 @@ class StreamEngine:
         self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
-        self._commits = CommitSchedule(commit_interval_s)
+        self._commits = Commits(
+            tasks=self.tasks,
+            state=state,
+            outputs=self._outputs,
+            mark_processed=source.mark_processed,
+            commit_offsets=commit,
+            application_id=application_id,
+            interval_s=commit_interval_s,
+        )
 
     @property
     def failure(self) -> SendFailed | None:
@@ -169,7 +164,7 @@ class StreamEngine:
         # consumer committed what was marked before it and left.
         with contextlib.suppress(TimeoutError, SendFailed):
             async with asyncio.timeout(timeout_s), self._round_lock:
-                await self._flush_and_mark()
+                await self._commits.flush_and_mark()
 
     def assigned(self) -> None:
         """Create the tasks of every owned slice that has none, so their restoration starts
@@ -220,7 +215,7 @@ class StreamEngine:
                 self._source.give_back(record)
             return
         if self._finishing:
-            self._state.write_checkpoints(self._application_id)
+            self._commits.write_checkpoints()
             return
         self.assigned()
         held_back, self._held_back = self._held_back, []
@@ -329,13 +324,8 @@ class StreamEngine:
                 for task in () if deadline is None else self._startable(deadline):
                     task.punctuate(WALL_CLOCK, now_ms)
                 await self._send()
-                requested = any(
-                    task.commit_requested
-                    for task in self.tasks
-                    if task.state is not TaskState.HALTED
-                )
-                if requested or self._commits.due():
-                    await self.commit()
+                if self._commits.due():
+                    await self._commits.commit()
 
     async def _round(self) -> None:
         """Process ready tasks for up to one budget: round robin on the loop, or each task on
@@ -386,42 +376,9 @@ class StreamEngine:
     async def _send(self) -> None:
         await self._outputs.send(list(self.tasks.values()))
 
-    async def _flush_and_mark(self, tasks: list[StreamTask] | None = None) -> None:
-        """Steps 1 to 3a of the commit protocol: stores, producer, then the marks. A halted
-        task's records are not marked: its keys may be another member's, which processes
-        them again."""
-        self._state.flush()
-        await self._send()
-        await self._outputs.flush()
-        for task in tasks if tasks is not None else self.tasks.values():
-            if task.state is TaskState.HALTED:
-                continue
-            processed, task.processed = task.processed, []
-            for record in processed:
-                self._source.mark_processed(record)
-            task.commit_requested = False
-
     async def commit(self) -> None:
-        """The commit protocol. A coordinator that cannot take the commit now does not stop
-        the instance: the marks stay for the next attempt, made with a backoff, until the
-        session deadline passes and the loss drops the tasks (DESIGN §5)."""
-        await self._flush_and_mark()
-        try:
-            await self._commit_offsets()
-        except ConsumerStopped:
-            return
-        except (UnknownMemberId, FencedMemberEpoch) as error:
-            # The membership is lost or being lost: the heartbeat's loss handling drops the
-            # tasks and their marks, and the member rejoins.
-            self._commits.failed(error)
-            return
-        except KeyrangeClientError as error:
-            if not error.retriable:
-                raise
-            self._commits.failed(error)
-            return
-        self._commits.succeeded()
-        self._state.write_checkpoints(self._application_id)
+        """Run the commit protocol (``client.streams.commits``) now."""
+        await self._commits.commit()
 
     def _resume_drained(self) -> None:
         for tp in list(self._paused):
@@ -455,7 +412,7 @@ class StreamEngine:
                     else:
                         self._held_back.append((tp, record, hashed))
                 try:
-                    await self._flush_and_mark([task])
+                    await self._commits.flush_and_mark([task])
                 except BaseException:
                     processed, task.processed = task.processed, []
                     for record in processed:
