@@ -23,10 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from client.consumer_source import ConsumerSource
 from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted
 from client.http import Slices
@@ -36,8 +34,9 @@ from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
 from client.streams.outputs import Outputs
+from client.streams.ports import Producer, StoreRestorer, StreamSource
 from client.streams.processor import WALL_CLOCK
-from client.streams.restore import RestoreProgress, Restorer
+from client.streams.restore import RestoreProgress
 from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskId, TaskState
 from client.streams.tasks import Tasks
@@ -55,12 +54,12 @@ _TICK_S = 0.05
 class StreamEngine:
     def __init__(
         self,
-        source: ConsumerSource,
+        source: StreamSource,
         *,
         topology: BuiltTopology,
         application_id: str,
-        producer: AIOKafkaProducer,
-        restorer: Restorer,
+        producer: Producer,
+        restorer: StoreRestorer,
         state: StateManager,
         owned: Callable[[], list[tuple[TopicPartition, KeyRange, int]]],
         commit: Callable[[], Any],

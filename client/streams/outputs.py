@@ -19,10 +19,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
+from client.streams.ports import Producer
 from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskState
 
@@ -35,7 +34,7 @@ class Outputs:
 
     def __init__(
         self,
-        producer: AIOKafkaProducer,
+        producer: Producer,
         state: StateManager,
         gate: TaskGate,
         on_failure: Callable[[], None],
