@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client import KeyRange, key_hash
-from client.protocol.keyspace import HASH_MAX, HASH_MIN, digest_bounds, key_digest
+from client.protocol.keyspace import (
+    HASH_MAX,
+    HASH_MIN,
+    digest_bounds,
+    digest_hash,
+    in_ranges,
+    key_digest,
+    key_digest_bytes,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,3 +92,25 @@ def test_digest_bounds_hold_at_the_edges_of_a_range(key: bytes) -> None:
         assert not half <= digest_bounds(HASH_MIN, hashed - 1)[1]
     if hashed < HASH_MAX:
         assert not digest_bounds(hashed + 1, HASH_MAX)[0] <= half
+
+
+@given(key=st.binary(max_size=64))
+def test_the_hash_from_a_digest_is_the_key_hash(key: bytes) -> None:
+    assert digest_hash(key_digest_bytes(key, 0)) == key_hash(key, 0)
+
+
+@given(
+    hashed=st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+    ends=st.lists(
+        st.tuples(
+            st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+            st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+        ).map(sorted),
+        max_size=4,
+    ),
+)
+def test_ranges_contain_a_hash_when_one_of_them_does(hashed: int, ends: list[list[int]]) -> None:
+    ranges = [KeyRange(start, end) for start, end in ends]
+    assert in_ranges(ranges, hashed) == any(keys.contains(hashed) for keys in ranges)
+    for keys in ranges:
+        assert in_ranges(ranges, keys.start) and in_ranges(ranges, keys.end)
