@@ -58,10 +58,12 @@ key_digest_bytes = mmh3.mmh3_x64_128_digest
 DIGEST_TOP_BYTE = 7
 
 
-def digest_hash(digest: bytes) -> int:
-    """``key_hash`` of a non-null key from its ``key_digest_bytes`` digest, for loops that
-    hold the digest already (they judge most keys on its top byte alone)."""
-    return int.from_bytes(digest[:8], "little") >> 1
+def digest_in_ranges(ranges: Iterable[KeyRange], digest: bytes) -> bool:
+    """Whether ``ranges`` hold the key whose ``key_digest_bytes`` digest this is (its
+    ``key_hash`` is the digest's first half without its lowest bit): for loops that hold the
+    digest already, as they judge most keys on its top byte alone."""
+    hashed = int.from_bytes(digest[:8], "little") >> 1
+    return any(keys.start <= hashed <= keys.end for keys in ranges)
 
 
 def digest_top_bytes(low: int, high: int) -> tuple[int, int]:

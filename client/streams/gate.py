@@ -27,7 +27,7 @@ from collections.abc import Callable
 from aiokafka.structs import TopicPartition
 
 from client.runtime.gate import OwnershipGate, Running
-from client.streams.task import StreamTask, TaskState
+from client.streams.task import ACTIVE, StreamTask, TaskState
 
 
 class TaskGate:
@@ -74,7 +74,7 @@ class TaskGate:
         thread: it reads the state the loop sets and the monotonic clock."""
         lease = task.lease
         return (
-            task.active
+            task.state is ACTIVE
             and lease is not None
             and lease.valid
             and not self._gate.closed

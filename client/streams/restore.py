@@ -35,7 +35,7 @@ from client.protocol.keyspace import (
     DIGEST_TOP_BYTE,
     KeyRange,
     digest_bounds,
-    digest_hash,
+    digest_in_ranges,
     digest_top_bytes,
     in_ranges,
     key_digest_bytes,
@@ -318,8 +318,9 @@ def _judge_in_python(batch: Any, progress: RestoreProgress, engine: BytesStore) 
     position = progress.position
     records = batch if position <= batch.base_offset else _from(batch, position)
     ranges = progress.ranges
-    first, last = min(keys.start for keys in ranges), max(keys.end for keys in ranges)
-    low_top, high_top = digest_top_bytes(*digest_bounds(first, last))
+    low_top, high_top = digest_top_bytes(
+        *digest_bounds(min(keys.start for keys in ranges), max(keys.end for keys in ranges))
+    )
     exact = len(ranges) == 1
     digest = key_digest_bytes
     top_byte = DIGEST_TOP_BYTE
@@ -334,13 +335,9 @@ def _judge_in_python(batch: Any, progress: RestoreProgress, engine: BytesStore) 
             hashed = digest(key, 0)
             top = hashed[top_byte]
             if low_top < top < high_top:
-                if not exact and not in_ranges(ranges, digest_hash(hashed)):
+                if not exact and not digest_in_ranges(ranges, hashed):
                     continue
-            elif low_top <= top <= high_top:
-                hashed_key = digest_hash(hashed)
-                if not (first <= hashed_key <= last and (exact or in_ranges(ranges, hashed_key))):
-                    continue
-            else:
+            elif not (low_top <= top <= high_top and digest_in_ranges(ranges, hashed)):
                 continue
         changes.append((key, record.value))
         if len(changes) == _BATCH_RECORDS:

@@ -72,6 +72,11 @@ class TaskState(enum.Enum):
     HALTED = "halted"
 
 
+# The one state whose records start: ``StreamTask.active``, and the gate's per-record check
+# on pool threads (``task.state is ACTIVE``: a plain attribute read, no call).
+ACTIVE = TaskState.RUNNING
+
+
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     topic: str
@@ -145,7 +150,7 @@ class StreamTask:
     def active(self) -> bool:
         """Whether the task's records may start (the ownership gate's lease and deadline
         aside): the one definition of an active task, for the engine, the gate and queries."""
-        return self.state is TaskState.RUNNING
+        return self.state is ACTIVE
 
     def close(self) -> None:
         """Close the processors ``init`` created (none when it never ran)."""
