@@ -25,7 +25,7 @@ from aiokafka.structs import TopicPartition
 from client.errors import ConsumerStopped
 from client.http import Slices
 from client.kafka_stop import stop_consumer
-from client.protocol.keyspace import HASH_MAX, HASH_MIN, hash_records
+from client.protocol.keyspace import HASH_MAX, HASH_MIN, hash_records, in_ranges
 from client.protocol.log_bounds import out_of_range
 from client.tracker import OffsetTracker, SliceProgress
 
@@ -413,7 +413,7 @@ class Fetcher:
 
 def in_slices(slices: Slices, tp: TopicPartition, hashed: int) -> bool:
     ranges = slices.get(tp)
-    return ranges is not None and any(r.contains(hashed) for r in ranges)
+    return ranges is not None and in_ranges(ranges, hashed)
 
 
 def _decoded(

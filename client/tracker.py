@@ -288,7 +288,7 @@ class OffsetTracker:
     def accept(self, tp: TopicPartition, offset: int, key_hash: int) -> bool:
         """Register a fetched record; True when it is ours and still needs processing."""
         for progress in self._slices.get(tp, ()):
-            if progress.keys.start <= key_hash <= progress.keys.end:
+            if progress.keys.contains(key_hash):
                 return progress.active and progress.accept(offset, key_hash)
         return False
 
@@ -301,7 +301,7 @@ class OffsetTracker:
     def mark_processed(self, tp: TopicPartition, offset: int, key_hash: int) -> None:
         """Out-of-order marks are fine; marks for slices no longer tracked are ignored."""
         for progress in self._slices.get(tp, ()):
-            if progress.keys.start <= key_hash <= progress.keys.end:
+            if progress.keys.contains(key_hash):
                 before = progress.runs
                 progress.mark(offset, key_hash, self.mode)
                 self._runs_total += progress.runs - before

@@ -18,7 +18,6 @@ OVER_TODAY = {
     "client/consumer.py:KeyrangeConsumer",
     "client/fetcher.py:Fetcher",
     "client/membership.py:Membership",
-    "client/streams/engine.py:StreamEngine",
     "client/worker/engine.py",
     "client/worker/engine.py:WorkerEngine",
     "bench/commit.py",

@@ -58,6 +58,14 @@ key_digest_bytes = mmh3.mmh3_x64_128_digest
 DIGEST_TOP_BYTE = 7
 
 
+def digest_in_ranges(ranges: Iterable[KeyRange], digest: bytes) -> bool:
+    """Whether ``ranges`` hold the key whose ``key_digest_bytes`` digest this is (its
+    ``key_hash`` is the digest's first half without its lowest bit): for loops that hold the
+    digest already, as they judge most keys on its top byte alone."""
+    hashed = int.from_bytes(digest[:8], "little") >> 1
+    return any(keys.start <= hashed <= keys.end for keys in ranges)
+
+
 def digest_top_bytes(low: int, high: int) -> tuple[int, int]:
     """The top bytes of ``digest_bounds``' two ends: a digest whose top byte lies strictly
     between them is within the bounds, one whose top byte lies outside them is not, and only
@@ -136,6 +144,11 @@ class KeyRange:
 
     def __str__(self) -> str:
         return f"[{self.start}, {self.end}]"
+
+
+def in_ranges(ranges: Iterable[KeyRange], hashed: int) -> bool:
+    """Whether any of ``ranges`` holds the key hash ``hashed``."""
+    return any(keys.start <= hashed <= keys.end for keys in ranges)
 
 
 def normalize(ranges: Iterable[KeyRange]) -> list[KeyRange]:

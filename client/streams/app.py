@@ -34,6 +34,7 @@ from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.state import StateManager
+from client.streams.task import TaskState
 from client.streams.topology import BuiltTopology, Topology
 
 ASSIGNOR = "sticky-join"
@@ -211,18 +212,11 @@ class StreamsApp:
         sub = next(sub for sub in self.topology.subtopologies if store in sub.stores)
         count = min(self._partitions.get(topic, 1) for topic in sub.source_topics)
         partition = DefaultPartitioner()(raw, list(range(count)), list(range(count)))
-        engine = self.engine
-        if engine is not None:
-            for task in engine.tasks.values():
-                if (
-                    task.ready
-                    and not task.halted
-                    and not task.closing
-                    and task.id.subtopology == sub.index
-                    and task.id.partition == partition
-                    and task.id.keys.contains(hashed)
-                ):
-                    return QueryAnswer(local=True, value=task.stores[store].get(key))
+        task = (
+            None if self.engine is None else self.engine.tasks.active(sub.index, partition, hashed)
+        )
+        if task is not None:
+            return QueryAnswer(local=True, value=task.stores[store].get(key))
         owner = await self._coordinator.owner_of(
             self.config.application_id, sub.source_topics[0], partition, hashed
         )
@@ -244,7 +238,7 @@ class StreamsApp:
                 "stream_time": stream_time,
                 "stream_time_lag_ms": None if stream_time < 0 else now_ms - stream_time,
                 "buffered": task.inputs.buffered(),
-                "ready": task.ready,
+                "ready": task.state is not TaskState.RESTORING,
                 "restore": [
                     {
                         "store": progress.store,

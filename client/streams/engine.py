@@ -4,17 +4,10 @@ Two long-lived routines, one per concern, as in the Streams threading design: th
 takes records from the consumer and buffers each in its task (tasks are created, and their
 restoration started, when their slices are assigned), and the processing loop
 runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
-sends what they produced, fires wall-clock punctuations and commits; one lock keeps a round,
-a commit and a task's closing apart. Restorations run as their own tasks on a restore
-consumer of their own: only the restoring task waits, the others go on.
-
-The commit protocol (at-least-once), at each commit interval and when a processor asks:
-1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
-commit, and the instance: ``client.streams.outputs``); 3. mark the processed records and
-commit input offsets through the coordinator; 4. write the checkpoints of changelog offsets.
-docs/streams.md says what a crash between the steps does. A commit the coordinator cannot
-take now (unreachable, or the membership just lost) is not fatal: it is tried again with a
-backoff until the session deadline, past which the loss drops the tasks instead.
+sends what they produced, fires wall-clock punctuations and commits (the protocol's steps:
+``client.streams.commits``); one lock keeps a round, a commit and a task's closing apart.
+Restorations run as their own tasks on a restore consumer of their own: only the restoring
+task waits, the others go on.
 
 Records start in user code, and outputs go to the producer, only through the ownership gate
 (``client.streams.gate``).
@@ -27,38 +20,30 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from client.consumer_source import ConsumerSource
-from client.errors import (
-    ConsumerStopped,
-    FencedMemberEpoch,
-    KeyrangeClientError,
-    UnknownMemberId,
-)
+from client.errors import ConsumerStopped
 from client.fetcher import FetchInterrupted
 from client.http import Slices
-from client.protocol.keyspace import KeyRange, key_hash, subtract
-from client.runtime.gate import Running
-from client.streams.commits import CommitSchedule
+from client.protocol.keyspace import KeyRange, in_ranges, key_hash, subtract
+from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
+from client.streams.lifecycle import Lifecycle
 from client.streams.outputs import Outputs
+from client.streams.ports import Producer, StoreRestorer, StreamSource
 from client.streams.processor import WALL_CLOCK
-from client.streams.restore import RestoreProgress, Restorer
+from client.streams.restore import RestoreProgress
+from client.streams.rounds import Rounds
 from client.streams.state import StateManager
-from client.streams.task import StreamTask, TaskId
+from client.streams.task import StreamTask, TaskId, TaskState
+from client.streams.tasks import Tasks
 from client.streams.topology import BuiltTopology
 
 logger = logging.getLogger(__name__)
 
-# One processing round's time budget: short enough that heartbeats, the intake and the
-# commit timer get the loop often, long enough that the round's bookkeeping is amortized.
-_ROUND_BUDGET_S = 0.02
 # How often an idle processing loop wakes for wall-clock punctuations and the commit timer.
 _TICK_S = 0.05
 
@@ -66,12 +51,12 @@ _TICK_S = 0.05
 class StreamEngine:
     def __init__(
         self,
-        source: ConsumerSource,
+        source: StreamSource,
         *,
         topology: BuiltTopology,
         application_id: str,
-        producer: AIOKafkaProducer,
-        restorer: Restorer,
+        producer: Producer,
+        restorer: StoreRestorer,
         state: StateManager,
         owned: Callable[[], list[tuple[TopicPartition, KeyRange, int]]],
         commit: Callable[[], Any],
@@ -83,32 +68,42 @@ class StreamEngine:
     ) -> None:
         self._source = source
         self._topology = topology
-        self._application_id = application_id
-        self._gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
-        self._restorer = restorer
-        self._state = state
+        gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
+        self._gate = gate
         self._owned = owned
-        self._commit_offsets = commit
-        self._max_idle_ms = max_idle_ms
         self._max_buffered = max_buffered
-        self._on_restore = on_restore
-        self.tasks: dict[TaskId, StreamTask] = {}
-        self.restores: dict[TaskId, list[RestoreProgress]] = {}
-        self._restoring: dict[TaskId, asyncio.Task[None]] = {}
-        self._closing: dict[TaskId, asyncio.Task[None]] = {}
+        self.tasks = Tasks(topology)
+        self._work = asyncio.Event()
+        self._life = Lifecycle(
+            tasks=self.tasks,
+            topology=topology,
+            application_id=application_id,
+            state=state,
+            gate=gate,
+            restorer=restorer,
+            on_restore=on_restore,
+            max_idle_ms=max_idle_ms,
+            on_ready=self._work.set,
+        )
+        self.restores = self._life.restores
+        self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
+        # Handles to wait for; where a task is in its life is its ``state``.
+        self._closings: dict[TaskId, asyncio.Task[None]] = {}
         self._paused: set[TopicPartition] = set()
         self._round_lock = asyncio.Lock()
-        self._pool = (
-            None
-            if processing_threads <= 1
-            else ThreadPoolExecutor(processing_threads, thread_name_prefix="keyrange-streams")
-        )
         self._held_back: list[tuple[TopicPartition, Any, int]] = []
-        self._work = asyncio.Event()
         self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
-        self._commits = CommitSchedule(commit_interval_s)
+        self._commits = Commits(
+            tasks=self.tasks,
+            state=state,
+            outputs=self._outputs,
+            mark_processed=source.mark_processed,
+            commit_offsets=commit,
+            application_id=application_id,
+            interval_s=commit_interval_s,
+        )
 
     @property
     def failure(self) -> SendFailed | None:
@@ -127,22 +122,21 @@ class StreamEngine:
             intake.cancel()
             with contextlib.suppress(asyncio.CancelledError, FetchInterrupted, ConsumerStopped):
                 await intake
-            for restoring in self._restoring.values():
-                restoring.cancel()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
+            self._life.stop_all()
+            self._rounds.shutdown()
 
     def withdraw(self, slices: Slices | None) -> None:
-        for task in self._tasks_in(slices):
-            self._start_closing(task, None if slices is None else self._revoked_keys(task, slices))
+        for task in self.tasks.in_slices(slices):
+            revoked = None if slices is None else self.tasks.revoked_keys(task, slices)
+            self._start_closing(task, revoked)
 
     def lose(self) -> None:
         """The membership is lost: no task takes another record (a pool thread inside one
         finishes the record it is on; a thread cannot be interrupted) and nothing held back
         is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
         self._held_back.clear()
-        for task in self.tasks.values():
-            task.halted = True
+        for task in self.tasks:
+            task.state = TaskState.HALTED
 
     async def stop_calls(self, slices: Slices) -> None:
         """Processing runs under the round lock, on the loop or on a pool thread, and a
@@ -153,8 +147,8 @@ class StreamEngine:
         closing a task's processors or deleting its keys while a pool thread is inside it
         would race with that thread."""
         async with self._round_lock:
-            for task in [task for task in self.tasks.values() if task.halted]:
-                self._drop_task(task, processed_count=False)
+            for task in [task for task in self.tasks if task.state is TaskState.HALTED]:
+                self._drop(task, processed_count=False)
 
     async def finish(self, timeout_s: float | None) -> None:
         self._finishing = True
@@ -165,7 +159,7 @@ class StreamEngine:
         # consumer committed what was marked before it and left.
         with contextlib.suppress(TimeoutError, SendFailed):
             async with asyncio.timeout(timeout_s), self._round_lock:
-                await self._flush_and_mark()
+                await self._commits.flush_and_mark()
 
     def assigned(self) -> None:
         """Create the tasks of every owned slice that has none, so their restoration starts
@@ -173,21 +167,16 @@ class StreamEngine:
         for tp, keys, _ in self._owned():
             sub = self._topology.subtopology_of_topic(tp.topic)
             task_id = TaskId(sub.index, tp.partition, keys)
-            if task_id not in self.tasks and not any(
-                other.subtopology == sub.index
-                and other.partition == tp.partition
-                and other.keys.overlaps(keys)
-                for other in self.tasks
-            ):
-                self._create(task_id)
+            if not self.tasks.overlapping(task_id):
+                self._life.open(task_id)
 
     async def revoked(self, slices: Slices) -> None:
         """After the consumer committed a revocation: close the tasks and drop their keys;
         at shutdown keep the keys and checkpoint them, so a restart reads on from there."""
-        tasks = self._tasks_in(slices)
+        tasks = self.tasks.in_slices(slices)
         failed: dict[TaskId, BaseException] = {}
         for task in tasks:
-            closing = self._closing.get(task.id)
+            closing = self._closings.get(task.id)
             if closing is not None:
                 await asyncio.wait([closing])
                 if not closing.cancelled() and closing.exception() is not None:
@@ -206,23 +195,21 @@ class StreamEngine:
             if stopping or task.id in failed:
                 # Its store may hold writes whose changelog sends failed: its keys are deleted
                 # and restored from the changelog by whoever takes them, this instance too.
-                self._drop_task(task, processed_count=False)
+                self._drop(task, processed_count=False)
                 continue
             if self._finishing:
-                if task.ready:
-                    task.close()
-                self.tasks.pop(task.id, None)
-                self._closing.pop(task.id, None)
+                self._closings.pop(task.id, None)
+                self._life.forget(task)
                 continue
-            kept = subtract([task.id.keys], self._revoked_keys(task, slices))
-            self._drop_task(task, processed_count=True, keep=kept)
+            kept = subtract([task.id.keys], self.tasks.revoked_keys(task, slices))
+            self._drop(task, processed_count=True, keep=kept)
         if stopping:
             held_back, self._held_back = self._held_back, []
             for _, record, _ in held_back:
                 self._source.give_back(record)
             return
         if self._finishing:
-            self._state.write_checkpoints(self._application_id)
+            self._commits.write_checkpoints()
             return
         self.assigned()
         held_back, self._held_back = self._held_back, []
@@ -243,7 +230,7 @@ class StreamEngine:
             if task is None:
                 continue
             self._source.hand_out(tp, record, hashed)
-            if task.id in self._closing:
+            if task.state is TaskState.CLOSING:
                 # Kept keys of a task closing for a partial revocation: its heir takes them.
                 self._held_back.append((tp, record, hashed))
                 continue
@@ -254,61 +241,14 @@ class StreamEngine:
             self._work.set()
 
     def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
-        sub = self._topology.subtopology_of_topic(tp.topic)
-        for task_id, task in self.tasks.items():
-            if (
-                task_id.subtopology == sub.index
-                and task_id.partition == tp.partition
-                and task_id.keys.contains(hashed)
-            ):
-                return task
+        task = self.tasks.find(tp, hashed)
+        if task is not None:
+            return task
         for owned_tp, keys, _ in self._owned():
             if owned_tp == tp and keys.contains(hashed):
-                return self._create(TaskId(sub.index, tp.partition, keys))
+                sub = self._topology.subtopology_of_topic(tp.topic)
+                return self._life.open(TaskId(sub.index, tp.partition, keys))
         return None
-
-    def _create(self, task_id: TaskId) -> StreamTask:
-        sub = self._topology.subtopologies[task_id.subtopology]
-        engines = {name: self._state.engine(name, task_id.partition) for name in sub.stores}
-        task = StreamTask(
-            task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
-        )
-        self._gate.grant(task, sub.source_topics[0])
-        self.tasks[task_id] = task
-        self._restoring[task_id] = asyncio.create_task(
-            self._restore(task), name=f"keyrange-streams-restore-{task_id}"
-        )
-        logger.info("task created", extra={"task": str(task_id)})
-        return task
-
-    async def _restore(self, task: StreamTask) -> None:
-        progress_list: list[RestoreProgress] = []
-        self.restores[task.id] = progress_list
-        for store in task.stores:
-            spec = self._topology.stores[store]
-            start = self._state.restore_from(store, task.id.partition, task.id.keys)
-            progress = RestoreProgress(store, task.id.partition, [task.id.keys], start)
-            progress_list.append(progress)
-            await self._restorer.restore(
-                spec.changelog_topic(self._application_id),
-                progress,
-                self._state.engine(store, task.id.partition),
-                self._on_restore,
-            )
-            self._state.restored(store, task.id.partition, task.id.keys, progress.position)
-            logger.info(
-                "store restored",
-                extra={
-                    "task": str(task.id),
-                    "store": store,
-                    "records_read": progress.read,
-                    "records_restored": progress.restored,
-                    "seconds": round(progress.seconds, 3),
-                },
-            )
-        task.init()
-        self._restoring.pop(task.id, None)
-        self._work.set()
 
     # ------------------------------------------------------------------ processing
 
@@ -325,156 +265,43 @@ class StreamEngine:
             # Always yield once a round: heartbeats, the intake and restorations share the loop.
             await asyncio.sleep(0)
             async with self._round_lock:
-                await self._round()
+                await self._rounds.run()
                 await self._send()
                 self._resume_drained()
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
-                for task in () if deadline is None else self._startable(deadline):
+                for task in () if deadline is None else self._rounds.startable(deadline):
                     task.punctuate(WALL_CLOCK, now_ms)
                 await self._send()
-                requested = any(
-                    task.commit_requested for task in self.tasks.values() if not task.halted
-                )
-                if requested or self._commits.due():
-                    await self.commit()
-
-    async def _round(self) -> None:
-        """Process ready tasks for up to one budget: round robin on the loop, or each task on
-        a thread of the pool. Work is left flagged only when records remain after progress:
-        a task waiting out an idle input is looked at again on the next tick, not in a loop
-        that never yields."""
-        session_deadline = self._gate.round_deadline()
-        if session_deadline is None:
-            # The session deadline passed (a frozen process, a blocked loop): asking has just
-            # halted every task, and the keys may be another member's already.
-            return
-        now_ms = int(time.time() * 1000)
-        # Each task's round is in the gate while it runs: a revocation of its keys waits.
-        entered: list[tuple[StreamTask, Running]] = []
-        for task in self._startable(session_deadline):
-            running = self._gate.enter(task, self._home(task))
-            if running is not None:
-                entered.append((task, running))
-        try:
-            active = [task for task, _ in entered]
-            if self._pool is None:
-                progressed = _process_for(self._gate, active, now_ms, session_deadline)
-            else:
-                loop = asyncio.get_running_loop()
-                busy = [task for task in active if task.inputs.buffered()]
-                outcomes = await asyncio.gather(
-                    *(
-                        loop.run_in_executor(
-                            self._pool, _process_for, self._gate, [task], now_ms, session_deadline
-                        )
-                        for task in busy
-                    )
-                )
-                progressed = any(outcomes)
-        finally:
-            for _, running in entered:
-                self._gate.exit(running)
-        if progressed and any(task.inputs.buffered() for task in self._startable(session_deadline)):
-            self._work.set()
-
-    def _home(self, task: StreamTask) -> str:
-        return self._topology.subtopologies[task.id.subtopology].source_topics[0]
-
-    def _startable(self, deadline: float) -> list[StreamTask]:
-        """The tasks whose records may start before ``deadline`` (the gate's rule)."""
-        return [
-            task
-            for task in self.tasks.values()
-            if task.ready and self._gate.may_start(task, deadline)
-        ]
+                if self._commits.due():
+                    await self._commits.commit()
 
     async def _send(self) -> None:
         await self._outputs.send(list(self.tasks.values()))
 
-    async def _flush_and_mark(self, tasks: list[StreamTask] | None = None) -> None:
-        """Steps 1 to 3a of the commit protocol: stores, producer, then the marks. A halted
-        task's records are not marked: its keys may be another member's, which processes
-        them again."""
-        self._state.flush()
-        await self._send()
-        await self._outputs.flush()
-        for task in tasks if tasks is not None else list(self.tasks.values()):
-            if task.halted:
-                continue
-            processed, task.processed = task.processed, []
-            for record in processed:
-                self._source.mark_processed(record)
-            task.commit_requested = False
-
     async def commit(self) -> None:
-        """The commit protocol. A coordinator that cannot take the commit now does not stop
-        the instance: the marks stay for the next attempt, made with a backoff, until the
-        session deadline passes and the loss drops the tasks (DESIGN §5)."""
-        await self._flush_and_mark()
-        try:
-            await self._commit_offsets()
-        except ConsumerStopped:
-            return
-        except (UnknownMemberId, FencedMemberEpoch) as error:
-            # The membership is lost or being lost: the heartbeat's loss handling drops the
-            # tasks and their marks, and the member rejoins.
-            self._commits.failed(error)
-            return
-        except KeyrangeClientError as error:
-            if not error.retriable:
-                raise
-            self._commits.failed(error)
-            return
-        self._commits.succeeded()
-        self._state.write_checkpoints(self._application_id)
+        """Run the commit protocol (``client.streams.commits``) now."""
+        await self._commits.commit()
 
     def _resume_drained(self) -> None:
         for tp in list(self._paused):
-            holders = [
-                task
-                for task in self.tasks.values()
-                if task.id.partition == tp.partition
-                and tp.topic in self._topology.subtopologies[task.id.subtopology].source_topics
-            ]
+            holders = self.tasks.of_partition(tp)
             if all(task.inputs.drained(tp.topic, self._max_buffered) for task in holders):
                 self._paused.discard(tp)
                 self._source.resume([tp])
 
     # ------------------------------------------------------------------ revocation
 
-    def _tasks_in(self, slices: Slices | None) -> list[StreamTask]:
-        if slices is None:
-            return list(self.tasks.values())
-        chosen = []
-        for task in self.tasks.values():
-            sub = self._topology.subtopologies[task.id.subtopology]
-            for tp, ranges in slices.items():
-                if (
-                    tp.partition == task.id.partition
-                    and tp.topic in sub.source_topics
-                    and any(keys.overlaps(task.id.keys) for keys in ranges)
-                ):
-                    chosen.append(task)
-                    break
-        return chosen
-
-    def _revoked_keys(self, task: StreamTask, slices: Slices) -> list[KeyRange]:
-        sub = self._topology.subtopologies[task.id.subtopology]
-        return [
-            keys
-            for tp, ranges in slices.items()
-            if tp.partition == task.id.partition and tp.topic in sub.source_topics
-            for keys in ranges
-        ]
-
     def _start_closing(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
         """Stop the task; its buffered records of revoked keys go back to the consumer, those
         of kept keys (a partial revocation) wait for the task that takes the rest over."""
-        if task.id in self._closing:
+        if task.id in self._closings:
             return
-        task.closing = True
-        self._closing[task.id] = asyncio.ensure_future(self._close(task, revoked))
+        # A halted task stays halted: closing it gives its buffered records back and marks
+        # nothing (its keys may be another member's).
+        if task.state is not TaskState.HALTED:
+            task.state = TaskState.CLOSING
+        self._closings[task.id] = asyncio.ensure_future(self._close(task, revoked))
 
     async def _close(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
         """After the round under way (a pool thread may be running the task). When the
@@ -485,60 +312,22 @@ class StreamEngine:
                 for record in task.inputs.drop(lambda _: False):
                     tp = TopicPartition(record.topic, record.partition)
                     hashed = key_hash(record.key, record.offset)
-                    if revoked is None or any(keys.contains(hashed) for keys in revoked):
+                    if revoked is None or in_ranges(revoked, hashed):
                         self._source.give_back(record)
                     else:
                         self._held_back.append((tp, record, hashed))
                 try:
-                    await self._flush_and_mark([task])
+                    await self._commits.flush_and_mark([task])
                 except BaseException:
                     processed, task.processed = task.processed, []
                     for record in processed:
                         self._source.give_back(record)
                     raise
         finally:
-            restoring = self._restoring.pop(task.id, None)
-            if restoring is not None:
-                restoring.cancel()
+            self._life.stop_restoring(task)
 
-    def _drop_task(
+    def _drop(
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
     ) -> None:
-        restoring = self._restoring.pop(task.id, None)
-        if restoring is not None:
-            restoring.cancel()
-        self._closing.pop(task.id, None)
-        if task.ready:
-            task.close()
-        self.tasks.pop(task.id, None)
-        self.restores.pop(task.id, None)
-        for store in task.stores:
-            changelog = self._topology.stores[store].changelog_topic(self._application_id)
-            offset = self._state.held_offset(store, task.id.partition, changelog)
-            self._state.drop(
-                self._application_id, store, task.id.partition, task.id.keys, delete=False
-            )
-            for keys in subtract([task.id.keys], keep or []):
-                self._state.drop(self._application_id, store, task.id.partition, keys, delete=True)
-            if processed_count:
-                for keys in keep or []:
-                    self._state.hold(store, task.id.partition, keys, offset)
-        logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
-
-
-def _process_for(
-    gate: TaskGate, tasks: list[StreamTask], now_ms: int, session_deadline: float
-) -> bool:
-    """Round robin over ``tasks`` for one budget, and not one record past the session
-    deadline (DESIGN §5, the client half: the coordinator may give the keys away then, and
-    a record processed after it would write the new owner's state); True when a record was
-    processed."""
-    budget_end = time.monotonic() + _ROUND_BUDGET_S
-    progressed_any = False
-    progressed = True
-    while progressed and time.monotonic() < budget_end:
-        progressed = False
-        for task in tasks:
-            if gate.may_start(task, session_deadline) and task.process_next(now_ms) is True:
-                progressed = progressed_any = True
-    return progressed_any
+        self._closings.pop(task.id, None)
+        self._life.drop(task, processed_count=processed_count, keep=keep)

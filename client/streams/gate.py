@@ -7,8 +7,8 @@ A task holds the lease of the slice its key range lies in. A round of a task's p
 enters the gate for the task's whole range (a revocation of any of its keys then waits for
 the round to end, a pool thread included), and each record starts only while the lease holds,
 the member is not stopping, the session deadline (read on the loop when the round began) has
-not passed and the task is neither halted (the membership was lost) nor closing (a
-revocation). Outputs are handed to
+not passed and the task is active (``TaskState.RUNNING``: neither restoring, nor halted by a
+lost membership, nor closing for a revocation). Outputs are handed to
 the producer only while the membership is live and the task not halted, asked right before
 each hand-over, so a processor call that returns after the deadline (a loop blocked past the
 session, a pool thread stuck in I/O) has its outputs dropped: the keys may be another
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from aiokafka.structs import TopicPartition
 
 from client.runtime.gate import OwnershipGate, Running
-from client.streams.task import StreamTask
+from client.streams.task import ACTIVE, StreamTask, TaskState
 
 
 class TaskGate:
@@ -71,11 +71,10 @@ class TaskGate:
 
     def may_start(self, task: StreamTask, deadline: float) -> bool:
         """Whether ``task``'s next record (or punctuation) may start now; safe on a pool
-        thread: it reads flags the loop sets and the monotonic clock."""
+        thread: it reads the state the loop sets and the monotonic clock."""
         lease = task.lease
         return (
-            not task.halted
-            and not task.closing
+            task.state is ACTIVE
             and lease is not None
             and lease.valid
             and not self._gate.closed
@@ -85,4 +84,4 @@ class TaskGate:
     def may_send(self, task: StreamTask) -> bool:
         """On the loop, right before each record is handed to the producer: whether what
         ``task`` produced may still go out (DESIGN §5: nothing after a loss)."""
-        return not task.halted and self._may_hand_out()
+        return task.state is not TaskState.HALTED and self._may_hand_out()

@@ -19,12 +19,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
+from client.streams.ports import Producer
 from client.streams.state import StateManager
-from client.streams.task import StreamTask
+from client.streams.task import StreamTask, TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class Outputs:
 
     def __init__(
         self,
-        producer: AIOKafkaProducer,
+        producer: Producer,
         state: StateManager,
         gate: TaskGate,
         on_failure: Callable[[], None],
@@ -109,7 +108,7 @@ class Outputs:
         if task in self._reported:
             return
         self._reported.add(task)
-        if task.halted:
+        if task.state is TaskState.HALTED:
             logger.warning(
                 "a send of a task whose membership was lost failed; its inputs were not "
                 "committed and go to the keys' next owner",

@@ -35,7 +35,9 @@ from client.protocol.keyspace import (
     DIGEST_TOP_BYTE,
     KeyRange,
     digest_bounds,
+    digest_in_ranges,
     digest_top_bytes,
+    in_ranges,
     key_digest_bytes,
     key_hash,
 )
@@ -316,12 +318,10 @@ def _restore_batch(
                     engine, list(zip(keys[first:last], values[first:last], strict=True)), progress
                 )
             return
-    _judge_in_python(batch.records, progress, bounds, engine)
+    _judge_in_python(batch.records, progress, engine)
 
 
-def _judge_in_python(
-    batch: Any, progress: RestoreProgress, bounds: list[tuple[int, int]], engine: BytesStore
-) -> None:
+def _judge_in_python(batch: Any, progress: RestoreProgress, engine: BytesStore) -> None:
     """The same judgement on aiokafka's records, on the raw key bytes: each record is dropped
     as soon as it is judged (holding a few hundred at a time cost a third more), most keys
     are judged on one byte of their digest against the ranges' envelope
@@ -330,30 +330,27 @@ def _judge_in_python(
     hundred at a time."""
     position = progress.position
     records = batch if position <= batch.base_offset else _from(batch, position)
-    low, high = digest_bounds(min(start for start, _ in bounds), max(end for _, end in bounds))
-    low_top, high_top = digest_top_bytes(low, high)
-    exact = len(bounds) == 1
+    ranges = progress.ranges
+    low_top, high_top = digest_top_bytes(
+        *digest_bounds(min(keys.start for keys in ranges), max(keys.end for keys in ranges))
+    )
+    exact = len(ranges) == 1
     digest = key_digest_bytes
     top_byte = DIGEST_TOP_BYTE
-    from_bytes = int.from_bytes
     read = 0
     changes: list[tuple[bytes, bytes | None]] = []
     for read, record in enumerate(records, 1):  # noqa: B007 (the count, read after the loop)
         key = record.key
         if key is None:
-            if not _within(key_hash(None, record.offset), bounds):
+            if not in_ranges(ranges, key_hash(None, record.offset)):
                 continue
         else:
             hashed = digest(key, 0)
             top = hashed[top_byte]
             if low_top < top < high_top:
-                if not exact and not _within(from_bytes(hashed[:8], "little") >> 1, bounds):
+                if not exact and not digest_in_ranges(ranges, hashed):
                     continue
-            elif low_top <= top <= high_top:
-                half = from_bytes(hashed[:8], "little")
-                if not (low <= half <= high and (exact or _within(half >> 1, bounds))):
-                    continue
-            else:
+            elif not (low_top <= top <= high_top and digest_in_ranges(ranges, hashed)):
                 continue
         changes.append((key, record.value))
         if len(changes) == _BATCH_RECORDS:
@@ -365,10 +362,6 @@ def _judge_in_python(
 
 def _from(batch: Any, position: int) -> Iterator[Any]:
     return (record for record in batch if record.offset >= position)
-
-
-def _within(hashed: int, bounds: list[tuple[int, int]]) -> bool:
-    return any(start <= hashed <= end for start, end in bounds)
 
 
 def _apply(

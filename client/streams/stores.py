@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from client.protocol.keyspace import KeyRange, key_hash
+from client.protocol.keyspace import KeyRange, in_ranges, key_hash
 from client.streams.errors import StoreKeyOutsideTask, StreamsError
 from client.streams.topology import StoreSpec
 
@@ -145,14 +145,10 @@ def open_engine(spec: StoreSpec, directory: Path | None) -> BytesStore:
 
 def delete_ranges(engine: BytesStore, ranges: Sequence[KeyRange]) -> int:
     """Delete every key whose hash falls in ``ranges``; returns how many."""
-    doomed = [key for key, _ in engine.scan() if _in(ranges, key_hash(key, 0))]
+    doomed = [key for key, _ in engine.scan() if in_ranges(ranges, key_hash(key, 0))]
     for key in doomed:
         engine.delete(key)
     return len(doomed)
-
-
-def _in(ranges: Sequence[KeyRange], hashed: int) -> bool:
-    return any(keys.start <= hashed <= keys.end for keys in ranges)
 
 
 class TaskStore:
@@ -206,14 +202,14 @@ class TaskStore:
         return [
             (key_serde.deserialize(key), value_serde.deserialize(value))
             for key, value in pairs
-            if _in(self._ranges, key_hash(key, 0))
+            if in_ranges(self._ranges, key_hash(key, 0))
         ]
 
     def _key(self, key: Any, *, check: bool) -> bytes:
         raw = self._spec.key_serde.serialize(key)
         if raw is None:
             raise StreamsError(f"store '{self.name}': a store key cannot be None")
-        if check and not _in(self._ranges, key_hash(raw, 0)):
+        if check and not in_ranges(self._ranges, key_hash(raw, 0)):
             raise StoreKeyOutsideTask(
                 f"store '{self.name}': key {key!r} hashes outside this task's key range; "
                 "re-key the stream through a topic (a sink and a source) before storing by it"

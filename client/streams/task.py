@@ -14,6 +14,7 @@ writes carry none: they are the store's, not the input's.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,28 @@ class TaskId:
 
     def __str__(self) -> str:
         return f"{self.subtopology}_{self.partition}[{self.keys.start:x}-{self.keys.end:x}]"
+
+
+class TaskState(enum.Enum):
+    """The only record of where a task is in its life. Set on the loop; a pool thread reads
+    it before each record (a plain attribute read), so setting it stops the thread's next
+    record, not the one under way."""
+
+    # Created at its slice's assignment; its stores restore and none of its records starts.
+    RESTORING = "restoring"
+    # Restored and its processors initialized: the one state whose records start.
+    RUNNING = "running"
+    # A revocation is closing it: no record starts; what it produced still goes out and
+    # what it processed is still marked.
+    CLOSING = "closing"
+    # The membership was lost: no record starts, nothing it produced goes out, nothing it
+    # processed is marked (its keys may be another member's).
+    HALTED = "halted"
+
+
+# The one state whose records start: ``StreamTask.active``, and the gate's per-record check
+# on pool threads (``task.state is ACTIVE``: a plain attribute read, no call).
+ACTIVE = TaskState.RUNNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +116,7 @@ class StreamTask:
         self.processed: list[Record] = []
         self.commit_requested = False
         self.metrics = TaskMetrics()
-        self.ready = False
-        # Set on the loop when the membership is lost; a pool thread running the task reads
-        # it before each record and takes no more.
-        self.halted = False
-        # Set on the loop when a revocation starts closing the task: read as ``halted`` is.
-        self.closing = False
+        self.state = TaskState.RESTORING
         # The right to start its records: its slice's lease in the ownership gate.
         self.lease: Lease | None = None
         self.stores: dict[str, TaskStore] = {
@@ -126,9 +144,16 @@ class StreamTask:
                 self._node = name
                 processor.init(self.context)
         self._node = None
-        self.ready = True
+        self.state = TaskState.RUNNING
+
+    @property
+    def active(self) -> bool:
+        """Whether the task's records may start (the ownership gate's lease and deadline
+        aside): the one definition of an active task, for the engine, the gate and queries."""
+        return self.state is ACTIVE
 
     def close(self) -> None:
+        """Close the processors ``init`` created (none when it never ran)."""
         for name, processor in self._processors.items():
             self._node = name
             try:

@@ -1,8 +1,8 @@
 """The record feed the engine tests drive an engine with, without Kafka: records the test
 puts in, what the engine handed out, gave back and marked, and the ownership gate the
 runtimes ask before user code (every partition a record arrives from is granted whole on
-its first record; ``revoke`` takes slices away as the consumer's revocation does). Each test
-module adds the hand-out guard it needs."""
+its first record; ``revoke`` takes slices away as the consumer's revocation does), and the
+partitions paused for backpressure. Each test module adds the hand-out guard it needs."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class InMemorySource:
         self.marked: list[int] = []
         self.given_back: list[int] = []
         self.stopped = False
+        self.paused: set[TopicPartition] = set()
         self.gate = OwnershipGate(self.session_deadline)
         self._granted: set[TopicPartition] = set()
 
@@ -39,10 +40,15 @@ class InMemorySource:
             getting.cancel()
             raise FetchInterrupted
         item = getting.result()
-        if item[0] not in self._granted:
-            self._granted.add(item[0])
-            self.gate.grant({item[0]: [KeyRange.full()]})
+        self.grant(item[0])
         return item
+
+    def grant(self, tp: TopicPartition) -> None:
+        """Grant the whole of ``tp``, once; as the consumer's assignment does before the
+        engine hears of it."""
+        if tp not in self._granted:
+            self._granted.add(tp)
+            self.gate.grant({tp: [KeyRange.full()]})
 
     def hand_out(self, tp: TopicPartition, record: Any, hashed: int) -> Lease | None:
         self.handed.append(record.offset)
@@ -56,3 +62,9 @@ class InMemorySource:
 
     def revoke(self, slices: Slices) -> None:
         self.gate.revoke(slices)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update(partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused.difference_update(partitions)

@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client import KeyRange, key_hash
-from client.protocol.keyspace import HASH_MAX, HASH_MIN, digest_bounds, key_digest
+from client.protocol.keyspace import (
+    HASH_MAX,
+    HASH_MIN,
+    digest_bounds,
+    digest_in_ranges,
+    in_ranges,
+    key_digest,
+    key_digest_bytes,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,3 +92,29 @@ def test_digest_bounds_hold_at_the_edges_of_a_range(key: bytes) -> None:
         assert not half <= digest_bounds(HASH_MIN, hashed - 1)[1]
     if hashed < HASH_MAX:
         assert not digest_bounds(hashed + 1, HASH_MAX)[0] <= half
+
+
+@given(
+    hashed=st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+    ends=st.lists(
+        st.tuples(
+            st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+            st.integers(min_value=HASH_MIN, max_value=HASH_MAX),
+        ).map(sorted),
+        max_size=4,
+    ),
+)
+def test_ranges_contain_a_hash_or_a_digest_when_one_of_them_does(
+    hashed: int, ends: list[list[int]]
+) -> None:
+    ranges = [KeyRange(start, end) for start, end in ends]
+    assert in_ranges(ranges, hashed) == any(keys.contains(hashed) for keys in ranges)
+    digest = key_digest_bytes(hashed.to_bytes(8, "big"), 0)
+    hashed_key = key_hash(hashed.to_bytes(8, "big"), 0)
+    assert digest_in_ranges(ranges, digest) == any(keys.contains(hashed_key) for keys in ranges)
+    # A range holding exactly the key's hash, and ranges stopping one short of it.
+    assert digest_in_ranges([KeyRange(hashed_key, hashed_key)], digest)
+    if hashed_key > HASH_MIN:
+        assert not digest_in_ranges([KeyRange(HASH_MIN, hashed_key - 1)], digest)
+    for keys in ranges:
+        assert in_ranges(ranges, keys.start) and in_ranges(ranges, keys.end)

@@ -10,11 +10,11 @@ from typing import Any, cast
 import pytest
 
 from client import errors
-from client.runtime.gate import OwnershipGate
 from client.streams import INT64, STRING, StoreSpec, Topology
 from client.streams.engine import StreamEngine
 from client.streams.restore import Restorer
 from client.streams.state import StateManager
+from tests.client.in_memory_source import InMemorySource
 from tests.streams.harness import Count
 from tests.waiting import until
 
@@ -26,17 +26,6 @@ class Producer:
         return None
 
 
-class Source:
-    def __init__(self) -> None:
-        self.gate = OwnershipGate(self.session_deadline)
-
-    def may_hand_out(self) -> bool:
-        return True
-
-    def session_deadline(self) -> float:
-        return float("inf")
-
-
 def engine(commit: Any) -> StreamEngine:
     topology = (
         Topology()
@@ -46,7 +35,7 @@ def engine(commit: Any) -> StreamEngine:
         .build()
     )
     return StreamEngine(
-        cast(Any, Source()),
+        cast(Any, InMemorySource()),
         topology=topology,
         application_id="app",
         producer=cast(Any, Producer()),
@@ -85,10 +74,10 @@ async def test_a_commit_the_coordinator_cannot_take_is_tried_again_soon(
     await streams.commit()
     # Not raised: the processing loop goes on. The next attempt comes after the backoff
     # (0.1 s), not after the 60 s interval.
-    await until(streams._commits.due, 2, "the commit's retry")
+    await until(streams._commits.schedule.due, 2, "the commit's retry")
     await streams.commit()
     assert len(attempts) == 2
-    assert not streams._commits.due()
+    assert not streams._commits.schedule.due()
 
 
 async def test_an_error_retrying_cannot_help_stops_the_instance() -> None:

@@ -23,11 +23,11 @@ from client.streams import (
     StoreSpec,
     Topology,
 )
-from client.streams.engine import _process_for
 from client.streams.gate import TaskGate
+from client.streams.rounds import process_for
 from client.streams.serde import JSON
 from client.streams.stores import MemoryStore
-from client.streams.task import StreamTask, TaskId
+from client.streams.task import StreamTask, TaskId, TaskState
 from examples import streams_windowed
 
 FULL = KeyRange.full()
@@ -168,7 +168,7 @@ def test_a_task_halted_mid_round_takes_no_further_record() -> None:
     class HaltAfterOne(Processor):
         def process(self, key: Any, value: Any) -> None:
             seen.append(value)
-            tasks[0].halted = True
+            tasks[0].state = TaskState.HALTED
 
     topology = (
         Topology()
@@ -179,7 +179,7 @@ def test_a_task_halted_mid_round_takes_no_further_record() -> None:
     gate = gate_for(tasks)
     for offset in range(3):
         tasks[0].add("in", Rec("in", offset, b"k", b"v%d" % offset, offset))
-    assert _process_for(gate, tasks, 0, math.inf) is True
+    assert process_for(gate, tasks, 0, math.inf) is True
     assert seen == ["v0"]
     assert tasks[0].inputs.buffered()
 
@@ -208,10 +208,10 @@ def test_no_task_takes_a_record_once_the_session_deadline_passed_mid_round() -> 
     for task, key in zip(tasks, (b"left", b"right"), strict=True):
         for offset in range(3):
             task.add("in", Rec("in", offset, key, f"{key.decode()}{offset}".encode(), offset))
-    assert _process_for(gate, tasks, 0, session_deadline) is True
+    assert process_for(gate, tasks, 0, session_deadline) is True
     assert len(seen) == 1
     assert sum(task.inputs.buffered() for task in tasks) == 5
     # Before the deadline a round goes on as usual, task after task.
     seen.clear()
-    assert _process_for(gate, tasks, 0, math.inf) is True
+    assert process_for(gate, tasks, 0, math.inf) is True
     assert len(seen) == 5

@@ -1,0 +1,131 @@
+"""Opening and dropping the engine's tasks. A task opens when its slice is assigned (or with
+its first record): it is created with the lease of its slice, its stores restore from their
+changelogs as an asyncio task of their own (only this task waits; the others go on), and its
+processors are created once every store is restored. Dropping a task closes its processors
+and drops its keys from its stores, except the keys a partial revocation kept, whose
+changelog position is held for the task that takes them over."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from client.protocol.keyspace import KeyRange, subtract
+from client.streams.gate import TaskGate
+from client.streams.ports import StoreRestorer
+from client.streams.restore import RestoreProgress
+from client.streams.state import StateManager
+from client.streams.task import StreamTask, TaskId, TaskState
+from client.streams.tasks import Tasks
+from client.streams.topology import BuiltTopology
+
+logger = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        *,
+        tasks: Tasks,
+        topology: BuiltTopology,
+        application_id: str,
+        state: StateManager,
+        gate: TaskGate,
+        restorer: StoreRestorer,
+        on_restore: Callable[[RestoreProgress], None],
+        max_idle_ms: int,
+        on_ready: Callable[[], None],
+    ) -> None:
+        self._tasks = tasks
+        self._topology = topology
+        self._application_id = application_id
+        self._state = state
+        self._gate = gate
+        self._restorer = restorer
+        self._on_restore = on_restore
+        self._max_idle_ms = max_idle_ms
+        self._on_ready = on_ready
+        self.restores: dict[TaskId, list[RestoreProgress]] = {}
+        # Handles to cancel; where a task is in its life is its ``state``.
+        self._restorations: dict[TaskId, asyncio.Task[None]] = {}
+
+    def open(self, task_id: TaskId) -> StreamTask:
+        sub = self._topology.subtopologies[task_id.subtopology]
+        engines = {name: self._state.engine(name, task_id.partition) for name in sub.stores}
+        task = StreamTask(
+            task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
+        )
+        self._gate.grant(task, sub.source_topics[0])
+        self._tasks.add(task)
+        self._restorations[task_id] = asyncio.create_task(
+            self._restore(task), name=f"keyrange-streams-restore-{task_id}"
+        )
+        logger.info("task created", extra={"task": str(task_id)})
+        return task
+
+    def stop_restoring(self, task: StreamTask) -> None:
+        restoring = self._restorations.pop(task.id, None)
+        if restoring is not None:
+            restoring.cancel()
+
+    def stop_all(self) -> None:
+        for restoring in self._restorations.values():
+            restoring.cancel()
+
+    def forget(self, task: StreamTask) -> None:
+        """Close the task's processors and leave its stores as they are (a shutdown keeps
+        every key, for a restart to read on from the checkpoints)."""
+        task.close()
+        self._tasks.remove(task)
+
+    def drop(
+        self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
+    ) -> None:
+        self.stop_restoring(task)
+        task.close()
+        self._tasks.remove(task)
+        self.restores.pop(task.id, None)
+        for store in task.stores:
+            changelog = self._topology.stores[store].changelog_topic(self._application_id)
+            offset = self._state.held_offset(store, task.id.partition, changelog)
+            self._state.drop(
+                self._application_id, store, task.id.partition, task.id.keys, delete=False
+            )
+            for keys in subtract([task.id.keys], keep or []):
+                self._state.drop(self._application_id, store, task.id.partition, keys, delete=True)
+            if processed_count:
+                for keys in keep or []:
+                    self._state.hold(store, task.id.partition, keys, offset)
+        logger.info("task closed", extra={"task": str(task.id), "kept": len(keep or [])})
+
+    async def _restore(self, task: StreamTask) -> None:
+        progress_list: list[RestoreProgress] = []
+        self.restores[task.id] = progress_list
+        for store in task.stores:
+            spec = self._topology.stores[store]
+            start = self._state.restore_from(store, task.id.partition, task.id.keys)
+            progress = RestoreProgress(store, task.id.partition, [task.id.keys], start)
+            progress_list.append(progress)
+            await self._restorer.restore(
+                spec.changelog_topic(self._application_id),
+                progress,
+                self._state.engine(store, task.id.partition),
+                self._on_restore,
+            )
+            self._state.restored(store, task.id.partition, task.id.keys, progress.position)
+            logger.info(
+                "store restored",
+                extra={
+                    "task": str(task.id),
+                    "store": store,
+                    "records_read": progress.read,
+                    "records_restored": progress.restored,
+                    "seconds": round(progress.seconds, 3),
+                },
+            )
+        self._restorations.pop(task.id, None)
+        # A task closed or halted while it restored never runs: its processors stay uncreated.
+        if task.state is TaskState.RESTORING:
+            task.init()
+        self._on_ready()

@@ -1,0 +1,58 @@
+"""What the streams engine needs of the world around it, as protocols: the consumer's record
+feed (``client.consumer_source.ConsumerSource`` in an application), the producer for sinks and
+changelogs (aiokafka's ``AIOKafkaProducer``) and the restorer of stores from their changelogs
+(``client.streams.restore.Restorer``). Typed on these, the engine runs without a broker over
+an in-memory feed and a fake producer (tests/streams/test_engine_offline.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aiokafka.structs import TopicPartition
+
+from client.dispatch import RecordSource
+from client.streams.restore import RestoreProgress
+from client.streams.stores import BytesStore
+
+
+class StreamSource(RecordSource, Protocol):
+    """``run()``'s seams plus the session deadline a pool thread compares, and pausing the
+    partitions whose tasks hold too many records."""
+
+    def session_deadline(self) -> float:
+        """The monotonic instant from which nothing may be handed out; a thread may ask."""
+
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+
+class Producer(Protocol):
+    """What ``client.streams.outputs`` hands records to: ``send`` queues one and returns
+    its delivery (a future of its metadata: topic, partition, offset); ``flush`` waits for
+    every queued one."""
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]: ...
+
+    async def flush(self) -> None: ...
+
+
+class StoreRestorer(Protocol):
+    async def restore(
+        self,
+        topic: str,
+        progress: RestoreProgress,
+        engine: BytesStore,
+        on_progress: Callable[[RestoreProgress], None] = ...,
+    ) -> RestoreProgress:
+        """Read ``topic`` into ``engine`` for ``progress``'s ranges up to the end it saw."""
