@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from aiokafka.structs import TopicPartition
 
-from client.dispatch import RecordSource
+from client.runtime.seams import RecordSource
 from client.streams.restore import RestoreProgress
 from client.streams.stores import BytesStore
 

@@ -189,7 +189,7 @@ class Restorer:
                         if self._judge_in_c:
                             _restore_batch(batch, progress, bounds, engine, tp)
                         else:
-                            _judge_in_python(batch.records, progress, bounds, engine)
+                            _judge_in_python(batch.records, progress, engine)
                         progress.position = batch.records.next_offset
                         # The next answer arrives meanwhile: read off the socket between
                         # batches, the broker goes on sending instead of waiting on a full
