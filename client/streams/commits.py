@@ -7,7 +7,7 @@ docs/streams.md says what a crash between the steps does.
 When it runs next: at the commit interval, when a processor asks, and after a commit the
 coordinator could not take, again after a backoff (0.1 s doubling to 2 s, never later than
 the interval), so a coordinator replica restarting is met within a second or two and an
-outage shorter than the session costs no more than a few retries (DESIGN §5: past the
+outage shorter than the session costs no more than a few retries (docs/design.md §5: past the
 session deadline the loss drops the tasks instead)."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class Commits:
     async def commit(self) -> None:
         """The whole protocol. A coordinator that cannot take the commit now does not stop
         the instance: the marks stay for the next attempt, made with a backoff, until the
-        session deadline passes and the loss drops the tasks (DESIGN §5)."""
+        session deadline passes and the loss drops the tasks (docs/design.md §5)."""
         await self.flush_and_mark()
         try:
             await self._commit_offsets()

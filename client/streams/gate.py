@@ -1,4 +1,4 @@
-"""The ownership gate of the streams runtime (DESIGN §5, the client half): the consumer's
+"""The ownership gate of the streams runtime (docs/design.md §5, the client half): the consumer's
 ownership gate (``client.runtime.gate``) as the streams runtime asks it — whether a task's
 record may start in user code now, and whether what a task produced may be handed to the
 producer now.
@@ -83,5 +83,5 @@ class TaskGate:
 
     def may_send(self, task: StreamTask) -> bool:
         """On the loop, right before each record is handed to the producer: whether what
-        ``task`` produced may still go out (DESIGN §5: nothing after a loss)."""
+        ``task`` produced may still go out (docs/design.md §5: nothing after a loss)."""
         return task.state is not TaskState.HALTED and self._may_hand_out()

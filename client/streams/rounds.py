@@ -95,7 +95,7 @@ def process_for(
     gate: TaskGate, tasks: list[StreamTask], now_ms: int, session_deadline: float
 ) -> bool:
     """Round robin over ``tasks`` for one budget, and not one record past the session
-    deadline (DESIGN §5, the client half: the coordinator may give the keys away then, and
+    deadline (docs/design.md §5, the client half: the coordinator may give the keys away then, and
     a record processed after it would write the new owner's state); True when a record was
     processed."""
     budget_end = time.monotonic() + _ROUND_BUDGET_S
