@@ -45,7 +45,7 @@ from client.worker.deadletter import DeadLetters
 from client.worker.deadline import NotStarted
 from client.worker.failures import WorkerFailed
 from client.worker.forms import Form, HandlerForm, Process, TaskForm
-from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, weight
+from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, Turn, weight
 from client.worker.lifecycle import Lifecycle, Phase
 from client.worker.outcomes import Failures, Stats
 from client.worker.partitions import PartitionTasks
@@ -100,15 +100,15 @@ class Scheduler:
         return lane
 
     def schedule(self, lane: Lane) -> None:
-        if lane.busy or lane.scheduled or self._lifecycle.finished:
+        if lane.turn is not Turn.IDLE or self._lifecycle.finished:
             return
         if lane.closed is not None:
             if not lane.closed.done():
-                lane.scheduled = True
+                lane.turn = Turn.QUEUED
                 self._ready.put_nowait(lane)
             return
         if lane.punctuate_due or lane.retries:
-            lane.scheduled = True
+            lane.turn = Turn.QUEUED
             self._ready.put_nowait(lane)
             return
         if not lane.queue or lane.refused or self._lifecycle.stopping:
@@ -120,7 +120,7 @@ class Scheduler:
             if lane not in waiting:
                 waiting.append(lane)
             return
-        lane.scheduled = True
+        lane.turn = Turn.QUEUED
         self._ready.put_nowait(lane)
 
     async def work(self) -> None:
@@ -129,12 +129,11 @@ class Scheduler:
             lane = await self._ready.get()
             if lane is None:
                 return
-            lane.scheduled = False
-            lane.busy = True
+            lane.turn = Turn.SERVED
             try:
                 await self._serve(lane)
             finally:
-                lane.busy = False
+                lane.turn = Turn.IDLE
             self._after_turn(lane)
 
     def stop_workers(self, count: int) -> None:
@@ -434,7 +433,7 @@ class WorkerEngine:
                     kept.append(item)
             lane.queue = kept
             lane.retries = deque(a for a in lane.retries if not _within(slices, a))
-            if self._form.drops(lane) and not lane.scheduled:
+            if self._form.drops(lane) and lane.turn is not Turn.QUEUED:
                 del lanes.lanes[lane.ident]
         for attempt in list(lanes.attempts):
             if not _within(slices, attempt):
