@@ -331,7 +331,7 @@ class WorkerEngine:
             config.max_buffered_bytes, config.resume_ratio, source.pause, source.resume
         )
         self.stats = Stats()
-        self._lanes = Scheduler(
+        self._scheduler = Scheduler(
             source, config, form, self._lifecycle, self._budget, self.stats, dead_letters
         )
         self._workers: set[asyncio.Task[None]] = set()
@@ -342,13 +342,13 @@ class WorkerEngine:
 
     async def run(self) -> None:
         for index in range(self._config.max_concurrency):
-            worker = asyncio.create_task(self._lanes.work(), name=f"keyrange-worker-{index}")
+            worker = asyncio.create_task(self._scheduler.work(), name=f"keyrange-worker-{index}")
             self._workers.add(worker)
         punctuator = asyncio.create_task(
-            self._lanes.tasks.punctuate_periodically(), name="keyrange-punctuate"
+            self._scheduler.tasks.punctuate_periodically(), name="keyrange-punctuate"
         )
         expiry = asyncio.create_task(
-            self._lanes.timeouts.expire_periodically(), name="keyrange-timeouts"
+            self._scheduler.timeouts.expire_periodically(), name="keyrange-timeouts"
         )
         ended = self._lifecycle.ended
         try:
@@ -378,13 +378,13 @@ class WorkerEngine:
         except WorkerFailed as error:
             self._lifecycle.fail(error)
             return
-        lane = self._lanes.lanes.get(ident) or self._lanes.new_lane(ident)
+        lane = self._scheduler.lanes.get(ident) or self._scheduler.new_lane(ident)
         if lane is None:
             return
         lane.queue.append(item)
         self._budget.add(tp, weight(record))
         lane.refused = False
-        self._lanes.schedule(lane)
+        self._scheduler.schedule(lane)
 
     # ----------------------------------------------------------------- state
 
@@ -397,7 +397,7 @@ class WorkerEngine:
 
     @property
     def in_flight(self) -> int:
-        return len(self._lanes.attempts)
+        return len(self._scheduler.attempts)
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
@@ -411,17 +411,17 @@ class WorkerEngine:
     # ----------------------------------------------------------------- ownership changes
 
     def open_partitions(self, partitions: list[TopicPartition]) -> None:
-        self._lanes.tasks.open_partitions(partitions)
+        self._scheduler.tasks.open_partitions(partitions)
 
     async def close_partitions(self, partitions: set[TopicPartition]) -> None:
-        await self._lanes.tasks.close_partitions(partitions)
+        await self._scheduler.tasks.close_partitions(partitions)
 
     def withdraw(self, slices: Slices | None) -> None:
         """Drop queued records of ``slices`` (all with None); attempts waiting to be tried
         again are given back, attempts in processing get until the drain's end and are
         not tried again."""
-        lanes = self._lanes
-        for lane in list(lanes.lanes.values()):
+        scheduler = self._scheduler
+        for lane in list(scheduler.lanes.values()):
             tp = lane.ident[0]
             if slices is not None and tp not in slices:
                 continue
@@ -434,17 +434,18 @@ class WorkerEngine:
             lane.queue = kept
             lane.retries = deque(a for a in lane.retries if not _within(slices, a))
             if self._form.drops(lane) and lane.turn is not Turn.QUEUED:
-                del lanes.lanes[lane.ident]
-        for attempt in list(lanes.attempts):
+                del scheduler.lanes[lane.ident]
+        for attempt in list(scheduler.attempts):
             if not _within(slices, attempt):
                 continue
             attempt.withdrawn = True
             if attempt.observer is None and not attempt.dead_lettering:
-                lanes.give_back(attempt)
-        for key in [key for key, attempt in lanes.open.items() if attempt not in lanes.attempts]:
+                scheduler.give_back(attempt)
+        open_keys = scheduler.open
+        for key in [key for key, attempt in open_keys.items() if attempt not in scheduler.attempts]:
             # Keys held by a record that stopped the worker: released with the slice.
             if slices is None or in_slices(slices, *key):
-                del lanes.open[key]
+                del open_keys[key]
 
     def lose(self) -> None:
         """The membership is lost: nothing queued is ours; calls on the loop are cancelled
@@ -453,7 +454,7 @@ class WorkerEngine:
         calls run out with their outcome ignored."""
         self.withdraw(None)
         self._stop_attempts(None)
-        self._lanes.waiting.clear()
+        self._scheduler.waiting.clear()
 
     async def stop_calls(self, slices: Slices) -> None:
         """The revoke timeout passed with records of ``slices`` in processing: end the
@@ -464,7 +465,7 @@ class WorkerEngine:
         await self._calls.until_stopped()
 
     def _stop_attempts(self, slices: Slices | None) -> None:
-        for attempt in list(self._lanes.attempts):
+        for attempt in list(self._scheduler.attempts):
             if not _within(slices, attempt) or attempt.dead_lettering:
                 continue
             if attempt.calling:
@@ -474,7 +475,7 @@ class WorkerEngine:
                 detach(attempt)
             else:
                 detach(attempt)
-                self._lanes.give_back(attempt)
+                self._scheduler.give_back(attempt)
 
     # ----------------------------------------------------------------- shutdown
 
@@ -492,22 +493,22 @@ class WorkerEngine:
         self.withdraw(None)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            await asyncio.wait_for(self._lanes.settled.wait(), timeout_s)
+            await asyncio.wait_for(self._scheduler.settled.wait(), timeout_s)
         except TimeoutError:
             logger.warning(
                 "records still in processing at shutdown; their calls are stopped where they "
                 "can be, and they are delivered again",
-                extra={"in_flight": len(self._lanes.attempts)},
+                extra={"in_flight": len(self._scheduler.attempts)},
             )
             self._stop_attempts(None)
             await self._calls.until_stopped()
-        await self._lanes.tasks.close_all(deadline)
+        await self._scheduler.tasks.close_all(deadline)
         self._lifecycle.phase = Phase.FINISHED
-        self._lanes.stop_workers(len(self._workers))
+        self._scheduler.stop_workers(len(self._workers))
         _, late = await asyncio.wait(self._workers, timeout=1.0) if self._workers else ((), ())
         for worker in late:
             worker.cancel()
-        self._lanes.failures.cancel()
+        self._scheduler.failures.cancel()
 
 
 def detach(attempt: Attempt) -> None:
