@@ -45,7 +45,7 @@ from client.worker.deadletter import DeadLetters
 from client.worker.deadline import NotStarted
 from client.worker.failures import WorkerFailed
 from client.worker.forms import Form, HandlerForm, Process, TaskForm
-from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, Turn, weight
+from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, weight
 from client.worker.lifecycle import Lifecycle, Phase
 from client.worker.outcomes import Failures, Stats
 from client.worker.partitions import PartitionTasks
@@ -100,15 +100,15 @@ class Scheduler:
         return lane
 
     def schedule(self, lane: Lane) -> None:
-        if lane.turn is not Turn.IDLE or self._lifecycle.finished:
+        if lane.busy or lane.scheduled or self._lifecycle.finished:
             return
         if lane.closed is not None:
             if not lane.closed.done():
-                lane.turn = Turn.QUEUED
+                lane.scheduled = True
                 self._ready.put_nowait(lane)
             return
         if lane.punctuate_due or lane.retries:
-            lane.turn = Turn.QUEUED
+            lane.scheduled = True
             self._ready.put_nowait(lane)
             return
         if not lane.queue or lane.refused or self._lifecycle.stopping:
@@ -120,7 +120,7 @@ class Scheduler:
             if lane not in waiting:
                 waiting.append(lane)
             return
-        lane.turn = Turn.QUEUED
+        lane.scheduled = True
         self._ready.put_nowait(lane)
 
     async def work(self) -> None:
@@ -129,11 +129,12 @@ class Scheduler:
             lane = await self._ready.get()
             if lane is None:
                 return
-            lane.turn = Turn.SERVED
+            lane.scheduled = False
+            lane.busy = True
             try:
                 await self._serve(lane)
             finally:
-                lane.turn = Turn.IDLE
+                lane.busy = False
             self._after_turn(lane)
 
     def stop_workers(self, count: int) -> None:
@@ -433,7 +434,7 @@ class WorkerEngine:
                     kept.append(item)
             lane.queue = kept
             lane.retries = deque(a for a in lane.retries if not _within(slices, a))
-            if self._form.drops(lane) and lane.turn is not Turn.QUEUED:
+            if self._form.drops(lane) and not lane.scheduled:
                 del scheduler.lanes[lane.ident]
         for attempt in list(scheduler.attempts):
             if not _within(slices, attempt):
@@ -488,7 +489,7 @@ class WorkerEngine:
         await asyncio.shield(self._shutdown)
 
     async def _finish(self, timeout_s: float | None) -> None:
-        self._lifecycle.phase = Phase.STOPPING
+        self._lifecycle.advance(Phase.STOPPING)
         self._lifecycle.end_fetch()
         self.withdraw(None)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -503,7 +504,7 @@ class WorkerEngine:
             self._stop_attempts(None)
             await self._calls.until_stopped()
         await self._scheduler.tasks.close_all(deadline)
-        self._lifecycle.phase = Phase.FINISHED
+        self._lifecycle.advance(Phase.FINISHED)
         self._scheduler.stop_workers(len(self._workers))
         _, late = await asyncio.wait(self._workers, timeout=1.0) if self._workers else ((), ())
         for worker in late:

@@ -9,7 +9,6 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
-from enum import Enum
 
 from aiokafka.structs import TopicPartition
 
@@ -32,21 +31,13 @@ def weight(record: Record) -> int:
     return size + RECORD_OVERHEAD_BYTES
 
 
-class Turn(Enum):
-    """Where a lane is in the engine's turns: a lane is in the ready queue at most once and
-    served by one worker at a time, so calls into one lane never overlap."""
-
-    IDLE = "idle"
-    QUEUED = "queued"  # in the ready queue
-    SERVED = "served"  # a worker is serving it (a call into its task may run)
-
-
 class Lane:
     """A sub-partition: its records not handed out yet, in offset order, and the attempts of
-    its records due to run again. Calls into one lane never overlap (``turn``), so neither
-    do calls into its task."""
+    its records due to run again. ``busy`` while a call into its task runs; calls into one
+    lane never overlap, so neither do calls into its task."""
 
     __slots__ = (
+        "busy",
         "closed",
         "ident",
         "open",
@@ -54,8 +45,8 @@ class Lane:
         "queue",
         "refused",
         "retries",
+        "scheduled",
         "task",
-        "turn",
     )
 
     def __init__(self, ident: LaneId, task: WorkerTask) -> None:
@@ -63,7 +54,8 @@ class Lane:
         self.task = task
         self.queue: deque[Item] = deque()
         self.retries: deque[Attempt] = deque()
-        self.turn = Turn.IDLE
+        self.busy = False
+        self.scheduled = False
         self.punctuate_due = False
         # The task's ``accept`` refused the head; asked again after the next event.
         self.refused = False
@@ -74,7 +66,7 @@ class Lane:
 
     @property
     def idle(self) -> bool:
-        return not (self.turn is Turn.SERVED or self.queue or self.retries or self.open)
+        return not (self.busy or self.queue or self.retries or self.open)
 
 
 class Attempt:
