@@ -52,9 +52,6 @@ def test_every_make_target_the_docs_name_exists() -> None:
 
 ROOT = Path(__file__).parent.parent
 DESIGN = ROOT / "docs" / "design.md"
-# The runtimes are being rewritten beside this check; their citations are repointed once
-# that lands, and then these two leave the list.
-_NOT_YET_REPOINTED = ("client/", "tests/chaos/")
 _CITING_SUFFIXES = {".py", ".md", ".pyi", ".c", ".toml", ".yaml", ".tpl", ".txt"}
 _CITATION = re.compile(
     r"docs/design\.md((?:\s*(?:,|/|and|or)?\s*§[0-9]+[a-z]?(?:\.[0-9]+)?(?:-[0-9]+)?)+)"
@@ -122,7 +119,6 @@ def test_nothing_cites_the_contract_outside_the_repository() -> None:
     bare = [
         str(path.relative_to(ROOT))
         for path in _sources()
-        if not str(path.relative_to(ROOT)).startswith(_NOT_YET_REPOINTED)
-        and re.search(r"\bDESIGN(\.md)? §", path.read_text(errors="replace"))
+        if re.search(r"\bDESIGN(\.md)? §", path.read_text(errors="replace"))
     ]
     assert bare == []

@@ -23,8 +23,8 @@ without code around it as ``keyrange worker my_module:Billing --topics orders ..
 """
 
 from client.worker.config import FailurePolicy, WorkerConfig
-from client.worker.engine import Stats
 from client.worker.failures import ProcessingTimeout, WorkerFailed
+from client.worker.outcomes import Stats
 from client.worker.runtime import Worker
 from client.worker.task import (
     KeyHashPartitioner,

@@ -20,9 +20,10 @@ from client.runtime.seams import WorkerSource
 from client.worker.calls import Calls, is_async
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
-from client.worker.engine import Stats, WorkerEngine
+from client.worker.engine import WorkerEngine
 from client.worker.metrics import EXTRA as METRICS_EXTRA
 from client.worker.metrics import worker_families
+from client.worker.outcomes import Stats
 from client.worker.processes import Handler
 from client.worker.task import Partitioner, WorkerTask
 
@@ -146,7 +147,6 @@ class Worker:
             self._calls,
             task_factory=self._task,
             handler_process=handler_process,
-            handler_on_loop=self._handler is None or is_async(self._handler),
             partitioner=self._partitioner,
             dead_letters=self._dead_letters,
         )

@@ -358,7 +358,6 @@ async def engine_over(
         config("orders", "unused:9092", "http://unused", "g", **settings),
         calls,
         handler_process=calls.handler_process(handler),
-        handler_on_loop=False,
     )
     source.engine = engine
     running = asyncio.create_task(engine.run())
