@@ -170,6 +170,21 @@ def sticks(record: Any) -> bool:
     return record.key in SLOW and record.offset < FIRST_ROUND
 
 
+def sticking_on_a_thread(
+    ledger: Ledger, release: threading.Event, name: str
+) -> Callable[[Any], None]:
+    """A plain handler (run on a pool thread) for member ``name``: the first member's calls
+    on slow keys wait for ``release``, which no timeout of the test outlasts."""
+
+    def handle(record: Any) -> None:
+        call = ledger.start(name, record)
+        if name == "first" and sticks(record):
+            release.wait(120)
+        call.end = time.time()
+
+    return handle
+
+
 async def test_run_cancels_handlers_past_the_revoke_timeout_before_the_heir_starts_their_keys(
     kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
 ) -> None:
@@ -234,13 +249,7 @@ async def test_a_thread_call_past_the_drain_timeout_holds_only_its_key_until_it_
     release = threading.Event()
 
     def handler(name: str) -> Callable[[Any], None]:
-        def handle(record: Any) -> None:
-            call = ledger.start(name, record)
-            if name == "first" and sticks(record):
-                release.wait(120)
-            call.end = time.time()
-
-        return handle
+        return sticking_on_a_thread(ledger, release, name)
 
     settings = {"drain_timeout_s": 1.0, "max_concurrency": 40, "worker_threads": 40}
     first = Worker(
@@ -376,13 +385,7 @@ async def test_a_timed_out_thread_call_keeps_its_key_and_its_record_until_it_end
     release = threading.Event()
 
     def handler(name: str) -> Callable[[Any], None]:
-        def handle(record: Any) -> None:
-            call = ledger.start(name, record)
-            if name == "first" and sticks(record):
-                release.wait(120)
-            call.end = time.time()
-
-        return handle
+        return sticking_on_a_thread(ledger, release, name)
 
     settings = {
         "drain_timeout_s": 1.0,
