@@ -56,7 +56,7 @@ from client.protocol.keyspace import KeyRange, normalize
 from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
 from client.release import SliceRelease, describe
 from client.runtime.gate import OwnershipGate, Running
-from client.runtime.seams import Engine
+from client.runtime.seams import Runtime
 from client.status import ConsumerStatus
 from client.tracker import CommitMode, OffsetTracker
 
@@ -197,7 +197,7 @@ class KeyrangeConsumer:
             self._client, group_id, self._tracker, may_commit=self._status.may_hand_out
         )
         self._last_auto: Record | None = None
-        self._dispatchers: set[Engine] = set()
+        self._dispatchers: set[Runtime] = set()
         self._releasing = SliceRelease(
             group_id,
             self._tracker,
@@ -205,7 +205,7 @@ class KeyrangeConsumer:
             self._handed,
             self._gate,
             self._committer,
-            engines=self._dispatchers,
+            runtimes=self._dispatchers,
             withdraw=self._withdraw,
             revoked_listener=self._revoked_listener,
             wake=self._wake_membership,
@@ -286,13 +286,13 @@ class KeyrangeConsumer:
                 await self._reconciler.stop()
             self._releasing.cancel_holds()
             try:
-                # Bounded, so an engine whose shutdown hangs cannot hang this one.
+                # Bounded, so a runtime whose shutdown hangs cannot hang this one.
                 async with asyncio.timeout(self._revoke_timeout_s + _CLOSE_GRACE_S):
-                    for engine in list(self._dispatchers):
-                        await engine.finish(self._revoke_timeout_s)
+                    for runtime in list(self._dispatchers):
+                        await runtime.finish(self._revoke_timeout_s)
             except TimeoutError:
                 logger.warning(
-                    "the processing engine did not finish in time",
+                    "the processing runtime did not finish in time",
                     extra={"group_id": self._group_id, "bound_s": self._revoke_timeout_s},
                 )
             await self._releasing.hold(None)
@@ -461,10 +461,10 @@ class KeyrangeConsumer:
             )
         )
 
-    async def drive(self, make_engine: Callable[[ConsumerSource], Engine]) -> None:
-        """Run a processing engine over this consumer's records until ``stop()``: what
-        ``run`` does with its dispatcher, open to other engines (``client.worker``). The
-        engine is told of revocations, losses and the stop as ``run``'s dispatcher is."""
+    async def drive(self, make_runtime: Callable[[ConsumerSource], Runtime]) -> None:
+        """Run a processing runtime over this consumer's records until ``stop()``: what
+        ``run`` does with its dispatcher, open to other runtimes (``client.worker``). The
+        runtime is told of revocations, losses and the stop as ``run``'s dispatcher is."""
         source = ConsumerSource(
             self._fetcher,
             self._handed,
@@ -473,12 +473,12 @@ class KeyrangeConsumer:
             self._status,
             mark_processed=self.mark_processed,
         )
-        engine = make_engine(source)
-        self._dispatchers.add(engine)
+        runtime = make_runtime(source)
+        self._dispatchers.add(runtime)
         try:
-            await engine.run()
+            await runtime.run()
         finally:
-            self._dispatchers.discard(engine)
+            self._dispatchers.discard(runtime)
 
     # ----------------------------------------------------------------- SliceOwner
 

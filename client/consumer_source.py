@@ -23,7 +23,7 @@ from client.tracker import OffsetTracker
 
 
 class ConsumerSource:
-    """The seams an engine uses (``WorkerSource``, which includes ``RecordSource``), over the
+    """The seams a runtime uses (``WorkerSource``, which includes ``RecordSource``), over the
     consumer's parts."""
 
     def __init__(

@@ -2,7 +2,7 @@
 ``KeyrangeConsumer`` (``client.worker.Worker``, ``client.streams.StreamsApp``).
 
 A stop asked for by code (``request``) or by the first SIGTERM or SIGINT ends the drive the
-same way: the consumer stops, which finishes the engine (its records in processing, its
+same way: the consumer stops, which finishes the runtime (its records in processing, its
 commit protocol), commits and leaves the group, so the keys move to another member at once
 instead of after a session timeout. A second signal exits at once, by the signal's default
 action, for an operator whose graceful stop takes too long.
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 from client.consumer import KeyrangeConsumer
 from client.consumer_source import ConsumerSource
-from client.runtime.seams import Engine
+from client.runtime.seams import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +54,15 @@ class GracefulStop:
     async def drive(
         self,
         consumer: KeyrangeConsumer,
-        make_engine: Callable[[ConsumerSource], Engine],
+        make_runtime: Callable[[ConsumerSource], Runtime],
         *,
         stopping: str,
     ) -> None:
-        """Run ``consumer.drive(make_engine)`` until it ends by itself (a failure) or a stop
+        """Run ``consumer.drive(make_runtime)`` until it ends by itself (a failure) or a stop
         is requested; then stop the consumer, logging ``stopping``, and wait for the drive."""
-        driving = asyncio.create_task(consumer.drive(make_engine), name=f"keyrange-{self._runtime}")
+        driving = asyncio.create_task(
+            consumer.drive(make_runtime), name=f"keyrange-{self._runtime}"
+        )
         requested = asyncio.create_task(self._requested.wait())
         try:
             await asyncio.wait({driving, requested}, return_when=asyncio.FIRST_COMPLETED)

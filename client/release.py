@@ -3,7 +3,7 @@ of its keys runs, in any runtime on the consumer.
 
 A revocation first ends the slices' leases in the ownership gate, so nothing of them starts
 any more, and withdraws what is queued. Records in processing get ``revoke_timeout_s`` to
-finish; past it, the runtimes stop what can be stopped (``Engine.stop_calls``: a loop call
+finish; past it, the runtimes stop what can be stopped (``Runtime.stop_calls``: a loop call
 cancelled, a process killed) and the gate shows what still runs: calls on threads, which
 nothing can stop. Their keys stay with this member as single-hash slices, reported as owned,
 so the heir gets the rest of the range at once; they are named in a WARNING now and then,
@@ -24,7 +24,7 @@ from client.http import Slices, StuckCall
 from client.membership import slices_minus
 from client.protocol.keyspace import normalize
 from client.runtime.gate import OwnershipGate, Running, pieces_of
-from client.runtime.seams import Engine
+from client.runtime.seams import Runtime
 from client.tracker import OffsetTracker
 
 logger = logging.getLogger("client.consumer")
@@ -49,7 +49,7 @@ class SliceRelease:
         gate: OwnershipGate,
         committer: Committer,
         *,
-        engines: Set[Engine],
+        runtimes: Set[Runtime],
         withdraw: Callable[[Slices], None],
         revoked_listener: Callable[[Slices], Awaitable[None]],
         wake: Callable[[], None],
@@ -61,7 +61,7 @@ class SliceRelease:
         self._handed = handed
         self._gate = gate
         self._committer = committer
-        self._engines = engines
+        self._runtimes = runtimes
         self._withdraw = withdraw
         self._revoked_listener = revoked_listener
         self._wake = wake
@@ -83,8 +83,8 @@ class SliceRelease:
             self._withdraw(revoked)
         held: Slices = {}
         if not await self._handed.drain(revoked, self._revoke_timeout_s):
-            for engine in list(self._engines):
-                await engine.stop_calls(revoked)
+            for runtime in list(self._runtimes):
+                await runtime.stop_calls(revoked)
             await self._gate.until_ended(revoked, STOPPED_CALLS_GRACE_S)
             held = pieces_of(self._gate.running_in(revoked))
             if not held and self._handed.any_in(revoked):

@@ -1,11 +1,11 @@
 """The seams between the consumer and the runtimes that drive it (``run()``'s dispatcher,
 ``client.worker``, ``client.streams``): what a runtime may ask of the consumer's records
-(``RecordSource``, ``WorkerSource``) and what the consumer asks of a runtime (``Engine``).
+(``RecordSource``, ``WorkerSource``) and what the consumer asks of a runtime (``Runtime``).
 
 They live in the kernel, apart from any one implementation, so a runtime and the consumer
 depend on the seam and not on each other: the consumer builds the one implementation of the
 sources (``client.consumer_source``) from its parts, and ``KeyrangeConsumer.drive`` hands it to
-whichever engine it runs.
+whichever runtime it runs.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class WorkerSource(RecordSource, Protocol):
     def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]: ...
 
 
-class Engine(Protocol):
-    """What the consumer drives: ``run()``'s dispatcher, or another engine over the same
+class Runtime(Protocol):
+    """What the consumer drives: ``run()``'s dispatcher, or another runtime over the same
     source (``KeyrangeConsumer.drive``)."""
 
     async def run(self) -> None:

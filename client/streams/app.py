@@ -3,8 +3,8 @@
 One ``KeyrangeConsumer`` per process (one Kafka consumer, one membership with the sticky
 stream-join assignor, so every co-partitioned topic's partition ``p`` comes with the same key
 ranges), one producer for sinks and changelogs, one restorer with a Kafka connection of its
-own, and the engine (``client.streams.engine``) driving the tasks. Shut down gracefully: the
-engine finishes and runs the commit protocol, the consumer commits and leaves, the tasks
+own, and the runtime (``client.streams.runtime``) driving the tasks. Shut down gracefully: the
+runtime finishes and runs the commit protocol, the consumer commits and leaves, the tasks
 close and checkpoint.
 """
 
@@ -28,11 +28,11 @@ from client.http import CoordinatorClient, Slices
 from client.metrics_server import MetricsServer
 from client.protocol.keyspace import key_hash
 from client.streams.config import StreamsConfig
-from client.streams.engine import StreamEngine
 from client.streams.errors import StreamsError, UnknownStore
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
 from client.streams.restore import RestoreProgress, Restorer
+from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from client.streams.task import TaskState
 from client.streams.topology import BuiltTopology, Topology
@@ -77,7 +77,7 @@ class StreamsApp:
             **{**security, **config.consumer_options},
         )
         self._state = StateManager(self.topology, config.state_dir / config.application_id)
-        self.engine: StreamEngine | None = None
+        self.runtime: StreamsRuntime | None = None
         self._producer: AIOKafkaProducer | None = None
         self._restorer: Restorer | None = None
         self._graceful = GracefulStop("streams")
@@ -112,13 +112,13 @@ class StreamsApp:
                     async with self._consumer:
                         await self._graceful.drive(
                             self._consumer,
-                            self._make_engine,
+                            self._make_runtime,
                             stopping="committing, then leaving the group",
                         )
                         # A send that failed during the shutdown: committed nothing after it,
                         # and is this run's outcome.
-                        if self.engine is not None and self.engine.failure is not None:
-                            raise self.engine.failure
+                        if self.runtime is not None and self.runtime.failure is not None:
+                            raise self.runtime.failure
                 finally:
                     await self._restorer.stop()
                     await self._producer.stop()
@@ -128,9 +128,9 @@ class StreamsApp:
             if metrics is not None:
                 metrics.close()
 
-    def _make_engine(self, source: ConsumerSource) -> StreamEngine:
+    def _make_runtime(self, source: ConsumerSource) -> StreamsRuntime:
         assert self._producer is not None and self._restorer is not None
-        self.engine = StreamEngine(
+        self.runtime = StreamsRuntime(
             source,
             topology=self.topology,
             application_id=self.config.application_id,
@@ -145,8 +145,8 @@ class StreamsApp:
             processing_threads=self.config.processing_threads,
             on_restore=self._restore_progress,
         )
-        self.engine.assigned()
-        return self.engine
+        self.runtime.assigned()
+        return self.runtime
 
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
         """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's
@@ -213,7 +213,9 @@ class StreamsApp:
         count = min(self._partitions.get(topic, 1) for topic in sub.source_topics)
         partition = DefaultPartitioner()(raw, list(range(count)), list(range(count)))
         task = (
-            None if self.engine is None else self.engine.tasks.active(sub.index, partition, hashed)
+            None
+            if self.runtime is None
+            else self.runtime.tasks.active(sub.index, partition, hashed)
         )
         if task is not None:
             return QueryAnswer(local=True, value=task.stores[store].get(key))
@@ -225,12 +227,12 @@ class StreamsApp:
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per task: records processed, punctuations, stream time and its lag behind the wall
         clock, buffered records, and each store's restore progress."""
-        engine = self.engine
-        if engine is None:
+        runtime = self.runtime
+        if runtime is None:
             return {}
         now_ms = int(time.time() * 1000)
         result: dict[str, dict[str, Any]] = {}
-        for task_id, task in engine.tasks.items():
+        for task_id, task in runtime.tasks.items():
             stream_time = task.inputs.stream_time
             result[str(task_id)] = {
                 "records": task.metrics.records,
@@ -247,7 +249,7 @@ class StreamsApp:
                         "fraction": round(progress.fraction, 3),
                         "done": progress.done,
                     }
-                    for progress in engine.restores.get(task_id, [])
+                    for progress in runtime.restores.get(task_id, [])
                 ],
             }
         return result
@@ -274,16 +276,16 @@ class _Listener(RebalanceListener):
         self._app = app
 
     async def on_slices_assigned(self, slices: Slices) -> None:
-        engine = self._app.engine
-        if engine is not None:
-            engine.assigned()
+        runtime = self._app.runtime
+        if runtime is not None:
+            runtime.assigned()
 
     async def on_slices_revoked(self, slices: Slices) -> None:
-        engine = self._app.engine
-        if engine is not None:
-            await engine.revoked(slices)
+        runtime = self._app.runtime
+        if runtime is not None:
+            await runtime.revoked(slices)
 
     async def on_slices_lost(self, slices: Slices) -> None:
-        engine = self._app.engine
-        if engine is not None:
-            await engine.drop_lost()
+        runtime = self._app.runtime
+        if runtime is not None:
+            await runtime.drop_lost()

@@ -65,7 +65,7 @@ class CommitSchedule:
 
 
 class Commits:
-    """The commit protocol over the engine's tasks; the engine calls it under its round lock,
+    """The commit protocol over the runtime's tasks; the runtime calls it under its round lock,
     so no record is processed between the steps."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Opening and dropping the engine's tasks. A task opens when its slice is assigned (or with
+"""Opening and dropping the runtime's tasks. A task opens when its slice is assigned (or with
 its first record): it is created with the lease of its slice, its stores restore from their
 changelogs as an asyncio task of their own (only this task waits; the others go on), and its
 processors are created once every store is restored. Dropping a task closes its processors
@@ -52,9 +52,9 @@ class Lifecycle:
 
     def open(self, task_id: TaskId) -> StreamTask:
         sub = self._topology.subtopologies[task_id.subtopology]
-        engines = {name: self._state.engine(name, task_id.partition) for name in sub.stores}
+        backends = {name: self._state.backend(name, task_id.partition) for name in sub.stores}
         task = StreamTask(
-            task_id, self._topology, sub, engines, self._application_id, self._max_idle_ms
+            task_id, self._topology, sub, backends, self._application_id, self._max_idle_ms
         )
         self._gate.grant(task, sub.source_topics[0])
         self._tasks.add(task)
@@ -110,7 +110,7 @@ class Lifecycle:
             await self._restorer.restore(
                 spec.changelog_topic(self._application_id),
                 progress,
-                self._state.engine(store, task.id.partition),
+                self._state.backend(store, task.id.partition),
                 self._on_restore,
             )
             self._state.restored(store, task.id.partition, task.id.keys, progress.position)

@@ -4,7 +4,7 @@ it produced is in Kafka.
 
 A failed delivery (a sink record or a changelog write) is fatal to the instance, as under
 Kafka Streams' at-least-once: it is logged at ERROR naming the task, nothing processed since
-the last commit is marked from then on (the engine stops; whoever takes the keys processes
+the last commit is marked from then on (the runtime stops; whoever takes the keys processes
 those records again), and the failure is kept, so no later flush can pass over it: before,
 a flush that met one failure forgot the other sends, and the next commit marked inputs whose
 outputs never reached Kafka. A failed send of a task already halted by a lost membership is
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 class Outputs:
-    """The producer side of the engine: ``send`` hands tasks' outputs over, ``flush`` waits
+    """The producer side of the runtime: ``send`` hands tasks' outputs over, ``flush`` waits
     for them and raises ``SendFailed`` once any delivery failed."""
 
     def __init__(

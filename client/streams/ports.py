@@ -1,8 +1,8 @@
-"""What the streams engine needs of the world around it, as protocols: the consumer's record
+"""What the streams runtime needs of the world around it, as protocols: the consumer's record
 feed (``client.consumer_source.ConsumerSource`` in an application), the producer for sinks and
 changelogs (aiokafka's ``AIOKafkaProducer``) and the restorer of stores from their changelogs
-(``client.streams.restore.Restorer``). Typed on these, the engine runs without a broker over
-an in-memory feed and a fake producer (tests/streams/test_engine_offline.py)."""
+(``client.streams.restore.Restorer``). Typed on these, the runtime runs without a broker over
+an in-memory feed and a fake producer (tests/streams/test_runtime_offline.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class StoreRestorer(Protocol):
         self,
         topic: str,
         progress: RestoreProgress,
-        engine: BytesStore,
+        backend: BytesStore,
         on_progress: Callable[[RestoreProgress], None] = ...,
     ) -> RestoreProgress:
-        """Read ``topic`` into ``engine`` for ``progress``'s ranges up to the end it saw."""
+        """Read ``topic`` into ``backend`` for ``progress``'s ranges up to the end it saw."""

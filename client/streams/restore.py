@@ -165,7 +165,7 @@ class Restorer:
         self,
         topic: str,
         progress: RestoreProgress,
-        engine: BytesStore,
+        backend: BytesStore,
         on_progress: Callable[[RestoreProgress], None] = lambda _: None,
     ) -> RestoreProgress:
         tp = TopicPartition(topic, progress.partition)
@@ -187,9 +187,9 @@ class Restorer:
                         )
                     for batch in fetched.batches:
                         if self._judge_in_c:
-                            _restore_batch(batch, progress, bounds, engine, tp)
+                            _restore_batch(batch, progress, bounds, backend, tp)
                         else:
-                            _judge_in_python(batch.records, progress, engine)
+                            _judge_in_python(batch.records, progress, backend)
                         progress.position = batch.records.next_offset
                         # The next answer arrives meanwhile: read off the socket between
                         # batches, the broker goes on sending instead of waiting on a full
@@ -295,7 +295,7 @@ def _restore_batch(
     batch: _Batch,
     progress: RestoreProgress,
     bounds: list[tuple[int, int]],
-    engine: BytesStore,
+    backend: BytesStore,
     tp: TopicPartition,
 ) -> None:
     """Write the batch's records from ``progress.position`` on (a fetch may start inside a
@@ -315,13 +315,13 @@ def _restore_batch(
             for first in range(0, len(keys), _BATCH_RECORDS):
                 last = first + _BATCH_RECORDS
                 _apply(
-                    engine, list(zip(keys[first:last], values[first:last], strict=True)), progress
+                    backend, list(zip(keys[first:last], values[first:last], strict=True)), progress
                 )
             return
-    _judge_in_python(batch.records, progress, engine)
+    _judge_in_python(batch.records, progress, backend)
 
 
-def _judge_in_python(batch: Any, progress: RestoreProgress, engine: BytesStore) -> None:
+def _judge_in_python(batch: Any, progress: RestoreProgress, backend: BytesStore) -> None:
     """The same judgement on aiokafka's records, on the raw key bytes: each record is dropped
     as soon as it is judged (holding a few hundred at a time cost a third more), most keys
     are judged on one byte of their digest against the ranges' envelope
@@ -354,9 +354,9 @@ def _judge_in_python(batch: Any, progress: RestoreProgress, engine: BytesStore) 
                 continue
         changes.append((key, record.value))
         if len(changes) == _BATCH_RECORDS:
-            _apply(engine, changes, progress)
+            _apply(backend, changes, progress)
             changes = []
-    _apply(engine, changes, progress)
+    _apply(backend, changes, progress)
     progress.read += read
 
 
@@ -365,10 +365,10 @@ def _from(batch: Any, position: int) -> Iterator[Any]:
 
 
 def _apply(
-    engine: BytesStore, changes: list[tuple[bytes, bytes | None]], progress: RestoreProgress
+    backend: BytesStore, changes: list[tuple[bytes, bytes | None]], progress: RestoreProgress
 ) -> None:
     if changes:
-        engine.apply(changes)
+        backend.apply(changes)
         progress.restored += len(changes)
 
 

@@ -1,8 +1,8 @@
-"""This process's state: one store engine per (store, partition), shared by the tasks that
+"""This process's state: one store backend per (store, partition), shared by the tasks that
 hold key ranges of that partition, with its checkpoint of changelog offsets per key range.
 
-The checkpoint's rule: for each key range listed, the local engine holds every changelog
-entry of that range below the listed offset. It is loaded when an engine is opened, used by
+The checkpoint's rule: for each key range listed, the local backend holds every changelog
+entry of that range below the listed offset. It is loaded when a backend is opened, used by
 the first restoration of a range it covers, and rewritten at each commit from the ranges
 held then (a range's offset is the changelog's end as last restored or written by this
 process, which no other process writes for the range while this one holds it).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from client.protocol.keyspace import KeyRange
 from client.streams.checkpoint import Checkpoint, read_checkpoint, start_offset, write_checkpoint
-from client.streams.stores import BytesStore, delete_ranges, open_engine
+from client.streams.stores import BytesStore, delete_ranges, open_backend
 from client.streams.topology import BuiltTopology
 
 logger = logging.getLogger(__name__)
@@ -27,28 +27,28 @@ class StateManager:
     def __init__(self, topology: BuiltTopology, state_dir: Path | None) -> None:
         self._topology = topology
         self._state_dir = state_dir
-        self._engines: dict[StoreKey, BytesStore] = {}
+        self._backends: dict[StoreKey, BytesStore] = {}
         self._loaded: dict[StoreKey, Checkpoint] = {}
         self._held: dict[StoreKey, Checkpoint] = {}
         self._written: dict[tuple[str, int], int] = {}
 
-    def engine(self, store: str, partition: int) -> BytesStore:
+    def backend(self, store: str, partition: int) -> BytesStore:
         key = (store, partition)
-        engine = self._engines.get(key)
-        if engine is None:
+        backend = self._backends.get(key)
+        if backend is None:
             spec = self._topology.stores[store]
             directory = self._directory(store, partition)
-            engine = open_engine(spec, directory)
-            self._engines[key] = engine
+            backend = open_backend(spec, directory)
+            self._backends[key] = backend
             if spec.persistent and directory is not None:
                 self._loaded[key] = read_checkpoint(directory / "checkpoint")
-        return engine
+        return backend
 
     def restore_from(self, store: str, partition: int, keys: KeyRange) -> int:
         """Where restoring ``keys`` starts: a range this process holds already (the rest of a
         task split by a revocation) or a checkpointed one is read on from its offset;
         otherwise its local keys are deleted (they may be stale) and it is read from 0."""
-        engine = self.engine(store, partition)
+        backend = self.backend(store, partition)
         for checkpoint in (
             self._held.get((store, partition), {}),
             self._loaded.get((store, partition), {}),
@@ -56,7 +56,7 @@ class StateManager:
             offset = start_offset(checkpoint, keys)
             if offset is not None:
                 return offset
-        delete_ranges(engine, [keys])
+        delete_ranges(backend, [keys])
         return 0
 
     def restored(self, store: str, partition: int, keys: KeyRange, end_offset: int) -> None:
@@ -74,8 +74,8 @@ class StateManager:
             self._written[key] = offset + 1
 
     def flush(self) -> None:
-        for engine in self._engines.values():
-            engine.flush()
+        for backend in self._backends.values():
+            backend.flush()
 
     def held_offset(self, store: str, partition: int, changelog: str) -> int:
         """The changelog's end as this process knows it (restored or written)."""
@@ -99,7 +99,7 @@ class StateManager:
             held.pop(covered)
         self._write_checkpoint(application_id, store, partition)
         if delete:
-            delete_ranges(self.engine(store, partition), [keys])
+            delete_ranges(self.backend(store, partition), [keys])
 
     def _write_checkpoint(self, application_id: str, store: str, partition: int) -> None:
         directory = self._directory(store, partition)
@@ -113,9 +113,9 @@ class StateManager:
         write_checkpoint(directory / "checkpoint", current)
 
     def close(self) -> None:
-        for engine in self._engines.values():
-            engine.close()
-        self._engines.clear()
+        for backend in self._backends.values():
+            backend.close()
+        self._backends.clear()
 
     def _directory(self, store: str, partition: int) -> Path | None:
         if self._state_dir is None:

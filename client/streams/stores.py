@@ -1,8 +1,8 @@
-"""State stores: byte-level engines (memory, RocksDB) and the typed, change-logged view a
+"""State stores: byte-level backends (memory, RocksDB) and the typed, change-logged view a
 task's processors use.
 
-The engines hold serialized keys and values, so range scans run in key-byte order and the
-changelog carries exactly the stored bytes. One engine per (store, partition) is shared by
+The backends hold serialized keys and values, so range scans run in key-byte order and the
+changelog carries exactly the stored bytes. One backend per (store, partition) is shared by
 this process's tasks on that partition (each a key range of it); a task that loses a range
 deletes that range's keys. The typed view refuses a key outside its task's ranges: its state
 would live in the wrong task, and restoration by key range would never bring it back.
@@ -29,7 +29,7 @@ class BytesStore(Protocol):
     def delete(self, key: bytes) -> None: ...
 
     def apply(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Puts and deletes (a ``None`` value) in order, as one write where the engine can."""
+        """Puts and deletes (a ``None`` value) in order, as one write where the backend can."""
         ...
 
     def scan(
@@ -135,7 +135,7 @@ class RocksStore:
         self._db.close()
 
 
-def open_engine(spec: StoreSpec, directory: Path | None) -> BytesStore:
+def open_backend(spec: StoreSpec, directory: Path | None) -> BytesStore:
     if not spec.persistent:
         return MemoryStore()
     if directory is None:
@@ -143,11 +143,11 @@ def open_engine(spec: StoreSpec, directory: Path | None) -> BytesStore:
     return RocksStore(directory / "rocksdb")
 
 
-def delete_ranges(engine: BytesStore, ranges: Sequence[KeyRange]) -> int:
+def delete_ranges(backend: BytesStore, ranges: Sequence[KeyRange]) -> int:
     """Delete every key whose hash falls in ``ranges``; returns how many."""
-    doomed = [key for key, _ in engine.scan() if in_ranges(ranges, key_hash(key, 0))]
+    doomed = [key for key, _ in backend.scan() if in_ranges(ranges, key_hash(key, 0))]
     for key in doomed:
-        engine.delete(key)
+        backend.delete(key)
     return len(doomed)
 
 
@@ -157,12 +157,12 @@ class TaskStore:
     def __init__(
         self,
         spec: StoreSpec,
-        engine: BytesStore,
+        backend: BytesStore,
         ranges: Sequence[KeyRange],
         changelog: ChangelogWrite,
     ) -> None:
         self._spec = spec
-        self._engine = engine
+        self._backend = backend
         self._ranges = list(ranges)
         self._changelog = changelog
 
@@ -171,7 +171,7 @@ class TaskStore:
         return self._spec.name
 
     def get(self, key: Any) -> Any:
-        return self._spec.value_serde.deserialize(self._engine.get(self._key(key, check=False)))
+        return self._spec.value_serde.deserialize(self._backend.get(self._key(key, check=False)))
 
     def put(self, key: Any, value: Any) -> None:
         if value is None:
@@ -181,21 +181,21 @@ class TaskStore:
         raw_value = self._spec.value_serde.serialize(value)
         if raw_value is None:
             raise StreamsError(f"store '{self.name}': the value serde gave no bytes for a value")
-        self._engine.put(raw_key, raw_value)
+        self._backend.put(raw_key, raw_value)
         self._changelog(raw_key, raw_value)
 
     def delete(self, key: Any) -> None:
         raw_key = self._key(key, check=True)
-        self._engine.delete(raw_key)
+        self._backend.delete(raw_key)
         self._changelog(raw_key, None)
 
     def range(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
         return self._decoded(
-            self._engine.scan(self._key(low, check=False), self._key(high, check=False))
+            self._backend.scan(self._key(low, check=False), self._key(high, check=False))
         )
 
     def all(self) -> list[tuple[Any, Any]]:
-        return self._decoded(self._engine.scan())
+        return self._decoded(self._backend.scan())
 
     def _decoded(self, pairs: Iterator[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
         key_serde, value_serde = self._spec.key_serde, self._spec.value_serde

@@ -102,7 +102,7 @@ class StreamTask:
         task_id: TaskId,
         topology: BuiltTopology,
         subtopology: SubTopology,
-        engines: dict[str, BytesStore],
+        backends: dict[str, BytesStore],
         application_id: str,
         max_idle_ms: int,
     ) -> None:
@@ -122,7 +122,7 @@ class StreamTask:
         self.stores: dict[str, TaskStore] = {
             name: TaskStore(
                 topology.stores[name],
-                engines[name],
+                backends[name],
                 [task_id.keys],
                 self._changelog_writer(name),
             )
@@ -149,7 +149,7 @@ class StreamTask:
     @property
     def active(self) -> bool:
         """Whether the task's records may start (the ownership gate's lease and deadline
-        aside): the one definition of an active task, for the engine, the gate and queries."""
+        aside): the one definition of an active task, for the runtime, the gate and queries."""
         return self.state is ACTIVE
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""The engine's tasks, indexed by (sub-topology, partition): a record's task is found among
+"""The runtime's tasks, indexed by (sub-topology, partition): a record's task is found among
 the (usually one or two) key ranges of its partition, not by a scan of every task, and a
 revocation's tasks among the partitions it names.
 

@@ -22,10 +22,10 @@ or a plain handler, every key its own lane: ``Worker(config, handler=handle)``. 
 without code around it as ``keyrange worker my_module:Billing --topics orders ...``.
 """
 
+from client.worker.app import Worker
 from client.worker.config import FailurePolicy, WorkerConfig
 from client.worker.failures import ProcessingTimeout, WorkerFailed
 from client.worker.outcomes import Stats
-from client.worker.runtime import Worker
 from client.worker.task import (
     KeyHashPartitioner,
     Partitioner,

@@ -105,9 +105,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
 
     from client.errors import KeyrangeClientError
     from client.metrics_server import MetricsUnavailable
+    from client.worker.app import Worker
     from client.worker.config import WorkerConfig
     from client.worker.failures import WorkerFailed
-    from client.worker.runtime import Worker
     from client.worker.task import WorkerTask
 
     try:

@@ -1,4 +1,4 @@
-"""The ownership gate where user code starts in the worker's pools (docs/design.md §5). The engine
+"""The ownership gate where user code starts in the worker's pools (docs/design.md §5). The runtime
 hands a record to a pool under its slice's lease, but the record can start in user code much
 later: it waits for a thread when ``worker_threads`` is below ``max_concurrency``, and sits in
 a child's pipe behind the batch the child works on. If its right to start ends meanwhile (the

@@ -1,4 +1,4 @@
-"""The worker's two forms, one chosen when the engine is made; the engine asks its form
+"""The worker's two forms, one chosen when the runtime is made; the runtime asks its form
 wherever they differ and never which form it has.
 
 * ``HandlerForm``: a lane per key (partition, key hash), all served by one stateless task

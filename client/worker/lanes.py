@@ -1,4 +1,4 @@
-"""The engine's units: a lane (one sub-partition's queue and its task), an attempt (one record
+"""The runtime's units: a lane (one sub-partition's queue and its task), an attempt (one record
 from hand-out to its outcome, across retries) and the observer a task acknowledges through.
 """
 

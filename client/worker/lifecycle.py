@@ -1,4 +1,4 @@
-"""The worker engine's lifecycle: one phase, read by every part of the engine, and the one
+"""The worker runtime's lifecycle: one phase, read by every part of the runtime, and the one
 signal that ends the fetch (a stop, or the failure that stops the worker)."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from enum import IntEnum
 
 
 class Phase(IntEnum):
-    """Where the engine is, in order: it only moves forward."""
+    """Where the runtime is, in order: it only moves forward."""
 
     # Records are fetched and handed out.
     RUNNING = 0
     # The shutdown began: nothing new is handed out, nothing is tried again (a failure gives
     # its record back), records in processing end, tasks are closed.
     STOPPING = 1
-    # Every task is closed: no lane takes a turn any more, the engine's workers exit.
+    # Every task is closed: no lane takes a turn any more, the runtime's runners exit.
     FINISHED = 2
 
 
@@ -38,7 +38,7 @@ class Lifecycle:
     def advance(self, phase: Phase) -> None:
         if phase <= self.phase:
             raise RuntimeError(
-                f"the engine's phase moves forward only, not {self.phase.name} -> {phase.name}"
+                f"the runtime's phase moves forward only, not {self.phase.name} -> {phase.name}"
             )
         self.phase = phase
         self.stopping = True

@@ -12,7 +12,7 @@ from client.runtime.gate import Running
 from client.worker.source import slice_lag
 
 if TYPE_CHECKING:
-    from client.worker.engine import WorkerEngine
+    from client.worker.runtime import WorkerRuntime
 
 EXTRA = "worker"
 
@@ -25,12 +25,12 @@ _COUNTER_HELP = {
 }
 
 
-def worker_families(engine: WorkerEngine | None, stuck: list[Running]) -> list[Family]:
-    """Before the engine exists (the member has not joined yet) the gauges read 0 and the
+def worker_families(runtime: WorkerRuntime | None, stuck: list[Running]) -> list[Family]:
+    """Before the runtime exists (the member has not joined yet) the gauges read 0 and the
     counters are absent, as they were before the worker had counted anything."""
     families: list[Family] = []
-    if engine is not None:
-        stats = engine.stats
+    if runtime is not None:
+        stats = runtime.stats
         counters = {
             "processed": stats.processed,
             "failed": stats.failed,
@@ -46,17 +46,17 @@ def worker_families(engine: WorkerEngine | None, stuck: list[Running]) -> list[F
         (
             "in_flight",
             "Records handed to user code without an outcome yet.",
-            0 if engine is None else engine.in_flight,
+            0 if runtime is None else runtime.in_flight,
         ),
         (
             "buffered_bytes",
             "Bytes of records taken from Kafka and not finished.",
-            0 if engine is None else engine.buffered_bytes,
+            0 if runtime is None else runtime.buffered_bytes,
         ),
         (
             "paused_partitions",
             "Partitions whose fetching is paused (backpressure).",
-            0 if engine is None else len(engine.paused),
+            0 if runtime is None else len(runtime.paused),
         ),
         (
             "stuck_calls",
@@ -76,10 +76,10 @@ def worker_families(engine: WorkerEngine | None, stuck: list[Running]) -> list[F
             "Offsets between an owned slice's commit point and the partition's end.",
             labels=("topic", "partition", "key_start", "key_end"),
             samples=[]
-            if engine is None
+            if runtime is None
             else [
                 ((tp.topic, str(tp.partition), str(keys.start), str(keys.end)), lag)
-                for tp, keys, lag in slice_lag(engine.source)
+                for tp, keys, lag in slice_lag(runtime.source)
             ],
         )
     )

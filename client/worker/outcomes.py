@@ -1,7 +1,7 @@
 """A failed call's next step under the failure policy (docs/workers.md): give the record
 back, skip it, try it again after a backoff, send it to the dead-letter topic, or stop the
 worker with its key held. The ordering state (which keys are open, which lanes run) stays
-with the engine; this part says what happens to the attempt and hands it back there."""
+with the runtime; this part says what happens to the attempt and hands it back there."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Stats:
 
 
 class Settles(Protocol):
-    """Where an attempt's outcome goes: the engine's ordering state."""
+    """Where an attempt's outcome goes: the runtime's ordering state."""
 
     def settle(self, attempt: Attempt, *, processed: bool) -> None:
         """Its record has its outcome: mark it (or give it back), open its key."""

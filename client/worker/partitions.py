@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class LaneSet(Protocol):
-    """The engine's lanes, as the task lifecycle changes them."""
+    """The runtime's lanes, as the task lifecycle changes them."""
 
     lanes: dict[LaneId, Lane]
 

@@ -54,7 +54,7 @@ _READ_SIZE = 1 << 16
 # The membership moves the deadline on with each successful heartbeat, at most a third of a
 # session apart, so a copy this fresh lies most of a session ahead: children do not reach it
 # while the member is healthy. A copy that did fall behind only refuses records, which the
-# engine sends again: it costs a round trip, never a record.
+# runtime sends again: it costs a round trip, never a record.
 _REFRESH_S = 0.1
 
 

@@ -1,7 +1,7 @@
 """Processing timeouts: every call of ``process`` gets ``processing_timeout_s`` to be
 acknowledged. A call that timed out is stopped where it can be (``Attempt.stop``), and its
 outcome, the timeout, waits for the call to end, so no retry (and no next record of its key)
-overlaps it (the engine resolves it when the call ends)."""
+overlaps it (the runtime resolves it when the call ends)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The record feed the engine tests drive an engine with, without Kafka: records the test
-puts in, what the engine handed out, gave back and marked, and the ownership gate the
+"""The record feed the runtime tests drive a runtime with, without Kafka: records the test
+puts in, what the runtime handed out, gave back and marked, and the ownership gate the
 runtimes ask before user code (every partition a record arrives from is granted whole on
 its first record; ``revoke`` takes slices away as the consumer's revocation does), and the
 partitions paused for backpressure. Each test module adds the hand-out guard it needs."""
@@ -45,7 +45,7 @@ class InMemorySource:
 
     def grant(self, tp: TopicPartition) -> None:
         """Grant the whole of ``tp``, once; as the consumer's assignment does before the
-        engine hears of it."""
+        runtime hears of it."""
         if tp not in self._granted:
             self._granted.add(tp)
             self.gate.grant({tp: [KeyRange.full()]})

@@ -453,19 +453,19 @@ async def test_fetching_pauses_over_the_byte_bound_and_resumes_below_it(
         task=Holding,
     )
     async with running(worker):
-        await until(lambda: worker.engine is not None and worker.engine.paused, 60, "a pause")
-        engine = worker.engine
-        assert engine is not None
+        await until(lambda: worker.runtime is not None and worker.runtime.paused, 60, "a pause")
+        runtime = worker.runtime
+        assert runtime is not None
         await until(lambda: len(done) == 30, 30, "the first records handed out")
-        buffered = engine.buffered_bytes
+        buffered = runtime.buffered_bytes
         assert buffered > bound
         # More records arrive while paused: none of them is fetched.
         await produce_values(kafka_bootstrap, topic, 100, 2_000)
         grown: list[int] = []
 
         def sample() -> bool:
-            if engine.buffered_bytes > buffered:
-                grown.append(engine.buffered_bytes)
+            if runtime.buffered_bytes > buffered:
+                grown.append(runtime.buffered_bytes)
             return False
 
         epoch = worker.consumer.member_epoch
@@ -478,8 +478,8 @@ async def test_fetching_pauses_over_the_byte_bound_and_resumes_below_it(
         for observer in held:
             observer.success()
         await until(lambda: len(done) == 130, 60, "every record processed after the resume")
-        await until(lambda: not engine.paused, 30, "fetching resumed")
-    assert engine.pauses >= 1
+        await until(lambda: not runtime.paused, 30, "fetching resumed")
+    assert runtime.pauses >= 1
 
 
 async def test_a_handler_blocking_past_the_session_in_a_thread_does_not_starve_heartbeats(

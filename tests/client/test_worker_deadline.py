@@ -7,7 +7,7 @@ none is lost: the member processes them once it has the slice again.
 The event loop is blocked from the test, as a synchronous call on it or a frozen process
 would block it; the coordinator here shares that loop, so it stalls too and reaps the member
 after. The pools' own checks are tested without Kafka, against a deadline the test moves, and what
-the engine makes of a record a pool did not start over an in-memory source."""
+the runtime makes of a record a pool did not start over an in-memory source."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from client.runtime.gate import OwnershipGate
 from client.worker import Worker
 from client.worker.calls import Calls
 from client.worker.deadline import NotStarted
-from client.worker.engine import WorkerEngine
 from client.worker.lanes import Attempt, Lane
 from client.worker.processes import ProcessPool
+from client.worker.runtime import WorkerRuntime
 from client.worker.task import WorkerTask
 from tests.client import worker_targets
 from tests.client.in_memory_source import InMemorySource
@@ -109,8 +109,8 @@ async def test_records_queued_in_a_pool_do_not_start_past_the_session_deadline(
     in_flight: list[int] = []
 
     def block_the_loop() -> None:
-        assert worker.engine is not None
-        in_flight.append(worker.engine.in_flight)
+        assert worker.runtime is not None
+        in_flight.append(worker.runtime.in_flight)
         blocked.append(time.monotonic())
         time.sleep(session_s + 1)
         blocked.append(time.monotonic())
@@ -310,7 +310,7 @@ class Source(InMemorySource):
         # Readings of the deadline still to give an instant already past, as a copy that
         # lagged behind the heartbeats would.
         self.lagging = 0
-        self.engine: WorkerEngine | None = None
+        self.runtime: WorkerRuntime | None = None
         self.lost = False
 
     def put(self, offset: int) -> None:
@@ -319,9 +319,9 @@ class Source(InMemorySource):
     def may_hand_out(self) -> bool:
         if not self.lost and time.monotonic() >= self.deadline_at:
             self.lost = True
-            assert self.engine is not None
+            assert self.runtime is not None
             self.gate.end()
-            self.engine.lose()
+            self.runtime.lose()
         return not self.lost
 
     def session_deadline(self) -> float:
@@ -346,25 +346,25 @@ class Source(InMemorySource):
 
 
 @asynccontextmanager
-async def engine_over(
+async def runtime_over(
     source: Source, handler: Callable[[Any], None], **settings: Any
-) -> AsyncIterator[tuple[WorkerEngine, asyncio.Task[None]]]:
-    """A handler-form engine on a thread pool over ``source``, and its run (policy
+) -> AsyncIterator[tuple[WorkerRuntime, asyncio.Task[None]]]:
+    """A handler-form runtime on a thread pool over ``source``, and its run (policy
     ``at_least_once``: a failure would end it)."""
     settings = {"max_concurrency": 2, "worker_threads": 1, **settings}
     calls = Calls(threads=settings["worker_threads"], processes=0, gate=source.gate)
-    engine = WorkerEngine(
+    runtime = WorkerRuntime(
         source,
         config("orders", "unused:9092", "http://unused", "g", **settings),
         calls,
         handler_process=calls.handler_process(handler),
     )
-    source.engine = engine
-    running = asyncio.create_task(engine.run())
+    source.runtime = runtime
+    running = asyncio.create_task(runtime.run())
     try:
-        yield engine, running
+        yield runtime, running
     finally:
-        await engine.finish(5.0)
+        await runtime.finish(5.0)
         await running
         calls.close()
 
@@ -374,12 +374,12 @@ async def test_a_record_a_pool_did_not_start_is_sent_again_while_the_membership_
     # The deadline the thread read had passed; a heartbeat answered since.
     source.lagging = 1
     ran: list[int] = []
-    async with engine_over(source, lambda record: ran.append(record.offset)) as (engine, running):
+    async with runtime_over(source, lambda record: ran.append(record.offset)) as (runtime, running):
         source.put(0)
         await until(lambda: source.marked == [0], 30, "the record processed")
         assert not running.done()
         assert source.lagging == 0
-        stats = engine.stats
+        stats = runtime.stats
         assert (stats.failed, stats.retried, stats.processed) == (0, 0, 1)
     assert ran == [0]
     assert source.given_back == []
@@ -396,7 +396,7 @@ async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_th
             release.wait(30)
 
     try:
-        async with engine_over(source, handle) as (engine, running):
+        async with runtime_over(source, handle) as (runtime, running):
             source.put(0)
             source.put(1)
             await until(lambda: ran == [0] and source.handed == [0, 1], 30, "1 waits for 0")
@@ -406,9 +406,9 @@ async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_th
             release.set()
             await until(lambda: 1 in source.given_back, 30, "offset 1 given back")
             assert source.lost
-            # Neither a failure (at_least_once would have stopped the engine) nor processed.
+            # Neither a failure (at_least_once would have stopped the runtime) nor processed.
             assert not running.done()
-            assert engine.stats.failed == 0
+            assert runtime.stats.failed == 0
     finally:
         release.set()
     assert ran == [0]
@@ -494,25 +494,25 @@ async def test_a_sub_partition_never_has_two_tasks_at_once_when_its_partition_co
             events.append(("close", self.instance))
 
     calls = Calls(threads=4, processes=0, gate=source.gate)
-    engine = WorkerEngine(
+    runtime = WorkerRuntime(
         source,
         config("orders", "unused:9092", "http://unused", "g", drain_timeout_s=0.2),
         calls,
         task_factory=Blocking,
     )
-    source.engine = engine
-    running = asyncio.create_task(engine.run())
+    source.runtime = runtime
+    running = asyncio.create_task(runtime.run())
     try:
         source.put(0)
         await until(lambda: ("process", 0) in events, 30, "the first task in its call")
-        await engine.close_partitions({TP})
-        engine.open_partitions([TP])
+        await runtime.close_partitions({TP})
+        runtime.open_partitions([TP])
         source.put(1)
         release.set()
         await until(lambda: source.marked == [0, 1], 30, "both records processed")
     finally:
         release.set()
-        await engine.finish(5.0)
+        await runtime.finish(5.0)
         await running
         calls.close()
     assert events[:4] == [("init", 0), ("process", 0), ("close", 0), ("init", 1)]

@@ -1,5 +1,5 @@
 """Issue 27, item 6: a coordinator outage shorter than the session does not stop a streams
-instance. Before, the engine's commit let every coordinator error out of the processing
+instance. Before, the runtime's commit let every coordinator error out of the processing
 loop: a coordinator restarted on the same port (down 1.4-2.4 s), or a connection reset for
 a second, stopped the instance with exit 1. Now a commit that fails that way is tried again
 with a backoff, processing goes on while the session holds, and only a lost membership stops

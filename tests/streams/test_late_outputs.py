@@ -106,7 +106,7 @@ async def test_a_call_that_returns_after_the_session_deadline_sends_nothing(
             await until(heir_counted, 60, "the heir counted every occurrence")
         release.set()
         await until(
-            lambda: first.engine is not None and not first.engine.tasks,
+            lambda: first.runtime is not None and not first.runtime.tasks,
             30,
             "the first instance dropped its lost task",
         )

@@ -91,7 +91,7 @@ class Observed:
         return consumer
 
     def paused(self) -> set[TopicPartition]:
-        return set(self.kafka().paused()) if self._app.engine is not None else set()
+        return set(self.kafka().paused()) if self._app.runtime is not None else set()
 
 
 async def test_an_input_that_runs_ahead_is_paused_until_the_other_catches_up(

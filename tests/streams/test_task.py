@@ -49,8 +49,8 @@ class Rec:
 def task_of(topology: Topology, keys: KeyRange = FULL) -> StreamTask:
     built = topology.build()
     sub = built.subtopologies[0]
-    engines = {name: MemoryStore() for name in sub.stores}
-    task = StreamTask(TaskId(0, 0, keys), built, sub, engines, "app", max_idle_ms=0)  # type: ignore[arg-type]
+    backends = {name: MemoryStore() for name in sub.stores}
+    task = StreamTask(TaskId(0, 0, keys), built, sub, backends, "app", max_idle_ms=0)  # type: ignore[arg-type]
     task.init()
     return task
 

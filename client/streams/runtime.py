@@ -1,4 +1,4 @@
-"""The streams engine: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
+"""The streams runtime: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
 
 Two long-lived routines, one per concern, as in the Streams threading design: the intake
 takes records from the consumer and buffers each in its task (tasks are created, and their
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 _TICK_S = 0.05
 
 
-class StreamEngine:
+class StreamsRuntime:
     def __init__(
         self,
         source: StreamSource,
@@ -110,7 +110,7 @@ class StreamEngine:
         """The failed send that stops this instance, once one failed."""
         return self._outputs.failure
 
-    # ------------------------------------------------------------------ Engine
+    # ------------------------------------------------------------------ Runtime
 
     async def run(self) -> None:
         intake = asyncio.create_task(self._intake(), name="keyrange-streams-intake")

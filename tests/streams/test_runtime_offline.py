@@ -1,4 +1,4 @@
-"""The engine on its protocols alone (issue 28): driven over the in-memory record feed, a
+"""The runtime on its protocols alone (issue 28): driven over the in-memory record feed, a
 producer that records what it is given and a restorer with nothing to restore, no broker.
 Records go in, counts come out, and a commit marks the records whose outputs were flushed."""
 
@@ -11,8 +11,8 @@ from typing import Any
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from client.protocol.keyspace import KeyRange, key_hash
-from client.streams.engine import StreamEngine
 from client.streams.restore import RestoreProgress
+from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from client.streams.stores import BytesStore
 from tests.client.in_memory_source import InMemorySource
@@ -68,7 +68,7 @@ class Restorer:
         self,
         topic: str,
         progress: RestoreProgress,
-        engine: BytesStore,
+        runtime: BytesStore,
         on_progress: Callable[[RestoreProgress], None] = lambda _: None,
     ) -> RestoreProgress:
         progress.done = True
@@ -84,7 +84,7 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
     async def commit() -> None:
         commits.append(len(source.marked))
 
-    engine = StreamEngine(
+    runtime = StreamsRuntime(
         source,
         topology=topology,
         application_id="app",
@@ -100,8 +100,8 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
         on_restore=lambda _: None,
     )
     source.grant(WORDS)
-    engine.assigned()
-    running = asyncio.create_task(engine.run())
+    runtime.assigned()
+    running = asyncio.create_task(runtime.run())
     words = ["a", "b", "a", "c", "a", "b"]
     for offset, (key, value, _) in enumerate(increments(words)):
         record = Rec("words", offset, key, value, 1_000 + offset)
@@ -115,10 +115,10 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
     assert changelog == ["app-counts-changelog"] * len(words)
     assert source.marked == []
 
-    await engine.commit()
+    await runtime.commit()
     assert source.marked == list(range(len(words)))
     assert commits == [len(words)]
 
-    await engine.finish(5)
+    await runtime.finish(5)
     await asyncio.wait_for(running, 5)
     assert source.given_back == []

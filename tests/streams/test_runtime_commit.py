@@ -1,4 +1,4 @@
-"""The engine's commit on its own, without a broker: what a coordinator that cannot take a
+"""The runtime's commit on its own, without a broker: what a coordinator that cannot take a
 commit does to the instance (issue 27, item 6). Before, every error but ``ConsumerStopped``
 left the processing loop and stopped the instance; ``UnknownMemberId`` did so in the window
 between a lost membership and the heartbeat's handling of it."""
@@ -11,8 +11,8 @@ import pytest
 
 from client import errors
 from client.streams import INT64, STRING, StoreSpec, Topology
-from client.streams.engine import StreamEngine
 from client.streams.restore import Restorer
+from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from tests.client.in_memory_source import InMemorySource
 from tests.streams.harness import Count
@@ -26,7 +26,7 @@ class Producer:
         return None
 
 
-def engine(commit: Any) -> StreamEngine:
+def runtime(commit: Any) -> StreamsRuntime:
     topology = (
         Topology()
         .add_source("words", "words", key_serde=STRING, value_serde=INT64)
@@ -34,7 +34,7 @@ def engine(commit: Any) -> StreamEngine:
         .add_state_store(StoreSpec("counts", STRING, INT64), "count")
         .build()
     )
-    return StreamEngine(
+    return StreamsRuntime(
         cast(Any, InMemorySource()),
         topology=topology,
         application_id="app",
@@ -70,7 +70,7 @@ async def test_a_commit_the_coordinator_cannot_take_is_tried_again_soon(
         if len(attempts) == 1:
             raise error
 
-    streams = engine(commit)
+    streams = runtime(commit)
     await streams.commit()
     # Not raised: the processing loop goes on. The next attempt comes after the backoff
     # (0.1 s), not after the 60 s interval.
@@ -85,4 +85,4 @@ async def test_an_error_retrying_cannot_help_stops_the_instance() -> None:
         raise errors.Forbidden("the token may not commit for this group")
 
     with pytest.raises(errors.Forbidden):
-        await engine(commit).commit()
+        await runtime(commit).commit()
