@@ -116,7 +116,9 @@ class Worker:
             if self.config.metrics_port is None
             else MetricsServer(
                 self.config.metrics_port,
-                lambda: worker_families(self.runtime, self._consumer.stuck_calls()),
+                lambda: worker_families(
+                    self.runtime, self._consumer.stuck_calls(), self.config.max_buffered_bytes
+                ),
                 asyncio.get_running_loop(),
                 extra=METRICS_EXTRA,
             )

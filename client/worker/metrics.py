@@ -1,7 +1,7 @@
 """What a worker reports on its optional metrics port (``client.metrics_server``): records
-processed, failed, retried, dead-lettered and skipped, records in flight, buffered bytes,
-paused partitions, the lag of every owned slice, and calls that cannot be stopped holding the
-keys of slices the member gave up."""
+processed, failed, retried, dead-lettered and skipped, records in flight, buffered bytes and
+their bound, paused partitions, the lag of every owned slice, and calls that cannot be stopped
+holding the keys of slices the member gave up."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ _COUNTER_HELP = {
 }
 
 
-def worker_families(runtime: WorkerRuntime | None, stuck: list[Running]) -> list[Family]:
+def worker_families(
+    runtime: WorkerRuntime | None, stuck: list[Running], buffered_bytes_bound: int
+) -> list[Family]:
     """Before the runtime exists (the member has not joined yet) the gauges read 0 and the
-    counters are absent, as they were before the worker had counted anything."""
+    counters are absent, as they were before the worker had counted anything. The bound is
+    exported beside the buffered bytes so a dashboard can draw one against the other."""
     families: list[Family] = []
     if runtime is not None:
         stats = runtime.stats
@@ -52,6 +55,11 @@ def worker_families(runtime: WorkerRuntime | None, stuck: list[Running]) -> list
             "buffered_bytes",
             "Bytes of records taken from Kafka and not finished.",
             0 if runtime is None else runtime.buffered_bytes,
+        ),
+        (
+            "buffered_bytes_bound",
+            "The bound of buffered bytes (max_buffered_bytes): fetching pauses past it.",
+            buffered_bytes_bound,
         ),
         (
             "paused_partitions",

@@ -283,7 +283,7 @@ async def test_a_thread_call_past_the_drain_timeout_holds_only_its_key_until_it_
                 assert first.consumer.stuck_calls()
                 gauges = {
                     family.name: family.samples[0][1]
-                    for family in worker_families(first.runtime, first.consumer.stuck_calls())
+                    for family in worker_families(first.runtime, first.consumer.stuck_calls(), 0)
                     if family.name.startswith("keyrange_worker_stuck")
                 }
                 assert gauges["keyrange_worker_stuck_calls"] == len(held)

@@ -39,6 +39,7 @@ from tests.client.test_consumer import produce
 from tests.e2e.harness import allow_range_fetch
 from tests.fixtures.coordinator import free_port
 from tests.fixtures.services import MakeTopic
+from tests.observability import dashboard_queries, problems
 from tests.waiting import until
 
 KEYS = [b"key-%d" % (i % 17) for i in range(150)]
@@ -557,6 +558,8 @@ async def test_metrics_count_what_the_worker_did_on_the_optional_port(
     assert "keyrange_worker_in_flight 0.0" in text
     labels = f'key_end="{2**63 - 1}",key_start="0",partition="0",topic="{topic}"'
     assert f"keyrange_worker_slice_lag{{{labels}}} 0.0" in text
+    # What the chart's dashboard reads of a worker is what it serves.
+    assert problems(dashboard_queries(), text, "worker") == []
 
 
 def test_metrics_without_prometheus_client_say_which_extra_to_install(

@@ -42,6 +42,8 @@ KUBE_VERSIONS = ("1.25.0", latest_version())
 # Custom resources: their schemas live in the operator's CRDs, not in Kubernetes.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
 }
@@ -183,6 +185,8 @@ def every_values_set() -> list[Any]:
     everything = with_values(
         autoscaling={"enabled": True, "targetMemoryUtilizationPercentage": 80},
         serviceMonitor={"enabled": True, "labels": {"release": "prometheus"}},
+        prometheusRule={"enabled": True, "labels": {"release": "prometheus"}},
+        grafanaDashboard={"enabled": True, "folder": "Kafka"},
         networkPolicy={
             "allowExternal": False,
             "allowExternalEgress": False,
@@ -648,6 +652,11 @@ def test_secret_parts_expand_to_a_url_the_coordinator_can_use(
         ({"networkPolicy": {"enabled": False}}, "NetworkPolicy", False),
         ({}, "ServiceMonitor", False),
         ({"serviceMonitor": {"enabled": True}}, "ServiceMonitor", True),
+        ({}, "PrometheusRule", False),
+        ({"prometheusRule": {"enabled": True}}, "PrometheusRule", True),
+        ({}, "ConfigMap", True),
+        ({"serviceMonitor": {"enabled": True}}, "PodMonitor", False),
+        ({"serviceMonitor": {"enabled": True}, "worker": WORKER_ON_KEDA}, "PodMonitor", True),
         ({}, "ServiceAccount", True),
         ({"serviceAccount": {"create": False}}, "ServiceAccount", False),
         ({}, "Pod", True),

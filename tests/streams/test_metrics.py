@@ -15,6 +15,7 @@ from client.streams import StreamsApp
 from client.streams.metrics import streams_families
 from tests.fixtures.coordinator import free_port
 from tests.fixtures.services import MakeTopic
+from tests.observability import dashboard_queries, problems
 from tests.streams.harness import TopicReader, running
 from tests.streams.test_examples import LINES, config, fed_word_count
 from tests.waiting import until
@@ -96,3 +97,5 @@ async def test_the_metrics_port_serves_every_tasks_records_lag_and_restore(
     fractions = scraped(page, "keyrange_streams_restore_fraction")
     assert fractions and all(value == 1.0 for value in fractions.values())
     assert any('store="counts"' in labels for labels in fractions)
+    # What the chart's dashboard reads of a streams application is what it serves.
+    assert problems(dashboard_queries(), page, "streams") == []
