@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -153,7 +155,9 @@ class KeyrangeConsumer:
         )
         self._auto_offset_reset = cast(OffsetReset, auto_offset_reset)
         self._instance_id = instance_id
-        self._client_id = client_id
+        # Shown beside the member in the admin API, the CLI and the console: by default one
+        # that finds the process (host and pid), as "-" found nothing.
+        self._client_id = client_id if client_id is not None else default_client_id()
         self._listener = rebalance_listener or RebalanceListener()
         self._revoke_timeout_s = revoke_timeout_s
         self._coordinator_start_timeout_s = coordinator_start_timeout_ms / 1000
@@ -593,6 +597,10 @@ class KeyrangeConsumer:
                 "rebalance listener failed",
                 extra={"group_id": self._group_id, "callback": callback.__name__},
             )
+
+
+def default_client_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _nothing() -> None:

@@ -22,7 +22,7 @@ from client.fetcher import Fetcher
 from client.handout import HandedOut
 from client.http import Slices, StuckCall
 from client.membership import slices_minus
-from client.protocol.keyspace import normalize
+from client.protocol.keyspace import HASH_SPACE, normalize
 from client.runtime.gate import OwnershipGate, Running, pieces_of
 from client.runtime.seams import Runtime
 from client.tracker import OffsetTracker
@@ -198,6 +198,14 @@ def _union(left: Slices, right: Slices) -> Slices:
 
 
 def describe(slices: Slices) -> list[str]:
-    return [
-        f"{tp.topic}[{tp.partition}]{[str(r) for r in ranges]}" for tp, ranges in slices.items()
-    ]
+    """One line per partition for logs, e.g. ``orders[0] all keys`` or ``orders[3] keys
+    [0, 4611686018427387903] (50%)``: what a person reading the log can act on."""
+    lines = []
+    for tp, ranges in slices.items():
+        share = sum(keys.size for keys in ranges) / HASH_SPACE
+        if share == 1:
+            lines.append(f"{tp.topic}[{tp.partition}] all keys")
+            continue
+        spans = ", ".join(str(keys) for keys in ranges)
+        lines.append(f"{tp.topic}[{tp.partition}] keys {spans} ({share:.0%})")
+    return lines

@@ -120,6 +120,7 @@ def configure(level: str, fmt: str, stream: TextIO | None = None) -> LogOutput:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("uvicorn.access", "aiokafka", "kafka"):
+    # httpx logs every request at INFO: a worker heartbeating would print a line a second.
+    for noisy in ("uvicorn.access", "aiokafka", "kafka", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return LogOutput(chosen, out, colour)

@@ -5,6 +5,7 @@ Tried on a real pseudo-terminal and a real pipe, and with ``keyrange serve`` its
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -99,6 +100,17 @@ def test_auto_is_json_on_a_pipe() -> None:
         "Keyrange coordinator starting",
         "http://127.0.0.1:8080",
     )
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_http_requests_are_not_logged_one_line_each_at_info() -> None:
+    """A worker heartbeats about once a second: httpx's INFO line per request would be most
+    of its log, forever. Its warnings still come through."""
+    stream = io.StringIO()
+    logs.configure("INFO", "json", stream)
+    logging.getLogger("httpx").info("HTTP Request: POST /v1/groups/g/heartbeat 200")
+    logging.getLogger("httpx").warning("connection pool full")
+    assert [line["msg"] for line in json_lines(stream.getvalue())] == ["connection pool full"]
 
 
 @pytest.mark.usefixtures("restored_logging")

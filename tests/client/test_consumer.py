@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import socket
 import subprocess
 import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -499,3 +502,25 @@ async def test_mark_all_processed_marks_the_records_given_not_the_batch_they_res
     async with CoordinatorClient(coordinator_url) as api:
         final = await api.fetch_offsets(group_id, [topic])
     assert final[second].stable_offset == len(KEYS)
+
+
+async def test_a_member_without_a_client_id_is_named_by_its_host_and_process(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    """The admin API, the CLI and the console show a member's client id to find the process
+    holding a slice; "-" found nothing."""
+    topic = await make_topic(1)
+    group_id = group()
+    async with (
+        KeyrangeConsumer(
+            topic,
+            bootstrap_servers=kafka_bootstrap,
+            coordinator_url=coordinator_url,
+            group_id=group_id,
+        ) as consumer,
+        httpx.AsyncClient(base_url=coordinator_url) as admin,
+    ):
+        await consumer.wait_for_assignment()
+        described = (await admin.get(f"/v1/admin/groups/{group_id}")).json()
+    (member,) = described["members"]
+    assert member["client_id"] == f"{socket.gethostname()}-{os.getpid()}"
