@@ -270,6 +270,8 @@ def create_app(
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
     app.state.scaling_histories = {}
+    # The console's lag and throughput charts, per group (coordinator.core.trend).
+    app.state.console_trends = {}
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)

@@ -6,6 +6,8 @@ called as they are) rendered to HTML, so the console shows nothing the API would
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Request
@@ -16,11 +18,16 @@ from starlette.exceptions import HTTPException
 from coordinator.admin.endpoints import get_topic_config, list_groups
 from coordinator.admin.lag import admin_offsets
 from coordinator.admin.members import describe_group
+from coordinator.admin.schemas import AdminGroupDescription
+from coordinator.core.trend import GroupTrend
 from coordinator.db.engine import Transaction
+from coordinator.errors import GroupIdNotFound
 from coordinator.offsets import repository as offsets_repository
 from coordinator.ui.pages import STATIC_DIR, STATIC_FILES, templates
-from coordinator.ui.views import group_page, group_rows, topics_of
+from coordinator.ui.views import group_page, group_rows, topics_of, trend_sample
 from coordinator.validation import GroupId
+
+log = logging.getLogger(__name__)
 
 # How often a page fetches its fragment again: quick enough to watch a hand-off happen, slow
 # enough that an open tab costs the coordinator a few cheap reads a second at most.
@@ -104,11 +111,36 @@ async def groups_fragment(request: Request, connection: Connection) -> HTMLRespo
 async def group_fragment(
     request: Request, group_id: GroupPath, connection: Connection
 ) -> HTMLResponse:
-    description = await describe_group(request, group_id, connection)
+    trends: dict[str, GroupTrend] = request.app.state.console_trends
+    try:
+        description = await describe_group(request, group_id, connection)
+    except GroupIdNotFound:
+        trends.pop(group_id, None)
+        raise
     configs = [
         await get_topic_config(request, topic, connection) for topic in topics_of(description)
     ]
-    return _html("group.html", page=group_page(description, configs))
+    trend = trends.setdefault(group_id, GroupTrend())
+    trend.add(trend_sample(description, time.monotonic()))
+    log_starts = await _log_starts(request, description)
+    return _html("group.html", page=group_page(description, configs, log_starts, trend))
+
+
+async def _log_starts(
+    request: Request, description: AdminGroupDescription
+) -> dict[tuple[str, int], int]:
+    """Where each partition's log starts, so its offset axis draws the whole log; without a
+    Kafka cluster, or when it does not answer, every log is drawn from offset 0."""
+    cluster = getattr(request.app.state, "cluster", None)
+    partitions = [(item.topic, item.partition) for item in description.partitions]
+    if cluster is None or not partitions:
+        return {}
+    try:
+        found: dict[tuple[str, int], int] = await cluster.log_start_offsets(partitions)
+    except Exception as exc:
+        log.warning("log start offsets unavailable", extra={"error": type(exc).__name__})
+        return {}
+    return found
 
 
 router.include_router(fragments)

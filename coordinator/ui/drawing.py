@@ -1,11 +1,11 @@
-"""Where things go on the console's bars: pure geometry, no I/O and no HTML.
+"""Where things go on the console's bars and charts: pure geometry, no I/O and no HTML.
 
 Two axes. The key-space bar maps the 63-bit hash space ``[0, 2^63-1]`` onto ``[0, 1]`` and
 colours each hash range by the member owning it, gaps included, so a partition's bar always
 covers the whole space and an unowned range is visible as such. The offset axis maps a
-partition's offsets onto ``[0, 1]`` from a little below the stable offset to the high
-watermark, so what is interesting (the stable offset, the IC ranges and watermark pieces above
-it, the lag) fills the width whatever the absolute offsets are.
+partition's log onto ``[0, 1]`` from its start to the high watermark, so the processed part,
+the stable offset, the IC ranges and watermark pieces above it and the lag sit where they are
+in the log. A group's trend charts map the last minutes onto a line each.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from client.protocol.keyspace import HASH_MAX, HASH_SPACE
+from coordinator.core.trend import TrendPoint
 
 # Colours that stay tellable apart for the first members of a group and on a white page; a
 # group with more members reuses them in order, and the members table names each colour.
@@ -114,28 +115,24 @@ class OffsetAxis:
         return Span(start, max(0.0, self.position(end) - start))
 
 
-# The part of the axis left of the stable offset, as a fraction of what lies above it: enough
-# to show the stable offset as a boundary rather than as the axis's edge.
-PROCESSED_MARGIN = 0.1
-
-
 def offset_axis(
     stable_offset: int,
     high_watermark: int | None,
     ic_ranges: Iterable[Sequence[int]],
     watermarks: Iterable[Sequence[int]],
+    log_start: int = 0,
 ) -> OffsetAxis:
-    """The axis for one partition: from a little below the stable offset to the high
-    watermark, widened to take in any IC range or watermark piece beyond it (a high watermark
-    read before the latest commits, or none known at all)."""
-    high = stable_offset if high_watermark is None else high_watermark
+    """The axis for one partition: the log from its start to the high watermark, widened to
+    take in a stable offset, IC range or watermark piece beyond either end (a high watermark
+    read before the latest commits, or none known at all). The whole log, so a caught-up
+    partition reads "0 … 10,000" rather than a sliver around its stable offset."""
+    low = min(log_start, stable_offset)
+    high = stable_offset if high_watermark is None else max(high_watermark, stable_offset)
     for _, last in ic_ranges:
         high = max(high, int(last) + 1)
     for piece in watermarks:
         high = max(high, int(piece[2]))
-    high = max(high, stable_offset + 1)
-    margin = max(1, round((high - stable_offset) * PROCESSED_MARGIN))
-    return OffsetAxis(max(0, stable_offset - margin), high)
+    return OffsetAxis(low, max(high, low + 1))
 
 
 # The finest detail worth drawing: a thousandth of the axis, about a pixel of a bar on a
@@ -166,3 +163,33 @@ def offset_bands(
         else:
             bands.append(OffsetBand(first, last, 1))
     return bands
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A line over the last ``window_s`` seconds in a ``1000 x 100`` box: ``points`` for an
+    SVG polyline, ``peak`` the value at the top edge, ``latest`` the newest value."""
+
+    points: str
+    peak: float
+    latest: float | None
+
+
+CHART_WIDTH = 1000
+CHART_HEIGHT = 100
+
+
+def chart(points: Sequence[TrendPoint], window_s: float) -> Chart:
+    """Newest on the right; the vertical scale from 0 to the highest value drawn, so a flat
+    line at the bottom means none and one at the top means steady."""
+    if not points:
+        return Chart("", 0.0, None)
+    peak = max(max(point.value for point in points), 0.0)
+    scale = peak if peak > 0 else 1.0
+    drawn = " ".join(
+        f"{CHART_WIDTH * (1 - min(point.age_s, window_s) / window_s):.1f},"
+        f"{CHART_HEIGHT * (1 - max(point.value, 0.0) / scale):.1f}"
+        for point in sorted(points, key=lambda point: -point.age_s)
+    )
+    newest = min(points, key=lambda point: point.age_s)
+    return Chart(drawn, peak, newest.value)

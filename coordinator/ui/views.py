@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,12 +14,15 @@ from coordinator.admin.schemas import (
     GroupSummary,
     TopicConfigReply,
 )
+from coordinator.core.trend import GroupTrend, TrendSample
 from coordinator.groups.schemas import MemberDescription, SliceJson
 from coordinator.ui.drawing import (
     UNOWNED_COLOUR,
+    Chart,
     OffsetAxis,
     OffsetBand,
     Span,
+    chart,
     key_range_span,
     member_colours,
     offset_axis,
@@ -151,6 +154,9 @@ class GroupPage:
     members: list[MemberRow]
     partitions: list[PartitionView]
     topics: list[TopicConfigReply]
+    lag_chart: Chart
+    rate_chart: Chart
+    trend_minutes: int
 
     @property
     def empty(self) -> bool:
@@ -174,8 +180,19 @@ def topics_of(description: AdminGroupDescription) -> list[str]:
     return sorted(topics)
 
 
+def trend_sample(description: AdminGroupDescription, at_s: float) -> TrendSample:
+    """The group's figures now, for its trend: lag over the partitions whose high watermark
+    is known (None with none), and progress as offsets processed."""
+    lags = [item.lag for item in description.partitions if item.lag is not None]
+    processed = sum(item.stable_offset + item.ic_offsets for item in description.partitions)
+    return TrendSample(at_s, sum(lags) if lags else None, processed)
+
+
 def group_page(
-    description: AdminGroupDescription, topic_configs: Sequence[TopicConfigReply]
+    description: AdminGroupDescription,
+    topic_configs: Sequence[TopicConfigReply],
+    log_starts: Mapping[TopicPartition, int],
+    trend: GroupTrend,
 ) -> GroupPage:
     colours = member_colours(member.member_id for member in description.members)
     owned: dict[TopicPartition, dict[str, list[tuple[int, int]]]] = defaultdict(dict)
@@ -185,7 +202,14 @@ def group_page(
     offsets = {(item.topic, item.partition): item for item in description.partitions}
     stuck = _stuck_marks(description.members, colours)
     partitions = [
-        _partition_view(key, owned.get(key, {}), offsets.get(key), colours, stuck.get(key, []))
+        _partition_view(
+            key,
+            owned.get(key, {}),
+            offsets.get(key),
+            log_starts.get(key, 0),
+            colours,
+            stuck.get(key, []),
+        )
         for key in sorted(owned.keys() | offsets.keys() | stuck.keys())
     ]
     members = [
@@ -210,6 +234,9 @@ def group_page(
         members=members,
         partitions=partitions,
         topics=list(topic_configs),
+        lag_chart=chart(trend.lag(), trend.window_s),
+        rate_chart=chart(trend.rate(), trend.window_s),
+        trend_minutes=round(trend.window_s / 60),
     )
 
 
@@ -254,6 +281,7 @@ def _partition_view(
     key: TopicPartition,
     owners: dict[str, list[tuple[int, int]]],
     offsets: AdminPartitionOffsets | None,
+    log_start: int,
     colours: dict[str, str],
     stuck: list[StuckMark],
 ) -> PartitionView:
@@ -268,14 +296,15 @@ def _partition_view(
         for segment in ownership_bar(owners)
     ]
     topic, partition = key
-    return PartitionView(
-        topic, partition, segments, None if offsets is None else _offsets_view(offsets), stuck
-    )
+    view = None if offsets is None else _offsets_view(offsets, log_start)
+    return PartitionView(topic, partition, segments, view, stuck)
 
 
-def _offsets_view(offsets: AdminPartitionOffsets) -> OffsetsView:
+def _offsets_view(offsets: AdminPartitionOffsets, log_start: int) -> OffsetsView:
     stable = offsets.stable_offset
-    axis = offset_axis(stable, offsets.high_watermark, offsets.ranges, offsets.watermarks)
+    axis = offset_axis(
+        stable, offsets.high_watermark, offsets.ranges, offsets.watermarks, log_start
+    )
     return OffsetsView(
         stable_offset=stable,
         high_watermark=offsets.high_watermark,

@@ -133,6 +133,20 @@ async def test_the_group_page_draws_who_owns_which_keys_and_the_offsets(
     assert len(await browser.run(browser.css, f"{section} rect.watermark")) == 1
     widths = await browser.run(browser.attributes, f"{section} rect.segment", "width")
     assert sum(float(width) for width in widths) == pytest.approx(1000, abs=0.01)
+    # The offset axis is the whole log, from its start to the high watermark.
+    ends = await browser.run(browser.text_of, f"{section} .axis-ends")
+    assert ends.split() == ["0", f"{RECORDS:,}"], ends
+
+    # Each refresh samples the group: after two, its lag and rate are lines over time.
+    def trend_drawn(_: object) -> bool:
+        points = browser.attributes("#lag-trend polyline", "points")
+        return bool(points) and len(points[0].split()) >= 2
+
+    await browser.run(browser.wait_for, trend_drawn, "the lag's line over the last minutes")
+    lag_now = await browser.run(browser.text_of, "#lag-trend .latest")
+    assert lag_now == f"{RECORDS - STABLE_OFFSET:,}"
+    # Nothing is committed meanwhile: the group processes 0 records a second.
+    assert await browser.run(browser.text_of, "#rate-trend .latest") == "0.0"
     assert await browser.run(browser.foreign_requests, live_console.url) == []
     await browser.run(browser.screenshot, "console-group")
 

@@ -97,21 +97,26 @@ def test_member_colours_follow_the_sorted_member_ids_and_wrap_around() -> None:
     assert colours[members[-1]] == MEMBER_COLOURS[0]
 
 
-def test_the_offset_axis_runs_from_below_the_stable_offset_to_the_high_watermark() -> None:
-    axis = offset_axis(1_000, 2_000, [], [])
-    assert axis == OffsetAxis(900, 2_000)
-    assert axis.position(900) == 0.0
+def test_the_offset_axis_runs_over_the_log_from_its_start_to_the_high_watermark() -> None:
+    axis = offset_axis(1_000, 2_000, [], [], log_start=500)
+    assert axis == OffsetAxis(500, 2_000)
+    assert axis.position(500) == 0.0
     assert axis.position(2_000) == 1.0
-    assert axis.position(1_450) == pytest.approx(0.5)
+    assert axis.position(1_250) == pytest.approx(0.5)
+    assert offset_axis(1_000, 2_000, [], []) == OffsetAxis(0, 2_000)
 
 
-def test_ic_ranges_and_watermarks_beyond_the_high_watermark_widen_the_axis() -> None:
+def test_ic_ranges_watermarks_and_offsets_beyond_the_log_widen_the_axis() -> None:
     assert offset_axis(10, 20, [(25, 29)], []).high == 30
     assert offset_axis(10, 20, [], [(0, 5, 40)]).high == 40
-    assert offset_axis(10, None, [], []).high == 11
+    assert offset_axis(10, None, [], []).high == 10
+    # A stable offset below the log start (records deleted before the group read them).
+    assert offset_axis(10, 200, [], [], log_start=100).low == 10
 
 
-def test_a_caught_up_partition_still_has_an_axis() -> None:
+def test_a_caught_up_partition_reads_as_its_whole_log() -> None:
+    """Not "9,999 … 10,001": the processed log and where it ends."""
+    assert offset_axis(10_000, 10_000, [], []) == OffsetAxis(0, 10_000)
     axis = offset_axis(0, 0, [], [])
     assert axis == OffsetAxis(0, 1)
     assert axis.span(0, 1) == Span(0.0, 1.0)

@@ -6,13 +6,18 @@ from datetime import UTC, datetime
 
 from client.protocol.keyspace import HASH_MAX
 from coordinator.admin.schemas import AdminGroupDescription, AdminPartitionOffsets, GroupSummary
+from coordinator.core.trend import GroupTrend
 from coordinator.groups.schemas import MemberDescription, SliceJson, StuckCallDescription
 from coordinator.ui.drawing import UNOWNED_COLOUR
 from coordinator.ui.pages import templates
-from coordinator.ui.views import group_page, group_rows, topics_of
+from coordinator.ui.views import GroupPage, group_page, group_rows, topics_of
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HALF = 2**62
+
+
+def page_of(described: AdminGroupDescription) -> GroupPage:
+    return group_page(described, [], {}, GroupTrend())
 
 
 def member(member_id: str, *owned: SliceJson) -> MemberDescription:
@@ -71,7 +76,7 @@ def description(*partitions: AdminPartitionOffsets) -> AdminGroupDescription:
 
 
 def test_partitions_owned_or_committed_are_drawn_in_order_with_their_owners() -> None:
-    page = group_page(description(offsets(2, 10, 20), offsets(0, 5, 9)), [])
+    page = page_of(description(offsets(2, 10, 20), offsets(0, 5, 9)))
     assert [(view.topic, view.partition) for view in page.partitions] == [
         ("orders", 0),
         ("orders", 1),
@@ -88,7 +93,7 @@ def test_partitions_owned_or_committed_are_drawn_in_order_with_their_owners() ->
 
 
 def test_members_are_listed_by_id_with_their_colour_and_share_of_the_keys() -> None:
-    page = group_page(description(offsets(0, 5, 9)), [])
+    page = page_of(description(offsets(0, 5, 9)))
     assert [row.member_id for row in page.members] == ["m-a", "m-b"]
     colours = {row.member_id: row.colour for row in page.members}
     segment_colours = {s.owner: s.colour for s in page.partitions[0].segments}
@@ -98,8 +103,8 @@ def test_members_are_listed_by_id_with_their_colour_and_share_of_the_keys() -> N
 
 
 def test_total_lag_is_unknown_while_a_high_watermark_is() -> None:
-    assert group_page(description(offsets(0, 5, 9), offsets(1, 0, 3)), []).total_lag == 7
-    assert group_page(description(offsets(0, 5, 9), offsets(1, 0, None)), []).total_lag is None
+    assert page_of(description(offsets(0, 5, 9), offsets(1, 0, 3))).total_lag == 7
+    assert page_of(description(offsets(0, 5, 9), offsets(1, 0, None))).total_lag is None
 
 
 def test_the_groups_list_sums_the_lag_of_every_partition() -> None:
@@ -137,7 +142,7 @@ def test_stuck_calls_are_counted_per_member_and_marked_on_their_partitions() -> 
     described = description(offsets(0, 5, 9))
     holder = described.members[1]  # m-a, owning half of partition 0 and all of partition 1
     holder.stuck = [stuck(0, 12345, 7, 40.0), stuck(1, HASH_MAX, 2_500, 4.5), stuck(0, 9, 8, 95)]
-    page = group_page(described, [])
+    page = page_of(described)
 
     assert page.stuck_calls == 3
     assert [(row.member_id, row.stuck_calls) for row in page.members] == [("m-a", 3), ("m-b", 0)]
@@ -168,7 +173,7 @@ def test_stuck_calls_are_counted_per_member_and_marked_on_their_partitions() -> 
 
 
 def test_a_group_without_stuck_calls_shows_no_warning() -> None:
-    page = group_page(description(offsets(0, 5, 9)), [])
+    page = page_of(description(offsets(0, 5, 9)))
     assert page.stuck_calls == 0
     assert all(not view.stuck for view in page.partitions)
     html = templates.get_template("group.html").render(page=page)
