@@ -1,8 +1,10 @@
 """The streams runtime: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
 
-Two long-lived routines, one per concern, as in the Streams threading design: the intake
-takes records from the consumer and buffers each in its task (tasks are created, and their
-restoration started, when their slices are assigned), and the processing loop
+Two long-lived routines, one per concern, as in the Streams threading design: the kernel's
+intake (``client.runtime.intake``) takes records from the consumer, charges them to the byte
+budget (``max_buffered_bytes``, paused partitions resume at half their share) and buffers each
+in its task (tasks are created, and their restoration started, when their slices are
+assigned), and the processing loop
 runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
 sends what they produced, fires wall-clock punctuations and commits (the protocol's steps:
 ``client.streams.commits``); one lock keeps a round, a commit and a task's closing apart.
@@ -24,10 +26,10 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from client.errors import ConsumerStopped
-from client.fetcher import FetchInterrupted
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, in_ranges, key_hash, subtract
+from client.runtime.budget import ByteBudget, weight
+from client.runtime.intake import Intake
 from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
@@ -47,6 +49,11 @@ logger = logging.getLogger(__name__)
 # How often an idle processing loop wakes for wall-clock punctuations and the commit timer.
 _TICK_S = 0.05
 
+# A paused partition fetches again once it is down to this share of its part of the byte
+# budget (and of ``max_buffered_records`` when that is set): the half the record bound
+# always resumed at.
+_RESUME_RATIO = 0.5
+
 
 class StreamsRuntime:
     def __init__(
@@ -62,8 +69,9 @@ class StreamsRuntime:
         commit: Callable[[], Any],
         commit_interval_s: float,
         max_idle_ms: int,
-        max_buffered: int,
+        max_buffered_bytes: int,
         processing_threads: int,
+        max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
     ) -> None:
         self._source = source
@@ -71,7 +79,14 @@ class StreamsRuntime:
         gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._gate = gate
         self._owned = owned
-        self._max_buffered = max_buffered
+        self._budget = ByteBudget(
+            max_buffered_bytes,
+            _RESUME_RATIO,
+            source.pause,
+            source.resume,
+            max_records=max_buffered_records,
+        )
+        self._intake = Intake(source, self._take, self._budget)
         self.tasks = Tasks(topology)
         self._work = asyncio.Event()
         self._life = Lifecycle(
@@ -89,7 +104,6 @@ class StreamsRuntime:
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
         # Handles to wait for; where a task is in its life is its ``state``.
         self._closings: dict[TaskId, asyncio.Task[None]] = {}
-        self._paused: set[TopicPartition] = set()
         self._round_lock = asyncio.Lock()
         self._held_back: list[tuple[TopicPartition, Any, int]] = []
         self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
@@ -113,14 +127,14 @@ class StreamsRuntime:
     # ------------------------------------------------------------------ Runtime
 
     async def run(self) -> None:
-        intake = asyncio.create_task(self._intake(), name="keyrange-streams-intake")
+        intake = asyncio.create_task(self._intake.run(self._stop), name="keyrange-streams-intake")
         try:
             await self._process_loop(intake)
         finally:
             if not self._stop.done():
                 self._stop.set_result(None)
             intake.cancel()
-            with contextlib.suppress(asyncio.CancelledError, FetchInterrupted, ConsumerStopped):
+            with contextlib.suppress(asyncio.CancelledError):
                 await intake
             self._life.stop_all()
             self._rounds.shutdown()
@@ -134,7 +148,9 @@ class StreamsRuntime:
         """The membership is lost: no task takes another record (a pool thread inside one
         finishes the record it is on; a thread cannot be interrupted) and nothing held back
         is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
-        self._held_back.clear()
+        held_back, self._held_back = self._held_back, []
+        for tp, record, _ in held_back:
+            self._budget.refund(tp, weight(record))
         for task in self.tasks:
             task.state = TaskState.HALTED
 
@@ -163,8 +179,11 @@ class StreamsRuntime:
 
     def assigned(self) -> None:
         """Create the tasks of every owned slice that has none, so their restoration starts
-        at the assignment rather than with the slice's first record."""
-        for tp, keys, _ in self._owned():
+        at the assignment rather than with the slice's first record; the owned partitions
+        share the byte budget."""
+        owned = self._owned()
+        self._budget.set_partitions(len({tp for tp, _, _ in owned}))
+        for tp, keys, _ in owned:
             sub = self._topology.subtopology_of_topic(tp.topic)
             task_id = TaskId(sub.index, tp.partition, keys)
             if not self.tasks.overlapping(task_id):
@@ -199,14 +218,15 @@ class StreamsRuntime:
                 continue
             if self._finishing:
                 self._closings.pop(task.id, None)
+                self._refund_task(task)
                 self._life.forget(task)
                 continue
             kept = subtract([task.id.keys], self.tasks.revoked_keys(task, slices))
             self._drop(task, processed_count=True, keep=kept)
         if stopping:
             held_back, self._held_back = self._held_back, []
-            for _, record, _ in held_back:
-                self._source.give_back(record)
+            for tp, record, _ in held_back:
+                self._give_back(tp, record)
             return
         if self._finishing:
             self._commits.write_checkpoints()
@@ -216,29 +236,51 @@ class StreamsRuntime:
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
             if heir is None:
-                self._source.give_back(record)
+                self._give_back(tp, record)
             else:
                 heir.add(tp.topic, record)
         self._work.set()
 
     # ------------------------------------------------------------------ intake
 
-    async def _intake(self) -> None:
-        while True:
-            tp, record, hashed = await self._source.next_item(self._stop)
-            task = self._task_for(tp, hashed)
-            if task is None:
-                continue
-            self._source.hand_out(tp, record, hashed)
-            if task.state is TaskState.CLOSING:
-                # Kept keys of a task closing for a partial revocation: its heir takes them.
-                self._held_back.append((tp, record, hashed))
-                continue
-            task.add(tp.topic, record)
-            if tp not in self._paused and task.inputs.crowded(tp.topic, self._max_buffered):
-                self._paused.add(tp)
-                self._source.pause([tp])
-            self._work.set()
+    def _take(self, item: tuple[TopicPartition, Any, int]) -> None:
+        """Buffer a record the intake took in (and charged) in its task; it stays charged
+        until the task processed it, or it is given back or dropped."""
+        tp, record, hashed = item
+        task = self._task_for(tp, hashed)
+        if task is None:
+            self._budget.refund(tp, weight(record))
+            return
+        self._source.hand_out(tp, record, hashed)
+        if task.state is TaskState.CLOSING:
+            # Kept keys of a task closing for a partial revocation: its heir takes them.
+            self._held_back.append(item)
+            return
+        task.add(tp.topic, record)
+        self._work.set()
+
+    def _give_back(self, tp: TopicPartition, record: Any) -> None:
+        self._budget.refund(tp, weight(record))
+        self._source.give_back(record)
+
+    def _refund_processed(self) -> None:
+        """Refund what the round's tasks processed: it is no longer buffered (it is held in
+        ``processed`` until the commit only as a reference for marking), and the refund may
+        resume the partition's fetching."""
+        for task in self.tasks:
+            self._refund_taken(task)
+
+    def _refund_taken(self, task: StreamTask) -> None:
+        if task.taken:
+            taken, task.taken = task.taken, {}
+            for topic, (count, records) in taken.items():
+                self._budget.refund(TopicPartition(topic, task.id.partition), count, records)
+
+    def _refund_task(self, task: StreamTask) -> None:
+        """The task goes: what it processed and what it still buffers is no longer charged."""
+        for record in task.inputs.drop(lambda _: False):
+            self._budget.refund(TopicPartition(record.topic, task.id.partition), weight(record))
+        self._refund_taken(task)
 
     def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
         task = self.tasks.find(tp, hashed)
@@ -266,8 +308,8 @@ class StreamsRuntime:
             await asyncio.sleep(0)
             async with self._round_lock:
                 await self._rounds.run()
+                self._refund_processed()
                 await self._send()
-                self._resume_drained()
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
                 for task in () if deadline is None else self._rounds.startable(deadline):
@@ -282,13 +324,6 @@ class StreamsRuntime:
     async def commit(self) -> None:
         """Run the commit protocol (``client.streams.commits``) now."""
         await self._commits.commit()
-
-    def _resume_drained(self) -> None:
-        for tp in list(self._paused):
-            holders = self.tasks.of_partition(tp)
-            if all(task.inputs.drained(tp.topic, self._max_buffered) for task in holders):
-                self._paused.discard(tp)
-                self._source.resume([tp])
 
     # ------------------------------------------------------------------ revocation
 
@@ -313,7 +348,7 @@ class StreamsRuntime:
                     tp = TopicPartition(record.topic, record.partition)
                     hashed = key_hash(record.key, record.offset)
                     if revoked is None or in_ranges(revoked, hashed):
-                        self._source.give_back(record)
+                        self._give_back(tp, record)
                     else:
                         self._held_back.append((tp, record, hashed))
                 try:
@@ -330,4 +365,5 @@ class StreamsRuntime:
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
     ) -> None:
         self._closings.pop(task.id, None)
+        self._refund_task(task)
         self._life.drop(task, processed_count=processed_count, keep=keep)
