@@ -2,10 +2,9 @@
 
 Two long-lived routines, one per concern, as in the Streams threading design: the kernel's
 intake (``client.runtime.intake``) takes records from the consumer, charges them to the byte
-budget (``max_buffered_bytes``, paused partitions resume at half their share) and buffers each
-in its task (tasks are created, and their restoration started, when their slices are
-assigned), and the processing loop
-runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
+budget (``client.streams.backpressure`` refunds them) and buffers each in its task (tasks are
+created, and their restoration started, when their slices are assigned), and the processing
+loop runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
 sends what they produced, fires wall-clock punctuations and commits (the protocol's steps:
 ``client.streams.commits``); one lock keeps a round, a commit and a task's closing apart.
 Restorations run as their own tasks on a restore consumer of their own: only the restoring
@@ -28,8 +27,8 @@ from aiokafka.structs import TopicPartition
 
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, in_ranges, key_hash, subtract
-from client.runtime.budget import ByteBudget, weight
 from client.runtime.intake import Intake
+from client.streams.backpressure import InputBudget
 from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
@@ -48,11 +47,6 @@ logger = logging.getLogger(__name__)
 
 # How often an idle processing loop wakes for wall-clock punctuations and the commit timer.
 _TICK_S = 0.05
-
-# A paused partition fetches again once it is down to this share of its part of the byte
-# budget (and of ``max_buffered_records`` when that is set): the half the record bound
-# always resumed at.
-_RESUME_RATIO = 0.5
 
 
 class StreamsRuntime:
@@ -79,14 +73,8 @@ class StreamsRuntime:
         gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._gate = gate
         self._owned = owned
-        self._budget = ByteBudget(
-            max_buffered_bytes,
-            _RESUME_RATIO,
-            source.pause,
-            source.resume,
-            max_records=max_buffered_records,
-        )
-        self._intake = Intake(source, self._take, self._budget)
+        self._inputs = InputBudget(source, max_buffered_bytes, max_buffered_records)
+        self._intake = Intake(source, self._take, self._inputs.budget)
         self.tasks = Tasks(topology)
         self._work = asyncio.Event()
         self._life = Lifecycle(
@@ -150,7 +138,7 @@ class StreamsRuntime:
         is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
         held_back, self._held_back = self._held_back, []
         for tp, record, _ in held_back:
-            self._budget.refund(tp, weight(record))
+            self._inputs.refund(tp, record)
         for task in self.tasks:
             task.state = TaskState.HALTED
 
@@ -182,7 +170,7 @@ class StreamsRuntime:
         at the assignment rather than with the slice's first record; the owned partitions
         share the byte budget."""
         owned = self._owned()
-        self._budget.set_partitions(len({tp for tp, _, _ in owned}))
+        self._inputs.owned(owned)
         for tp, keys, _ in owned:
             sub = self._topology.subtopology_of_topic(tp.topic)
             task_id = TaskId(sub.index, tp.partition, keys)
@@ -218,7 +206,7 @@ class StreamsRuntime:
                 continue
             if self._finishing:
                 self._closings.pop(task.id, None)
-                self._refund_task(task)
+                self._inputs.drop(task)
                 self._life.forget(task)
                 continue
             kept = subtract([task.id.keys], self.tasks.revoked_keys(task, slices))
@@ -226,7 +214,7 @@ class StreamsRuntime:
         if stopping:
             held_back, self._held_back = self._held_back, []
             for tp, record, _ in held_back:
-                self._give_back(tp, record)
+                self._inputs.give_back(tp, record)
             return
         if self._finishing:
             self._commits.write_checkpoints()
@@ -236,7 +224,7 @@ class StreamsRuntime:
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
             if heir is None:
-                self._give_back(tp, record)
+                self._inputs.give_back(tp, record)
             else:
                 heir.add(tp.topic, record)
         self._work.set()
@@ -249,7 +237,7 @@ class StreamsRuntime:
         tp, record, hashed = item
         task = self._task_for(tp, hashed)
         if task is None:
-            self._budget.refund(tp, weight(record))
+            self._inputs.refund(tp, record)
             return
         self._source.hand_out(tp, record, hashed)
         if task.state is TaskState.CLOSING:
@@ -258,29 +246,6 @@ class StreamsRuntime:
             return
         task.add(tp.topic, record)
         self._work.set()
-
-    def _give_back(self, tp: TopicPartition, record: Any) -> None:
-        self._budget.refund(tp, weight(record))
-        self._source.give_back(record)
-
-    def _refund_processed(self) -> None:
-        """Refund what the round's tasks processed: it is no longer buffered (it is held in
-        ``processed`` until the commit only as a reference for marking), and the refund may
-        resume the partition's fetching."""
-        for task in self.tasks:
-            self._refund_taken(task)
-
-    def _refund_taken(self, task: StreamTask) -> None:
-        if task.taken:
-            taken, task.taken = task.taken, {}
-            for topic, (count, records) in taken.items():
-                self._budget.refund(TopicPartition(topic, task.id.partition), count, records)
-
-    def _refund_task(self, task: StreamTask) -> None:
-        """The task goes: what it processed and what it still buffers is no longer charged."""
-        for record in task.inputs.drop(lambda _: False):
-            self._budget.refund(TopicPartition(record.topic, task.id.partition), weight(record))
-        self._refund_taken(task)
 
     def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
         task = self.tasks.find(tp, hashed)
@@ -308,7 +273,7 @@ class StreamsRuntime:
             await asyncio.sleep(0)
             async with self._round_lock:
                 await self._rounds.run()
-                self._refund_processed()
+                self._inputs.processed(self.tasks)
                 await self._send()
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
@@ -348,7 +313,7 @@ class StreamsRuntime:
                     tp = TopicPartition(record.topic, record.partition)
                     hashed = key_hash(record.key, record.offset)
                     if revoked is None or in_ranges(revoked, hashed):
-                        self._give_back(tp, record)
+                        self._inputs.give_back(tp, record)
                     else:
                         self._held_back.append((tp, record, hashed))
                 try:
@@ -365,5 +330,5 @@ class StreamsRuntime:
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
     ) -> None:
         self._closings.pop(task.id, None)
-        self._refund_task(task)
+        self._inputs.drop(task)
         self._life.drop(task, processed_count=processed_count, keep=keep)
