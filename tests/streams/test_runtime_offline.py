@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from client.protocol.keyspace import KeyRange, key_hash
@@ -143,10 +144,14 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
     assert source.given_back == []
 
 
-async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_records() -> None:
+@pytest.mark.parametrize("by_records", [False, True])
+async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_records(
+    by_records: bool,
+) -> None:
     """The streams runtime's backpressure is the kernel's byte budget: records its intake
     took in and no task processed yet (here: the task is restoring) are charged to their
-    partition, which pauses over the bound and fetches again once the task processed them."""
+    partition, which pauses over the bound and fetches again once the task processed them.
+    The deprecated ``max_buffered_records`` pauses the same way at its count of records."""
     topology = count_topology("words", "counts").build()
     source = InMemorySource()
     restorer = HeldRestorer()
@@ -169,8 +174,9 @@ async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_
         commit=commit,
         commit_interval_s=60,
         max_idle_ms=0,
-        # Three records fit; the fourth crosses the bound.
-        max_buffered_bytes=sum(weight(record) for record in records[:3]),
+        # Three records fit; the fourth crosses the bound, or reaches the record cap.
+        max_buffered_bytes=1 << 30 if by_records else sum(weight(r) for r in records[:3]),
+        max_buffered_records=4 if by_records else None,
         processing_threads=1,
         on_restore=lambda _: None,
     )
