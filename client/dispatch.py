@@ -3,8 +3,14 @@ time in offset order, on a fixed pool of worker tasks apart from the fetch.
 
 It sees the consumer only through ``RecordSource`` (``client.runtime.seams``): the next record
 to hand out, the hand-out guard (the membership's session deadline), handing out and marking.
-When the membership is lost the consumer calls ``lose``, which drops what is queued and
-cancels running handlers.
+Records come in through the kernel's intake (``client.runtime.intake``), like the other
+runtimes'. When the membership is lost the consumer calls ``lose``, which drops what is queued
+and cancels running handlers.
+
+Its bound is a count, not the byte budget: at most 64 records per runner are queued and not
+finished, and while that many are, the intake takes nothing more, so the fetcher's own buffer
+holds the rest. A byte budget would pause partitions instead, at another point for every
+record size, and ``RecordSource`` has no pause: ``run()`` keeps the bound it has always had.
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from client.errors import ConsumerStopped
-from client.fetcher import FetchInterrupted, Item, Record, in_slices
+from client.fetcher import Item, Record, in_slices
 from client.http import Slices
+from client.runtime.intake import Intake
 from client.runtime.seams import RecordSource
 
 Handler = Callable[[Record], Awaitable[object]]
@@ -62,46 +68,42 @@ class Dispatcher:
         self._space.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._stopping = False
 
     async def run(self) -> None:
-        source = self._source
         for index in range(self._workers):
             task = asyncio.create_task(self._work(), name=f"keyrange-worker-{index}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         try:
-            while not self._stopping:
-                try:
-                    item = await source.next_item(self._failure)
-                except FetchInterrupted:
-                    break
-                except ConsumerStopped:
-                    if source.stopped:
-                        break
-                    raise
-                self._dispatch(item)
-                while self._queued >= self._max_queued and not self._failure.done():
-                    self._space.clear()
-                    space = asyncio.ensure_future(self._space.wait())
-                    waits: set[asyncio.Future[Any]] = {space, self._failure}
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                    space.cancel()
+            # Ends when ``finish`` or a handler's failure completes ``_failure``.
+            await Intake(self._source, self._dispatch).run(self._failure)
         finally:
             await self.finish(None)
         if self._failure.done():
             self._failure.result()
 
-    def _dispatch(self, item: Item) -> None:
+    def _dispatch(self, item: Item) -> Awaitable[None] | None:
+        """Queue ``item`` on its key's chain; when the queue is full, what the intake waits
+        for before it takes the next record."""
         tp, _, hashed = item
         ident = (tp, hashed)
         self._queued += 1
         chain = self._chains.get(ident)
         if chain is not None:
             chain.append(item)
-            return
-        self._chains[ident] = deque([item])
-        self._ready.put_nowait(ident)
+        else:
+            self._chains[ident] = deque([item])
+            self._ready.put_nowait(ident)
+        return self._room() if self._queued >= self._max_queued else None
+
+    async def _room(self) -> None:
+        """Until the queue has room again, or the run ends."""
+        while self._queued >= self._max_queued and not self._failure.done():
+            self._space.clear()
+            space = asyncio.ensure_future(self._space.wait())
+            waits: set[asyncio.Future[Any]] = {space, self._failure}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            space.cancel()
 
     async def _work(self) -> None:
         chains, ready, gate = self._chains, self._ready, self._source.gate
@@ -204,7 +206,6 @@ class Dispatcher:
 
     async def finish(self, timeout_s: float | None) -> None:
         """Stop dispatching; let started handlers end (up to ``timeout_s``), drop the rest."""
-        self._stopping = True
         self.withdraw(None)
         if not self._failure.done():
             self._failure.set_result(None)

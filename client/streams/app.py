@@ -141,8 +141,9 @@ class StreamsApp:
             commit=self._consumer.commit,
             commit_interval_s=self.config.commit_interval_ms / 1000,
             max_idle_ms=self.config.max_task_idle_ms,
-            max_buffered=self.config.max_buffered_records,
+            max_buffered_bytes=self.config.max_buffered_bytes,
             processing_threads=self.config.processing_threads,
+            max_buffered_records=self.config.max_buffered_records,
             on_restore=self._restore_progress,
         )
         self.runtime.assigned()

@@ -4,9 +4,9 @@
 - stream time: the smallest partition time over the inputs that have one, never going back;
 - next record: the buffered head with the lowest timestamp (ties: the input listed first);
 - idle wait: while an input has nothing buffered, the task waits up to ``max_idle_ms`` for it
-  before it processes what the others hold, so a join sees both sides in timestamp order;
-- pausing: an input holding ``max_buffered`` records or more is crowded; the runtime pauses
-  its fetching until it has drained to half of that.
+  before it processes what the others hold, so a join sees both sides in timestamp order.
+
+Pausing an input that holds too much is the byte budget's (``client.runtime.budget``).
 
 Pure: times are milliseconds handed in by the caller, records are opaque.
 """
@@ -81,14 +81,6 @@ class TaskInputs:
         self._queues[name].popleft()
         self._advance(name, head.timestamp)
         return name, head
-
-    def crowded(self, name: Hashable, max_buffered: int) -> bool:
-        """Its fetching should pause: it holds ``max_buffered`` records or more."""
-        return len(self._queues[name]) >= max_buffered
-
-    def drained(self, name: Hashable, max_buffered: int) -> bool:
-        """A paused input may fetch again: it is down to half of ``max_buffered``."""
-        return len(self._queues[name]) <= max_buffered // 2
 
     def drop(self, keep: Any) -> list[Any]:
         """Remove buffered records for which ``keep(record)`` is false; returns them."""

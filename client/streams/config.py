@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from client.kafka_security import KafkaSecurity
 
+MIB = 1024 * 1024
+
 
 @dataclass(frozen=True)
 class StreamsConfig:
     """``application_id`` names the consumer group and prefixes the changelog topics, as in
     Kafka Streams. ``max_task_idle_ms`` is how long a task waits for an empty input before it
-    processes the others (Kafka's ``max.task.idle.ms``). ``max_buffered_records`` per task
-    input pauses that input's fetching (Kafka's ``buffered.records.per.partition``).
+    processes the others (Kafka's ``max.task.idle.ms``). ``max_buffered_bytes`` bounds the
+    records fetched and not processed yet, each owned partition a share of it, over which
+    the partition's fetching pauses (Kafka's ``input.buffer.max.bytes``, KIP-770).
+    ``max_buffered_records`` is deprecated, as Kafka Streams deprecated
+    ``buffered.records.per.partition``: when set it still pauses a partition holding that
+    many records, beside the bytes.
     ``changelog_replication_factor`` is the changelog topics' replication when this
     application creates them. ``processing_threads`` above 1 runs each task's round on a
     thread pool of that size (for processors that block on I/O); 1 runs them on the event
@@ -30,7 +37,8 @@ class StreamsConfig:
     state_dir: Path = Path(".keyrange-streams")
     commit_interval_ms: int = 1_000
     max_task_idle_ms: int = 0
-    max_buffered_records: int = 1_000
+    max_buffered_bytes: int = 256 * MIB
+    max_buffered_records: int | None = None
     processing_threads: int = 1
     session_timeout_ms: int = 10_000
     revoke_timeout_s: float = 30.0
@@ -48,12 +56,22 @@ class StreamsConfig:
             raise ValueError("application_id uses letters, digits, '.', '_' and '-' only")
         for name in (
             "commit_interval_ms",
-            "max_buffered_records",
+            "max_buffered_bytes",
             "session_timeout_ms",
             "processing_threads",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.max_buffered_records is not None:
+            if self.max_buffered_records < 1:
+                raise ValueError("max_buffered_records must be at least 1")
+            warnings.warn(
+                "max_buffered_records is deprecated: bound the buffer with max_buffered_bytes "
+                "(docs/streams.md); until it is removed it still pauses a partition at that "
+                "many buffered records",
+                FutureWarning,
+                stacklevel=3,
+            )
         if self.max_task_idle_ms < 0:
             raise ValueError("max_task_idle_ms must not be negative")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

@@ -1,9 +1,10 @@
 """The streams runtime: what ``KeyrangeConsumer.drive`` runs for a ``StreamsApp``.
 
-Two long-lived routines, one per concern, as in the Streams threading design: the intake
-takes records from the consumer and buffers each in its task (tasks are created, and their
-restoration started, when their slices are assigned), and the processing loop
-runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
+Two long-lived routines, one per concern, as in the Streams threading design: the kernel's
+intake (``client.runtime.intake``) takes records from the consumer, charges them to the byte
+budget (``client.streams.backpressure`` refunds them) and buffers each in its task (tasks are
+created, and their restoration started, when their slices are assigned), and the processing
+loop runs the ready tasks round robin (on the loop, or each on a thread of the processing pool),
 sends what they produced, fires wall-clock punctuations and commits (the protocol's steps:
 ``client.streams.commits``); one lock keeps a round, a commit and a task's closing apart.
 Restorations run as their own tasks on a restore consumer of their own: only the restoring
@@ -24,10 +25,10 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from client.errors import ConsumerStopped
-from client.fetcher import FetchInterrupted
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, in_ranges, key_hash, subtract
+from client.runtime.intake import Intake
+from client.streams.backpressure import InputBudget
 from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
@@ -62,8 +63,9 @@ class StreamsRuntime:
         commit: Callable[[], Any],
         commit_interval_s: float,
         max_idle_ms: int,
-        max_buffered: int,
+        max_buffered_bytes: int,
         processing_threads: int,
+        max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
     ) -> None:
         self._source = source
@@ -71,7 +73,8 @@ class StreamsRuntime:
         gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._gate = gate
         self._owned = owned
-        self._max_buffered = max_buffered
+        self._inputs = InputBudget(source, max_buffered_bytes, max_buffered_records)
+        self._intake = Intake(source, self._take, self._inputs.budget)
         self.tasks = Tasks(topology)
         self._work = asyncio.Event()
         self._life = Lifecycle(
@@ -89,7 +92,6 @@ class StreamsRuntime:
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
         # Handles to wait for; where a task is in its life is its ``state``.
         self._closings: dict[TaskId, asyncio.Task[None]] = {}
-        self._paused: set[TopicPartition] = set()
         self._round_lock = asyncio.Lock()
         self._held_back: list[tuple[TopicPartition, Any, int]] = []
         self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
@@ -113,14 +115,14 @@ class StreamsRuntime:
     # ------------------------------------------------------------------ Runtime
 
     async def run(self) -> None:
-        intake = asyncio.create_task(self._intake(), name="keyrange-streams-intake")
+        intake = asyncio.create_task(self._intake.run(self._stop), name="keyrange-streams-intake")
         try:
             await self._process_loop(intake)
         finally:
             if not self._stop.done():
                 self._stop.set_result(None)
             intake.cancel()
-            with contextlib.suppress(asyncio.CancelledError, FetchInterrupted, ConsumerStopped):
+            with contextlib.suppress(asyncio.CancelledError):
                 await intake
             self._life.stop_all()
             self._rounds.shutdown()
@@ -134,7 +136,9 @@ class StreamsRuntime:
         """The membership is lost: no task takes another record (a pool thread inside one
         finishes the record it is on; a thread cannot be interrupted) and nothing held back
         is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
-        self._held_back.clear()
+        held_back, self._held_back = self._held_back, []
+        for tp, record, _ in held_back:
+            self._inputs.refund(tp, record)
         for task in self.tasks:
             task.state = TaskState.HALTED
 
@@ -163,8 +167,11 @@ class StreamsRuntime:
 
     def assigned(self) -> None:
         """Create the tasks of every owned slice that has none, so their restoration starts
-        at the assignment rather than with the slice's first record."""
-        for tp, keys, _ in self._owned():
+        at the assignment rather than with the slice's first record; the owned partitions
+        share the byte budget."""
+        owned = self._owned()
+        self._inputs.owned(owned)
+        for tp, keys, _ in owned:
             sub = self._topology.subtopology_of_topic(tp.topic)
             task_id = TaskId(sub.index, tp.partition, keys)
             if not self.tasks.overlapping(task_id):
@@ -199,14 +206,15 @@ class StreamsRuntime:
                 continue
             if self._finishing:
                 self._closings.pop(task.id, None)
+                self._inputs.drop(task)
                 self._life.forget(task)
                 continue
             kept = subtract([task.id.keys], self.tasks.revoked_keys(task, slices))
             self._drop(task, processed_count=True, keep=kept)
         if stopping:
             held_back, self._held_back = self._held_back, []
-            for _, record, _ in held_back:
-                self._source.give_back(record)
+            for tp, record, _ in held_back:
+                self._inputs.give_back(tp, record)
             return
         if self._finishing:
             self._commits.write_checkpoints()
@@ -216,29 +224,28 @@ class StreamsRuntime:
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
             if heir is None:
-                self._source.give_back(record)
+                self._inputs.give_back(tp, record)
             else:
                 heir.add(tp.topic, record)
         self._work.set()
 
     # ------------------------------------------------------------------ intake
 
-    async def _intake(self) -> None:
-        while True:
-            tp, record, hashed = await self._source.next_item(self._stop)
-            task = self._task_for(tp, hashed)
-            if task is None:
-                continue
-            self._source.hand_out(tp, record, hashed)
-            if task.state is TaskState.CLOSING:
-                # Kept keys of a task closing for a partial revocation: its heir takes them.
-                self._held_back.append((tp, record, hashed))
-                continue
-            task.add(tp.topic, record)
-            if tp not in self._paused and task.inputs.crowded(tp.topic, self._max_buffered):
-                self._paused.add(tp)
-                self._source.pause([tp])
-            self._work.set()
+    def _take(self, item: tuple[TopicPartition, Any, int]) -> None:
+        """Buffer a record the intake took in (and charged) in its task; it stays charged
+        until the task processed it, or it is given back or dropped."""
+        tp, record, hashed = item
+        task = self._task_for(tp, hashed)
+        if task is None:
+            self._inputs.refund(tp, record)
+            return
+        self._source.hand_out(tp, record, hashed)
+        if task.state is TaskState.CLOSING:
+            # Kept keys of a task closing for a partial revocation: its heir takes them.
+            self._held_back.append(item)
+            return
+        task.add(tp.topic, record)
+        self._work.set()
 
     def _task_for(self, tp: TopicPartition, hashed: int) -> StreamTask | None:
         task = self.tasks.find(tp, hashed)
@@ -266,8 +273,8 @@ class StreamsRuntime:
             await asyncio.sleep(0)
             async with self._round_lock:
                 await self._rounds.run()
+                self._inputs.processed(self.tasks)
                 await self._send()
-                self._resume_drained()
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
                 for task in () if deadline is None else self._rounds.startable(deadline):
@@ -282,13 +289,6 @@ class StreamsRuntime:
     async def commit(self) -> None:
         """Run the commit protocol (``client.streams.commits``) now."""
         await self._commits.commit()
-
-    def _resume_drained(self) -> None:
-        for tp in list(self._paused):
-            holders = self.tasks.of_partition(tp)
-            if all(task.inputs.drained(tp.topic, self._max_buffered) for task in holders):
-                self._paused.discard(tp)
-                self._source.resume([tp])
 
     # ------------------------------------------------------------------ revocation
 
@@ -313,7 +313,7 @@ class StreamsRuntime:
                     tp = TopicPartition(record.topic, record.partition)
                     hashed = key_hash(record.key, record.offset)
                     if revoked is None or in_ranges(revoked, hashed):
-                        self._source.give_back(record)
+                        self._inputs.give_back(tp, record)
                     else:
                         self._held_back.append((tp, record, hashed))
                 try:
@@ -330,4 +330,5 @@ class StreamsRuntime:
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
     ) -> None:
         self._closings.pop(task.id, None)
+        self._inputs.drop(task)
         self._life.drop(task, processed_count=processed_count, keep=keep)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client.protocol.keyspace import KeyRange, key_hash
+from client.runtime.budget import weight
 from client.streams.clock import TaskInputs, Wait
 from client.streams.errors import ProcessorFailed, StreamsError, UnknownStore
 from client.streams.processor import (
@@ -114,6 +115,10 @@ class StreamTask:
         self.punctuations = Punctuations()
         self.outgoing: list[Outgoing] = []
         self.processed: list[Record] = []
+        # Bytes and records taken off the buffer since the runtime last refunded them to the
+        # byte budget, per input topic: written by whichever thread runs the task's round,
+        # read on the loop after it.
+        self.taken: dict[str, list[int]] = {}
         self.commit_requested = False
         self.metrics = TaskMetrics()
         self.state = TaskState.RESTORING
@@ -180,6 +185,11 @@ class StreamTask:
             return False if choice is None else choice
         topic, buffered = choice
         record = buffered.record
+        taken = self.taken.get(str(topic))
+        if taken is None:
+            taken = self.taken[str(topic)] = [0, 0]
+        taken[0] += weight(record)
+        taken[1] += 1
         source = self._topology.source_of_topic(str(topic))
         self._current = record
         self.metrics.last_record_timestamp = buffered.timestamp

@@ -12,23 +12,13 @@ from collections.abc import Callable
 
 from aiokafka.structs import TopicPartition
 
-from client.fetcher import Item, Record
+from client.fetcher import Item
 from client.runtime.gate import Lease
 from client.worker.task import WorkerTask
 
 # A lane is a sub-partition: (partition, index); in the handler form, (partition, key hash).
 LaneId = tuple[TopicPartition, int]
 KeyId = tuple[TopicPartition, int]
-
-# What a buffered record costs besides its key and value: the record object, its place in
-# the queues and the offset bookkeeping. Counted so ``max_buffered_bytes`` bounds memory,
-# not just payload, for small records too.
-RECORD_OVERHEAD_BYTES = 400
-
-
-def weight(record: Record) -> int:
-    size: int = max(record.serialized_key_size, 0) + max(record.serialized_value_size, 0)
-    return size + RECORD_OVERHEAD_BYTES
 
 
 class Lane:

@@ -21,8 +21,9 @@ threading design, with a turn of one call).
 The other parts are modules of their own: the calls' processing timeouts
 (``client.worker.timeouts``), the tasks' opening, punctuation and closing
 (``client.worker.partitions``), the runtime's phase (``client.worker.lifecycle``), and below
-them lanes and attempts, pools, the byte budget and dead letters. ``WorkerRuntime`` is what
-the consumer drives: the fetch, ownership changes and the shutdown.
+them lanes and attempts, pools and dead letters; the intake and the byte budget are the
+kernel's (``client.runtime``). ``WorkerRuntime`` is what the consumer drives: the fetch,
+ownership changes and the shutdown.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from collections.abc import Callable
 
 from aiokafka.structs import TopicPartition
 
-from client.errors import ConsumerStopped
-from client.fetcher import FetchInterrupted, Item, in_slices
+from client.fetcher import Item, in_slices
 from client.http import Slices
+from client.runtime.budget import ByteBudget, weight
+from client.runtime.intake import Intake
 from client.runtime.seams import WorkerSource
 from client.worker.calls import Calls
 from client.worker.config import WorkerConfig
@@ -46,11 +48,10 @@ from client.worker.deadletter import DeadLetters
 from client.worker.deadline import NotStarted
 from client.worker.failures import WorkerFailed
 from client.worker.forms import Form, HandlerForm, Process, TaskForm
-from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer, weight
+from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer
 from client.worker.lifecycle import Lifecycle, Phase
 from client.worker.outcomes import Failures, Stats
 from client.worker.partitions import PartitionTasks
-from client.worker.pressure import ByteBudget
 from client.worker.task import KeyHashPartitioner, Partitioner, WorkerTask
 from client.worker.timeouts import Timeouts
 
@@ -277,7 +278,7 @@ class Scheduler:
             self._source.give_back(record)
         lane = attempt.lane
         lane.open -= 1
-        self._budget.release(tp, attempt.weight)
+        self._budget.refund(tp, attempt.weight)
         key = (tp, hashed)
         if self.open.get(key) is attempt:
             del self.open[key]
@@ -331,6 +332,7 @@ class WorkerRuntime:
         self._budget = ByteBudget(
             config.max_buffered_bytes, config.resume_ratio, source.pause, source.resume
         )
+        self._intake = Intake(source, self._enqueue, self._budget)
         self.stats = Stats()
         self._scheduler = Scheduler(
             source, config, form, self._lifecycle, self._budget, self.stats, dead_letters
@@ -353,16 +355,7 @@ class WorkerRuntime:
         )
         ended = self._lifecycle.ended
         try:
-            while not ended.done():
-                try:
-                    # Not kept in a local: the last record would live on while fetching waits.
-                    self._enqueue(await self._source.next_item(ended))
-                except FetchInterrupted:
-                    break
-                except ConsumerStopped:
-                    if self._source.stopped:
-                        break
-                    raise
+            await self._intake.run(ended)
         finally:
             await self.finish(self._config.drain_timeout_s)
             for periodic in (punctuator, expiry):
@@ -373,17 +366,18 @@ class WorkerRuntime:
             ended.result()
 
     def _enqueue(self, item: Item) -> None:
-        tp, record, _ = item
+        """Queue a record the intake took in (and charged) on its lane."""
         try:
             ident = self._form.lane_id(item)
         except WorkerFailed as error:
             self._lifecycle.fail(error)
+            self._budget.refund(item[0], weight(item[1]))
             return
         lane = self._scheduler.lanes.get(ident) or self._scheduler.new_lane(ident)
         if lane is None:
+            self._budget.refund(item[0], weight(item[1]))
             return
         lane.queue.append(item)
-        self._budget.add(tp, weight(record))
         lane.refused = False
         self._scheduler.schedule(lane)
 
@@ -429,7 +423,7 @@ class WorkerRuntime:
             kept: deque[Item] = deque()
             for item in lane.queue:
                 if slices is None or in_slices(slices, *_key(item)):
-                    self._budget.release(item[0], weight(item[1]))
+                    self._budget.refund(item[0], weight(item[1]))
                 else:
                     kept.append(item)
             lane.queue = kept

@@ -1,12 +1,11 @@
 """The worker runtime's pure parts: the failure policy's next step, backoff, dead-letter
-headers, the byte budget's pause and resume, and the settings' checks."""
+headers and the settings' checks (the byte budget is the kernel's: tests/runtime)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from aiokafka.structs import TopicPartition
 
 from client.worker import WorkerConfig
 from client.worker.failures import (
@@ -16,9 +15,6 @@ from client.worker.failures import (
     dead_letter_headers,
     next_step,
 )
-from client.worker.pressure import ByteBudget
-
-TP = TopicPartition("orders", 3)
 
 
 @pytest.mark.parametrize(
@@ -65,32 +61,6 @@ def test_dead_letter_headers_name_the_origin_and_replace_an_earlier_one() -> Non
     assert values["keyrange.error.type"] == b"builtins.ValueError"
     assert len(values["keyrange.error.message"]) == 4096
     assert (values["keyrange.failure.first"], values["keyrange.failure.last"]) == (b"1000", b"2000")
-
-
-def test_a_partition_pauses_over_its_share_and_resumes_below_the_ratio() -> None:
-    paused: list[TopicPartition] = []
-    resumed: list[TopicPartition] = []
-    budget = ByteBudget(1_000, 0.5, paused.extend, resumed.extend)
-    budget.set_partitions(2)  # a share of 500 bytes each
-    budget.add(TP, 500)
-    assert paused == []
-    budget.add(TP, 1)
-    assert paused == [TP] and budget.paused == {TP}
-    budget.release(TP, 200)  # 301: over half the share still
-    assert resumed == []
-    budget.release(TP, 51)  # 250
-    assert resumed == [TP] and budget.paused == frozenset()
-    assert budget.total == 250 and budget.pauses == 1
-
-
-def test_a_smaller_share_after_more_partitions_are_owned_pauses_the_next_add() -> None:
-    paused: list[TopicPartition] = []
-    budget = ByteBudget(1_000, 0.9, paused.extend, lambda _: None)
-    budget.add(TP, 600)
-    assert paused == []
-    budget.set_partitions(2)
-    budget.add(TP, 1)
-    assert paused == [TP]
 
 
 @pytest.mark.parametrize(

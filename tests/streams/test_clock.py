@@ -1,4 +1,5 @@
-"""Stream time, the next-record choice, idle waits and pausing (KIP-28 synchronization)."""
+"""Stream time, the next-record choice and idle waits (KIP-28 synchronization); pausing is
+the byte budget's (tests/runtime/test_budget.py)."""
 
 from __future__ import annotations
 
@@ -43,17 +44,6 @@ def test_stream_time_is_the_smallest_partition_time_and_never_goes_back() -> Non
     assert inputs.partition_time("b") == 200
     assert times == sorted(times)
     assert inputs.stream_time == 100
-
-
-def test_a_crowded_input_is_paused_until_it_drained_to_half() -> None:
-    inputs = TaskInputs(["a", "b"])
-    for timestamp in range(4):
-        inputs.add("a", timestamp, None)
-    assert inputs.crowded("a", 4) and not inputs.crowded("b", 4)
-    assert not inputs.drained("a", 4)
-    inputs.choose(0)
-    inputs.choose(0)
-    assert inputs.drained("a", 4)
 
 
 @given(

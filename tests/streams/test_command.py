@@ -87,6 +87,7 @@ def streams(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
             ["examples.streams_join:build_topology", "--commit-interval-ms", "soon"],
             "--commit-interval-ms",
         ),
+        ((*REQUIRED, "--max-buffered-bytes", "0"), "max_buffered_bytes must be at least 1"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(argv: list[str], message: str) -> None:
@@ -154,6 +155,26 @@ def test_security_comes_from_the_variables_and_a_flag_wins_over_its_variable() -
         sasl_password=PASSWORD,
     )
     assert PASSWORD not in repr(config)
+
+
+def test_the_byte_bound_comes_from_a_flag_or_its_variable() -> None:
+    settings = streams_command.settings(
+        parsed(*REQUIRED), {"KEYRANGE_STREAMS_MAX_BUFFERED_BYTES": "1048576"}
+    )
+    assert StreamsConfig(**settings).max_buffered_bytes == 1 << 20
+    settings = streams_command.settings(parsed(*REQUIRED, "--max-buffered-bytes", "4096"), {})
+    assert StreamsConfig(**settings).max_buffered_bytes == 4096
+
+
+def test_max_buffered_records_is_deprecated_and_still_honoured() -> None:
+    assert StreamsConfig("a", "b", "c").max_buffered_records is None
+    with pytest.warns(FutureWarning, match="max_buffered_bytes"):
+        config = StreamsConfig(
+            **streams_command.settings(parsed(*REQUIRED, "--max-buffered-records", "10"), {})
+        )
+    assert config.max_buffered_records == 10
+    with pytest.raises(ValueError, match="max_buffered_records must be at least 1"):
+        StreamsConfig("a", "b", "c", max_buffered_records=0)
 
 
 async def test_sasl_ssl_reaches_every_kafka_client_the_app_makes() -> None:

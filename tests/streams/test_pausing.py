@@ -1,7 +1,7 @@
 """KIP-28's synchronization end to end, on the real broker and coordinator: a task whose
-input runs ahead pauses that input's fetching while it waits for its empty input, so a join
-never holds a whole topic in memory, and once both inputs have records it processes them in
-timestamp order across the two."""
+input runs ahead pauses that input's fetching once its partition holds its share of the byte
+budget while it waits for its empty input, so a join never holds a whole topic in memory, and
+once both inputs have records it processes them in timestamp order across the two."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from client.runtime.budget import RECORD_OVERHEAD_BYTES
 from client.streams import (
     WALL_CLOCK,
     Processor,
@@ -26,6 +27,8 @@ from tests.streams.harness import accept_range_fetch, running
 from tests.waiting import until
 
 RECORDS = 100
+# Left records whose weight is the left partition's share of the byte budget: the two inputs'
+# partitions share ``max_buffered_bytes``, so the left one pauses past this many records.
 MAX_BUFFERED = 10
 
 
@@ -103,6 +106,8 @@ async def test_an_input_that_runs_ahead_is_paused_until_the_other_catches_up(
     # Interleaved timestamps: the left input has the even ones, the right one the odd ones.
     left_records = [(b"l%d" % i, b"%d" % i, base + 2 * i) for i in range(RECORDS)]
     right_records = [(b"r%d" % i, b"%d" % i, base + 2 * i + 1) for i in range(RECORDS)]
+    weights = [len(key) + len(value) + RECORD_OVERHEAD_BYTES for key, value, _ in left_records]
+    share = sum(weights[:MAX_BUFFERED])
     await produce_one_batch_each(kafka_bootstrap, left, left_records)
     seen: list[tuple[str, int]] = []
     app = StreamsApp(
@@ -117,7 +122,7 @@ async def test_an_input_that_runs_ahead_is_paused_until_the_other_catches_up(
             show_progress=False,
             # Far longer than the test: only a record on the empty input ends the wait.
             max_task_idle_ms=600_000,
-            max_buffered_records=MAX_BUFFERED,
+            max_buffered_bytes=2 * share,
             # One record batch a fetch (the embedded broker caps a fetch by its total size
             # only), so what is fetched before the pause is a record or so past the limit.
             consumer_options={"fetch_max_bytes": 1, "max_partition_fetch_bytes": 1},
@@ -145,7 +150,7 @@ async def test_an_input_that_runs_ahead_is_paused_until_the_other_catches_up(
         assert left_tp in observed.paused()
         assert await observed.kafka().position(left_tp) == fetched
         assert observed.task("buffered") == fetched
-        assert MAX_BUFFERED <= fetched < 2 * MAX_BUFFERED
+        assert share < sum(weights[:fetched]) < 2 * share
 
         # The right input, then one left record later than all: it lets the right input's
         # last record go, and is itself held, waiting for the right input.

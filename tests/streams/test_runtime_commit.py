@@ -45,7 +45,7 @@ def runtime(commit: Any) -> StreamsRuntime:
         commit=commit,
         commit_interval_s=60,
         max_idle_ms=0,
-        max_buffered=100,
+        max_buffered_bytes=1 << 20,
         processing_threads=1,
         on_restore=lambda _: None,
     )

@@ -1,6 +1,7 @@
 """The runtime on its protocols alone (issue 28): driven over the in-memory record feed, a
 producer that records what it is given and a restorer with nothing to restore, no broker.
-Records go in, counts come out, and a commit marks the records whose outputs were flushed."""
+Records go in, counts come out, and a commit marks the records whose outputs were flushed;
+records buffered over the byte budget pause their partition until processed."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from client.protocol.keyspace import KeyRange, key_hash
+from client.runtime.budget import weight
 from client.streams.restore import RestoreProgress
 from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
@@ -75,6 +78,23 @@ class Restorer:
         return progress
 
 
+class HeldRestorer(Restorer):
+    """Restores nothing until ``done`` is set: the task buffers its records meanwhile."""
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+
+    async def restore(
+        self,
+        topic: str,
+        progress: RestoreProgress,
+        runtime: BytesStore,
+        on_progress: Callable[[RestoreProgress], None] = lambda _: None,
+    ) -> RestoreProgress:
+        await self.done.wait()
+        return await super().restore(topic, progress, runtime, on_progress)
+
+
 async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
     topology = count_topology("words", "counts").build()
     source = InMemorySource()
@@ -95,7 +115,7 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
         commit=commit,
         commit_interval_s=60,
         max_idle_ms=0,
-        max_buffered=100,
+        max_buffered_bytes=1 << 20,
         processing_threads=1,
         on_restore=lambda _: None,
     )
@@ -122,3 +142,59 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
     await runtime.finish(5)
     await asyncio.wait_for(running, 5)
     assert source.given_back == []
+
+
+@pytest.mark.parametrize("by_records", [False, True])
+async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_records(
+    by_records: bool,
+) -> None:
+    """The streams runtime's backpressure is the kernel's byte budget: records its intake
+    took in and no task processed yet (here: the task is restoring) are charged to their
+    partition, which pauses over the bound and fetches again once the task processed them.
+    The deprecated ``max_buffered_records`` pauses the same way at its count of records."""
+    topology = count_topology("words", "counts").build()
+    source = InMemorySource()
+    restorer = HeldRestorer()
+    records = [
+        Rec("words", offset, key, value, 1_000 + offset)
+        for offset, (key, value, _) in enumerate(increments(["a", "b", "c", "d"]))
+    ]
+
+    async def commit() -> None:
+        return None
+
+    runtime = StreamsRuntime(
+        source,
+        topology=topology,
+        application_id="app",
+        producer=Producer(),
+        restorer=restorer,
+        state=StateManager(topology, None),
+        owned=lambda: [(WORDS, KeyRange.full(), 0)],
+        commit=commit,
+        commit_interval_s=60,
+        max_idle_ms=0,
+        # Three records fit; the fourth crosses the bound, or reaches the record cap.
+        max_buffered_bytes=1 << 30 if by_records else sum(weight(r) for r in records[:3]),
+        max_buffered_records=4 if by_records else None,
+        processing_threads=1,
+        on_restore=lambda _: None,
+    )
+    source.grant(WORDS)
+    runtime.assigned()
+    running = asyncio.create_task(runtime.run())
+    for record in records[:3]:
+        source.items.put_nowait((WORDS, record, key_hash(record.key, record.offset)))
+    await until(lambda: source.items.empty(), 10, "three records taken in")
+    assert source.paused == set()
+    last = records[3]
+    source.items.put_nowait((WORDS, last, key_hash(last.key, last.offset)))
+    await until(lambda: source.paused == {WORDS}, 10, "the partition paused")
+
+    restorer.done.set()
+    task = next(iter(runtime.tasks))
+    await until(lambda: task.metrics.records == 4, 10, "the restored task processed them")
+    await until(lambda: source.paused == set(), 10, "the partition fetching again")
+
+    await runtime.finish(5)
+    await asyncio.wait_for(running, 10)

@@ -45,6 +45,14 @@ class Rec:
     partition: int = 0
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 
+    @property
+    def serialized_key_size(self) -> int:
+        return -1 if self.key is None else len(self.key)
+
+    @property
+    def serialized_value_size(self) -> int:
+        return -1 if self.value is None else len(self.value)
+
 
 def task_of(topology: Topology, keys: KeyRange = FULL) -> StreamTask:
     built = topology.build()
