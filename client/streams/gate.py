@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 from aiokafka.structs import TopicPartition
 
-from client.runtime.gate import OwnershipGate, Running
+from client.runtime.gate import OwnershipGate
+from client.runtime.pools.pool import RangeClaim
 from client.streams.task import ACTIVE, StreamTask, TaskState
 
 
@@ -52,15 +53,15 @@ class TaskGate:
             TopicPartition(home, task.id.partition), task.id.keys
         )
 
-    def enter(self, task: StreamTask, home: str) -> Running | None:
-        """On the loop, before a round of ``task``'s records: the round's registration in the
-        gate, or None when none of them may start."""
-        return self._gate.enter_range(
-            task.lease, TopicPartition(home, task.id.partition), task.id.keys, task.current_record
-        )
+    @property
+    def ownership(self) -> OwnershipGate:
+        """The consumer's gate, which the pools ask before a round starts."""
+        return self._gate
 
-    def exit(self, running: Running) -> None:
-        self._gate.exit(running)
+    def claim(self, task: StreamTask, home: str) -> TaskClaim:
+        """What a round of ``task``'s records asks the gate right before it starts, on the
+        loop or the pool thread about to run it: its registration for the task's range."""
+        return TaskClaim(task, TopicPartition(home, task.id.partition))
 
     def round_deadline(self) -> float | None:
         """On the loop, as a round begins: the instant before which its records may start,
@@ -85,3 +86,13 @@ class TaskGate:
         """On the loop, right before each record is handed to the producer: whether what
         ``task`` produced may still go out (docs/design.md §5: nothing after a loss)."""
         return task.state is not TaskState.HALTED and self._may_hand_out()
+
+
+class TaskClaim(RangeClaim):
+    """A round of one task: its range under its lease, and the task it runs."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: StreamTask, tp: TopicPartition) -> None:
+        super().__init__(task.lease, tp, task.id.keys, task.current_record)
+        self.task = task

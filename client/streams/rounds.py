@@ -1,17 +1,19 @@
 """Processing rounds: the active tasks' buffered records run for one time budget, round robin
-on the event loop, or each task on a thread of the processing pool (``processing_threads``
-above 1). Every round of a task is registered in the ownership gate while it runs (a
-revocation of its keys waits for it, a pool thread included), and every record starts only
-through the gate's check (``client.streams.gate``)."""
+on the event loop (the kernel's loop pool), or each task on a thread of the kernel's thread
+pool (``processing_threads`` above 1). Every round of a task is registered in the ownership
+gate while it runs, entered right before it starts (a revocation of its keys waits for it, a
+pool thread included), and every record starts only through the gate's check
+(``client.streams.gate``)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from client.runtime.gate import Running
-from client.streams.gate import TaskGate
+from client.runtime.pools.loop import LoopPool
+from client.runtime.pools.pool import NotStarted
+from client.runtime.pools.threads import ThreadPool
+from client.streams.gate import TaskClaim, TaskGate
 from client.streams.task import StreamTask
 from client.streams.tasks import Tasks
 from client.streams.topology import BuiltTopology
@@ -34,16 +36,17 @@ class Rounds:
         self._topology = topology
         self._gate = gate
         self._work = work
-        self._pool = (
+        self._loop = LoopPool(gate.ownership)
+        self._threads = (
             None
             if processing_threads <= 1
-            else ThreadPoolExecutor(processing_threads, thread_name_prefix="keyrange-streams")
+            else ThreadPool(processing_threads, gate.ownership, "keyrange-streams")
         )
 
     def shutdown(self) -> None:
         """Wait for the pool's threads (a thread cannot be interrupted)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        if self._threads is not None:
+            self._threads.close(wait=True)
 
     def startable(self, deadline: float) -> list[StreamTask]:
         """The tasks whose records may start before ``deadline`` (the gate's rule)."""
@@ -59,36 +62,40 @@ class Rounds:
             # halted every task, and the keys may be another member's already.
             return
         now_ms = int(time.time() * 1000)
-        # Each task's round is in the gate while it runs: a revocation of its keys waits.
-        entered: list[tuple[StreamTask, Running]] = []
-        for task in self.startable(session_deadline):
-            running = self._gate.enter(task, self._home(task))
-            if running is not None:
-                entered.append((task, running))
-        try:
-            active = [task for task, _ in entered]
-            if self._pool is None:
-                progressed = process_for(self._gate, active, now_ms, session_deadline)
-            else:
-                loop = asyncio.get_running_loop()
-                busy = [task for task in active if task.inputs.buffered()]
-                outcomes = await asyncio.gather(
-                    *(
-                        loop.run_in_executor(
-                            self._pool, process_for, self._gate, [task], now_ms, session_deadline
-                        )
-                        for task in busy
-                    )
-                )
-                progressed = any(outcomes)
-        finally:
-            for _, running in entered:
-                self._gate.exit(running)
+        claims = [
+            self._gate.claim(task, self._home(task)) for task in self.startable(session_deadline)
+        ]
+        if self._threads is None:
+            progressed = self._loop.run_together(
+                claims, _process_claimed, self._gate, now_ms, session_deadline
+            )
+        else:
+            busy = [claim for claim in claims if claim.task.inputs.buffered()]
+            outcomes = await asyncio.gather(
+                *(self._on_thread(claim, now_ms, session_deadline) for claim in busy)
+            )
+            progressed = any(outcomes)
         if progressed and any(task.inputs.buffered() for task in self.startable(session_deadline)):
             self._work.set()
 
+    async def _on_thread(self, claim: TaskClaim, now_ms: int, session_deadline: float) -> bool:
+        """One task's round on a pool thread; the gate is asked there, as it starts."""
+        assert self._threads is not None
+        try:
+            return await self._threads.run(
+                claim, None, process_for, self._gate, [claim.task], now_ms, session_deadline
+            )
+        except NotStarted:
+            return False
+
     def _home(self, task: StreamTask) -> str:
         return self._topology.subtopologies[task.id.subtopology].source_topics[0]
+
+
+def _process_claimed(
+    claims: list[TaskClaim], gate: TaskGate, now_ms: int, session_deadline: float
+) -> bool:
+    return process_for(gate, [claim.task for claim in claims], now_ms, session_deadline)
 
 
 def process_for(

@@ -16,14 +16,14 @@ from client.consumer import KeyrangeConsumer, RebalanceListener
 from client.graceful import GracefulStop
 from client.http import Slices
 from client.metrics_server import MetricsServer
+from client.runtime.pools.pool import is_async
 from client.runtime.seams import WorkerSource
-from client.worker.calls import Calls, is_async
+from client.worker.calls import Calls, Handler
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
 from client.worker.metrics import EXTRA as METRICS_EXTRA
 from client.worker.metrics import worker_families
 from client.worker.outcomes import Stats
-from client.worker.processes import Handler
 from client.worker.runtime import WorkerRuntime
 from client.worker.task import Partitioner, WorkerTask
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from aiokafka.structs import TopicPartition
 
 from client.fetcher import Item
-from client.runtime.gate import Lease
+from client.runtime.gate import Lease, OwnershipGate, Running
 from client.worker.task import WorkerTask
 
 # A lane is a sub-partition: (partition, index); in the handler form, (partition, key hash).
@@ -61,14 +61,15 @@ class Lane:
 
 class Attempt:
     """A handed-out record until its outcome: processed, dead-lettered, skipped, or given
-    back. ``number`` counts the calls to ``process`` so far."""
+    back. ``number`` counts the calls to ``process`` so far. A pool's claim and slot
+    (``client.runtime.pools.pool``): what its calls ask the gate, where a pool leaves how to
+    end them."""
 
     __slots__ = (
         "calling",
         "dead_lettering",
         "first_failure_ms",
         "given_back_on_end",
-        "interrupted",
         "item",
         "lane",
         "last_failure_ms",
@@ -93,11 +94,9 @@ class Attempt:
         # The wait before the next try.
         self.timer: asyncio.TimerHandle | None = None
         # A call of ``process`` on it is under way (queued in a pool or running), and how to
-        # end it (set by the pool while it can: ``client.worker.calls``).
+        # end it (set by the pool while it can: ``client.runtime.pools``).
         self.calling = False
         self.stop: Callable[[], None] | None = None
-        # Its loop call was cancelled by ``stop``.
-        self.interrupted = False
         # It timed out while its call was under way: the outcome, once the call has ended.
         self.overdue: BaseException | None = None
         # Its slice was lost or revoked past the timeout while its call was under way: its
@@ -113,6 +112,11 @@ class Attempt:
     def key(self) -> KeyId:
         tp, _, hashed = self.item
         return tp, hashed
+
+    def enter(self, gate: OwnershipGate) -> Running | None:
+        """The pools' claim: its record may start only while its lease holds."""
+        tp, record, hashed = self.item
+        return gate.enter(self.lease, tp, hashed, record.offset)
 
 
 Resolve = Callable[["Observer", BaseException | None], None]

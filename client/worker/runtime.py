@@ -41,11 +41,11 @@ from client.fetcher import Item, in_slices
 from client.http import Slices
 from client.runtime.budget import ByteBudget, weight
 from client.runtime.intake import Intake
+from client.runtime.pools.pool import NotStarted, Stopped
 from client.runtime.seams import WorkerSource
 from client.worker.calls import Calls
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
-from client.worker.deadline import NotStarted
 from client.worker.failures import WorkerFailed
 from client.worker.forms import Form, HandlerForm, Process, TaskForm
 from client.worker.lanes import Attempt, KeyId, Lane, LaneId, Observer
@@ -203,9 +203,9 @@ class Scheduler:
         attempt.calling = True
         try:
             await self._form.process(attempt.lane.task, attempt, observer)
-        except asyncio.CancelledError:
-            if not attempt.interrupted:
-                raise
+        except Stopped:
+            # Stopped by a timeout or a revocation past the drain: what follows is theirs.
+            pass
         except NotStarted:
             if attempt.observer is observer and attempt.overdue is None:
                 self._not_started(attempt)
@@ -214,11 +214,6 @@ class Scheduler:
         finally:
             attempt.calling = False
             attempt.stop = None
-            if attempt.interrupted:
-                attempt.interrupted = False
-                worker = asyncio.current_task()
-                if worker is not None and worker.uncancel() > 0:
-                    raise asyncio.CancelledError
         self._call_ended(attempt, observer)
 
     def _call_ended(self, attempt: Attempt, observer: Observer) -> None:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,11 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from client.protocol.keyspace import KeyRange
 from client.runtime.gate import OwnershipGate
+from client.runtime.pools.pool import NotStarted, RecordClaim
+from client.runtime.pools.processes import ProcessPool
 from client.worker import Worker
 from client.worker.calls import Calls
-from client.worker.deadline import NotStarted
 from client.worker.lanes import Attempt, Lane
-from client.worker.processes import ProcessPool
 from client.worker.runtime import WorkerRuntime
 from client.worker.task import WorkerTask
 from tests.client import worker_targets
@@ -182,10 +182,10 @@ async def test_a_pool_process_starts_a_record_only_before_the_shared_deadline(
     monkeypatch.setenv("WORKER_TEST_SLEEP", "0.5")
     session = Deadline()
     gate = granted_gate(session)
-    pool = ProcessPool(worker_targets.notes_its_start, 1, gate)
+    pool = ProcessPool(1, gate)
 
     def run(offset: int) -> Any:
-        return pool.run(record(offset), gate.lease(TP, offset), Slot())
+        return sent(pool, worker_targets.notes_its_start, gate, offset, Slot())
 
     try:
         await run(0)
@@ -224,11 +224,14 @@ async def test_a_process_working_through_long_batches_is_not_refused_while_the_s
     monkeypatch.setenv("WORKER_TEST_SLEEP", "0.2")
     # A session of 0.5 s that heartbeats without pause: always half a second ahead.
     gate = granted_gate(lambda: time.monotonic() + 0.5)
-    pool = ProcessPool(worker_targets.notes_its_start, 1, gate)
+    pool = ProcessPool(1, gate)
     try:
         # Eight records of 0.2 s in the one process's pipe at once: 1.6 s of work.
         outcomes = await asyncio.gather(
-            *(pool.run(record(offset), gate.lease(TP, offset), Slot()) for offset in range(8)),
+            *(
+                sent(pool, worker_targets.notes_its_start, gate, offset, Slot())
+                for offset in range(8)
+            ),
             return_exceptions=True,
         )
     finally:
@@ -287,6 +290,14 @@ async def test_a_call_waiting_for_a_pool_thread_starts_only_before_the_deadline(
 
 class Slot:
     stop: Callable[[], None] | None = None
+
+
+def sent(
+    pool: ProcessPool, handler: Callable[[Any], None], gate: OwnershipGate, offset: int, slot: Slot
+) -> Awaitable[None]:
+    """``handler`` on the record at ``offset``, in the pool, under its lease."""
+    claim = RecordClaim(gate.lease(TP, offset), TP, offset, offset)
+    return pool.run(claim, slot, handler, record(offset))
 
 
 def granted_gate(session: Callable[[], float]) -> OwnershipGate:
@@ -426,10 +437,13 @@ async def test_records_a_dead_process_never_started_are_not_counted_as_its_failu
     journal = tmp_path / "journal"
     monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
     gate = granted_gate(lambda: time.monotonic() + 60)
-    pool = ProcessPool(worker_targets.dies_at_offset_one, 1, gate)
+    pool = ProcessPool(1, gate)
     try:
         outcomes = await asyncio.gather(
-            *(pool.run(record(offset), gate.lease(TP, offset), Slot()) for offset in range(4)),
+            *(
+                sent(pool, worker_targets.dies_at_offset_one, gate, offset, Slot())
+                for offset in range(4)
+            ),
             return_exceptions=True,
         )
     finally:
@@ -451,11 +465,14 @@ async def test_stopping_a_queued_process_call_skips_it_and_a_running_one_kills_i
     monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
     monkeypatch.setenv("WORKER_TEST_SLEEP", "30")
     gate = granted_gate(lambda: time.monotonic() + 60)
-    pool = ProcessPool(worker_targets.notes_its_start, 1, gate)
+    pool = ProcessPool(1, gate)
     slots = [Slot(), Slot()]
     try:
         both = asyncio.gather(
-            *(pool.run(record(offset), gate.lease(TP, offset), slots[offset]) for offset in (0, 1)),
+            *(
+                sent(pool, worker_targets.notes_its_start, gate, offset, slots[offset])
+                for offset in (0, 1)
+            ),
             return_exceptions=True,
         )
         await until(lambda: 0 in dict(starts(journal)), 30, "offset 0 running")

@@ -1,5 +1,5 @@
-"""The process pool for CPU-bound plain handlers: long-lived children, each fed through its own
-pair of pipes that the event loop reads and writes directly.
+"""The process pool for CPU-bound plain functions: long-lived children, each fed through its
+own pair of pipes that the event loop reads and writes directly.
 
 ``ProcessPoolExecutor`` moves every call through a feeder thread, a manager thread and a
 thread-safe wake-up of the loop; measured with 1 ms handlers on two cores, that plumbing cost
@@ -39,13 +39,15 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from client.fetcher import Record
 from client.runtime.gate import Lease, OwnershipGate
-from client.worker.deadline import ChildProgress, NotStarted, SharedGate, Stoppable
+from client.runtime.pools.pool import Claim, NotStarted, Stoppable, Stopped
+from client.runtime.pools.shared import ChildProgress, SharedGate
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[Record], Any]
+Function = Callable[..., Any]
+# A call as it goes to a child: the function and its arguments, pickled with its batch.
+_Call = tuple[Function, tuple[Any, ...]]
 Outcomes = list[BaseException | None] | None
 
 _HEADER = struct.Struct("!Q")
@@ -66,19 +68,17 @@ class ProcessDied(RuntimeError):
     """The process running the record ended without reporting its outcome."""
 
 
-class Stopped(RuntimeError):
-    """The record's call was ended by killing its process (``ProcessPool.stop``)."""
-
-
-# Each record sent gets a sequence number; a child notes the one it starts in shared memory.
-_Pending = tuple[Record, asyncio.Future[None], int, Lease | None, int]
+# Each call sent gets a sequence number; a child notes the one it starts in shared memory.
+_Pending = tuple[_Call, asyncio.Future[None], int, Lease | None, int]
 
 
 class ProcessPool:
-    """``processes`` children running ``handler``; ``run(record, lease, slot)`` resolves
-    with the handler's outcome (its exception, or one that survives pickling, when it
-    raised), ``NotStarted`` when the record's turn came after its right to start ended, or
-    ``Stopped`` when ``slot.stop()`` ended the call by killing its process.
+    """``processes`` children; ``run(claim, slot, function, *args)`` resolves with the
+    call's outcome (its exception, or one that survives pickling, when it raised; its
+    return value is not sent back), ``NotStarted`` when its turn came after its right to
+    start ended, or ``Stopped`` when ``slot.stop()`` ended it by killing its process.
+    ``function`` and ``args`` are pickled to the child: a module-level function, and
+    arguments that pickle.
 
     The children's copy of the gate is written on the event loop: before every batch goes
     out, every ``_REFRESH_S`` while records are out, and at once when the gate changes (a
@@ -87,8 +87,7 @@ class ProcessPool:
     heartbeats, so a blocked loop or a frozen process stops both alike. The copy then stays
     at the last deadline the member knew, which is where children must stop."""
 
-    def __init__(self, handler: Handler, processes: int, gate: OwnershipGate) -> None:
-        self._handler = handler
+    def __init__(self, processes: int, gate: OwnershipGate) -> None:
         self._count = processes
         self._gate = gate
         self._shared = SharedGate(multiprocessing.get_context())
@@ -107,7 +106,9 @@ class ProcessPool:
         cores, whether ``max_concurrency`` keeps them fed (or the loop falls behind)."""
         return self._waited_by_replaced + sum(child.waited_s for child in self._children)
 
-    async def run(self, record: Record, lease: Lease | None, slot: Stoppable) -> None:
+    async def run(
+        self, claim: Claim, slot: Stoppable | None, function: Function, *args: Any
+    ) -> None:
         if self._closed:
             raise PoolClosed("the process pool was shut down")
         loop = asyncio.get_running_loop()
@@ -116,7 +117,12 @@ class ProcessPool:
             loop.call_soon(self._send)
         self._sequence += 1
         sequence = self._sequence
-        self._pending.append((record, outcome, self._gate.revision, lease, sequence))
+        self._pending.append(
+            ((function, args), outcome, self._gate.revision, claim.lease, sequence)
+        )
+        if slot is None:
+            await outcome
+            return
         slot.stop = lambda: self._stop(outcome, sequence)
         try:
             await outcome
@@ -189,7 +195,7 @@ class ProcessPool:
         try:
             loop = asyncio.get_running_loop()
             while len(alive) < self._count:
-                alive.append(_Child(self._handler, self._shared, loop, alive))
+                alive.append(_Child(self._shared, loop, alive))
         except Exception as error:
             # Nothing can run them; their failure goes to the policy like a handler's.
             logger.exception("a pool process could not be started")
@@ -226,7 +232,6 @@ class _Child:
 
     def __init__(
         self,
-        handler: Handler,
         gate: SharedGate,
         loop: asyncio.AbstractEventLoop,
         siblings: list[_Child],
@@ -240,11 +245,11 @@ class _Child:
         # pipe the parent closes would not end for the child holding its other copy.
         parents_ends = [self._inbox, self._outbox]
         for sibling in siblings:
-            parents_ends += [sibling._inbox, sibling._outbox]
+            parents_ends += sibling.parents_ends()
         # Daemonic: an interpreter exiting does not wait for a handler that still runs.
         self._process: BaseProcess = context.Process(
             target=_serve,
-            args=(handler, gate, self._progress, to_child, from_child, parents_ends),
+            args=(gate, self._progress, to_child, from_child, parents_ends),
             daemon=True,
         )
         try:
@@ -270,6 +275,10 @@ class _Child:
         self._exit: asyncio.Future[None] | None = None
         loop.add_reader(self._outbox.fileno(), self._read)
 
+    def parents_ends(self) -> list[Connection]:
+        """The parent's ends of this child's pipes, which a sibling forked later closes."""
+        return [self._inbox, self._outbox]
+
     @property
     def alive(self) -> bool:
         return self._open and not self.killed
@@ -281,7 +290,7 @@ class _Child:
         return any(seq == sequence for batch in self._batches for seq, _ in batch)
 
     def send(
-        self, records: list[tuple[int, Record]], outcomes: list[asyncio.Future[None]], revision: int
+        self, records: list[tuple[int, _Call]], outcomes: list[asyncio.Future[None]], revision: int
     ) -> None:
         if not self._open:
             # It died while this turn's batches went out.
@@ -442,16 +451,14 @@ def _settle(outcome: asyncio.Future[None], error: BaseException | None) -> None:
 
 
 def _serve(
-    handler: Handler,
     gate: SharedGate,
     progress: ChildProgress,
     inbox: Connection,
     outbox: Connection,
     parents: list[Connection],
 ) -> None:
-    """A child's life: read a batch, run the handler on each record the gate lets start,
-    write the outcomes (None when every record succeeded), until the parent closes the pipe
-    or goes away."""
+    """A child's life: read a batch, run each call the gate lets start, write the outcomes
+    (None when every call succeeded), until the parent closes the pipe or goes away."""
     # A Ctrl+C reaches the whole process group; the parent drains and closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for end in parents:
@@ -467,7 +474,7 @@ def _serve(
         if payload is None:
             return
         revision, records = pickle.loads(payload)
-        outcomes = _run_batch(handler, records, gate, progress, revision)
+        outcomes = _run_batch(records, gate, progress, revision)
         reply = pickle.dumps((outcomes, waited), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             _write_all(writing, _HEADER.pack(len(reply)) + reply)
@@ -476,21 +483,20 @@ def _serve(
 
 
 def _run_batch(
-    handler: Handler,
-    records: list[tuple[int, Record]],
+    calls: list[tuple[int, _Call]],
     gate: SharedGate,
     progress: ChildProgress,
     revision: int,
 ) -> Outcomes:
     errors: list[BaseException | None] = []
     failed = False
-    for sequence, record in records:
+    for sequence, (function, args) in calls:
         if not progress.start(sequence, gate, revision):
             failed = True
             errors.append(NotStarted("its right to start ended before its turn"))
             continue
         try:
-            handler(record)
+            function(*args)
             errors.append(None)
         except Exception as error:
             failed = True

@@ -1,61 +1,16 @@
-"""The ownership gate where user code starts in the worker's pools (docs/design.md §5). The runtime
-hands a record to a pool under its slice's lease, but the record can start in user code much
-later: it waits for a thread when ``worker_threads`` is below ``max_concurrency``, and sits in
-a child's pipe behind the batch the child works on. If its right to start ends meanwhile (the
-session deadline passes, its slice is revoked, the membership is lost, the member stops), the
-key may be another member's, so the pools ask the gate again right before each record starts:
-threads the gate itself (``call_through``), children its shared copy (``SharedGate``)."""
+"""The ownership gate as a pool's child processes see it (docs/design.md §5). A child cannot
+take the gate's lock, so before each record it reads a copy in shared memory (``SharedGate``)
+that the parent's event loop writes, and notes which record it starts (``ChildProgress``) so
+the parent can stop a call that has not started without killing the process."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from multiprocessing.context import BaseContext
-from typing import Any, Protocol, TypeVar
-
-from aiokafka.structs import TopicPartition
-
-from client.runtime.gate import Lease, OwnershipGate
-
-Result = TypeVar("Result")
+from typing import Any
 
 # No record has this sequence number: nothing is refused.
 _NONE_REFUSED = 2**62
-
-
-class NotStarted(Exception):
-    """A pool did not start the record: when its turn came, its right to start had ended
-    (the session deadline passed, its slice revoked or lost, the member stopping), or the
-    call was stopped before it started. Not a failure of the handler: the failure policy
-    never sees it; the record goes back to the slice's owner (or is sent again when its
-    slice is still this member's)."""
-
-
-class Stoppable(Protocol):
-    """Where a pool puts how to end the call it runs for a record (cancel a queued thread
-    call, kill a process), while it runs."""
-
-    stop: Callable[[], None] | None
-
-
-def call_through(
-    gate: OwnershipGate,
-    lease: Lease | None,
-    tp: TopicPartition,
-    hashed: int,
-    offset: int,
-    function: Callable[..., Result],
-    *args: Any,
-) -> Result:
-    """``function(*args)`` on a pool thread, if the gate lets the record start now
-    (``NotStarted`` else); the gate knows the call runs until it returns."""
-    running = gate.enter(lease, tp, hashed, offset)
-    if running is None:
-        raise NotStarted("the record's right to start ended before its turn came")
-    try:
-        return function(*args)
-    finally:
-        gate.exit(running)
 
 
 class SharedGate:
