@@ -45,12 +45,15 @@ class Calls:
             return await function(*args)
         return await self._threads.call(function, *args)
 
-    async def for_record(self, attempt: Attempt, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(*args)`` on ``attempt``'s record: started only if the gate lets it
-        (``NotStarted`` else), stoppable through ``attempt.stop`` while it runs (``Stopped``
-        when a loop call was)."""
+    def for_record(
+        self, attempt: Attempt, function: Callable[..., Any], *args: Any
+    ) -> Awaitable[Any]:
+        """``function(*args)`` on ``attempt``'s record, to await: started only if the gate
+        lets it (``NotStarted`` else), stoppable through ``attempt.stop`` while it runs
+        (``Stopped`` when a loop call was). The pool's own coroutine, so a record's call
+        costs no frame of its own here."""
         pool: Pool = self._loop if is_async(function) else self._threads
-        return await pool.run(attempt, attempt, function, *args)
+        return pool.run(attempt, attempt, function, *args)
 
     def handler_process(
         self, handler: Handler
