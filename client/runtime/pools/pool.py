@@ -59,13 +59,15 @@ class Pool(Protocol):
         self, claim: Claim, slot: Stoppable | None, function: Callable[..., Any], *args: Any
     ) -> Any:
         """``function(*args)`` if the gate lets ``claim`` start when its turn comes
-        (``NotStarted`` else), stoppable through ``slot.stop`` while that is set."""
+        (``NotStarted`` else), stoppable through ``slot.stop`` while that is set: before it
+        starts it then never does (``NotStarted``); running, it ends as ``Stopped`` where
+        the pool can end it (the loop, a process) and runs out where it cannot (a thread)."""
 
     async def until_stopped(self) -> None:
         """Until the calls ended by ``stop`` are over (a killed process has exited)."""
 
     def close(self) -> None:
-        """Start nothing more; what never started fails with ``NotStarted`` or is dropped."""
+        """Start nothing more: what waits for its turn never starts."""
 
 
 class RecordClaim:
