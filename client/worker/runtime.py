@@ -204,7 +204,8 @@ class Scheduler:
         try:
             await self._form.process(attempt.lane.task, attempt, observer)
         except Stopped:
-            # Stopped by a timeout or a revocation past the drain: what follows is theirs.
+            # Stopped by its timeout, a loss or a revocation past the drain, which decide
+            # what follows once the call has ended (``_call_ended``).
             pass
         except NotStarted:
             if attempt.observer is observer and attempt.overdue is None:
