@@ -534,3 +534,43 @@ async def test_a_sub_partition_never_has_two_tasks_at_once_when_its_partition_co
         calls.close()
     assert events[:4] == [("init", 0), ("process", 0), ("close", 0), ("init", 1)]
     assert ("process", 1) in events
+
+
+@pytest.mark.slow
+async def test_a_process_call_past_its_processing_timeout_is_killed_and_fails_as_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on the loop: the call is ended (its process killed) and the policy sees the
+    timeout, not how the pool ended the call (docs/workers.md)."""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "30")
+    source = Source()
+    calls = Calls(threads=1, processes=1, gate=source.gate)
+    runtime = WorkerRuntime(
+        source,
+        config(
+            "orders",
+            "unused:9092",
+            "http://unused",
+            "g",
+            processes=1,
+            processing_timeout_s=0.5,
+            failure_policy="skip",
+        ),
+        calls,
+        handler_process=calls.handler_process(worker_targets.notes_its_start),
+    )
+    source.runtime = runtime
+    running = asyncio.create_task(runtime.run())
+    caplog.set_level(logging.WARNING, logger="client.worker.outcomes")
+    try:
+        source.put(0)
+        await until(lambda: source.marked == [0], 20, "the record skipped after its timeout")
+    finally:
+        await runtime.finish(5.0)
+        await running
+        calls.close()
+    skipped = [r for r in caplog.records if r.getMessage() == "record failed; skipped"]
+    assert [getattr(r, "error_type", None) for r in skipped] == ["ProcessingTimeout"]
+    assert [line[0] for line in journal_lines(journal)] == ["start"]
