@@ -14,9 +14,10 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
 # Dependencies first, from pyproject.toml alone: a source change then reuses this layer.
-# The image runs the coordinator: the base dependencies and the `server` extra.
+# The image runs the coordinator: the base dependencies, the `server` extra, and `otel`, so
+# tracing is switched on by OTEL_* variables alone (docs/operations.md, "Tracing").
 COPY pyproject.toml ./
-RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(project['dependencies'] + project['optional-dependencies']['server']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = project['optional-dependencies']; print('\n'.join(project['dependencies'] + extras['server'] + extras['otel']))" > /tmp/requirements.txt \
     && pip install --no-cache-dir --requirement /tmp/requirements.txt
 
 # The package itself, without dependencies: they are all in the layer above. The slim base

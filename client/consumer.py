@@ -60,6 +60,7 @@ from client.release import SliceRelease, describe
 from client.runtime.gate import OwnershipGate, Running
 from client.runtime.seams import Runtime
 from client.status import ConsumerStatus
+from client.tracing import record_tracer
 from client.tracker import CommitMode, OffsetTracker
 
 __all__ = ["ConsumerStopped", "Handler", "KeyrangeConsumer", "RebalanceListener", "Record"]
@@ -461,7 +462,11 @@ class KeyrangeConsumer:
             raise ValueError("max_concurrency must be at least 1")
         await self.drive(
             lambda source: Dispatcher(
-                source, handler, max_concurrency, cancel_on_loss=cancel_on_loss
+                source,
+                handler,
+                max_concurrency,
+                cancel_on_loss=cancel_on_loss,
+                tracer=record_tracer("run", self._group_id, lambda: self.member_id),
             )
         )
 

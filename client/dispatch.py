@@ -26,6 +26,7 @@ from client.fetcher import Item, Record, in_slices
 from client.http import Slices
 from client.runtime.intake import Intake
 from client.runtime.seams import RecordSource
+from client.tracing import RecordSpan, RecordTracer
 
 Handler = Callable[[Record], Awaitable[object]]
 
@@ -51,8 +52,10 @@ class Dispatcher:
         max_concurrency: int,
         *,
         cancel_on_loss: bool,
+        tracer: RecordTracer | None = None,
     ) -> None:
         self._source = source
+        self._tracer = tracer
         self._handler = handler
         self._workers = max_concurrency
         self._cancel_on_loss = cancel_on_loss
@@ -134,18 +137,31 @@ class Dispatcher:
                     del chains[ident]
                 continue
             self._running[ident] = worker
+            span = (
+                None
+                if self._tracer is None
+                else self._tracer.start(tp.topic, tp.partition, record, hashed)
+            )
+            token = None if span is None else span.current()
             try:
                 await self._handler(record)
             except asyncio.CancelledError:
                 if ident not in self._cancelled or worker.uncancel() > 0:
+                    if span is not None:
+                        span.end("given_back")
                     raise
             except Exception as error:
+                if span is not None:
+                    span.failed(error, "stopped", attempt=1)
+                    span.end("failed")
                 if not self._failure.done():
                     self._failure.set_exception(error)
                 return
             finally:
                 del self._running[ident]
                 gate.exit(running)
+                if token is not None:
+                    RecordSpan.restore(token)
             chain.popleft()
             self._done(1)
             if ident in self._cancelled:
@@ -156,8 +172,12 @@ class Dispatcher:
                 if worker.cancelling():
                     worker.uncancel()
                 self._source.give_back(record)
+                if span is not None:
+                    span.end("given_back")
             else:
                 self._source.mark_processed(record)
+                if span is not None:
+                    span.end("processed")
             if chain:
                 ready.put_nowait(ident)
             else:

@@ -36,6 +36,7 @@ from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from client.streams.task import TaskState
 from client.streams.topology import BuiltTopology, Topology
+from client.tracing import record_tracer
 
 ASSIGNOR = "sticky-join"
 
@@ -145,6 +146,9 @@ class StreamsApp:
             processing_threads=self.config.processing_threads,
             max_buffered_records=self.config.max_buffered_records,
             on_restore=self._restore_progress,
+            tracer=record_tracer(
+                "streams", self.config.application_id, lambda: self._consumer.member_id
+            ),
         )
         self.runtime.assigned()
         return self.runtime

@@ -42,6 +42,7 @@ from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskId, TaskState
 from client.streams.tasks import Tasks
 from client.streams.topology import BuiltTopology
+from client.tracing import RecordTracer
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class StreamsRuntime:
         processing_threads: int,
         max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
+        tracer: RecordTracer | None = None,
     ) -> None:
         self._source = source
         self._topology = topology
@@ -87,6 +89,7 @@ class StreamsRuntime:
             on_restore=on_restore,
             max_idle_ms=max_idle_ms,
             on_ready=self._work.set,
+            tracer=tracer,
         )
         self.restores = self._life.restores
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)

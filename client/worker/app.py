@@ -18,6 +18,7 @@ from client.http import Slices
 from client.metrics_server import MetricsServer
 from client.runtime.pools.pool import is_async
 from client.runtime.seams import WorkerSource
+from client.tracing import record_tracer
 from client.worker.calls import Calls, Handler
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -151,6 +152,7 @@ class Worker:
             handler_process=handler_process,
             partitioner=self._partitioner,
             dead_letters=self._dead_letters,
+            tracer=record_tracer("worker", self.config.group_id, lambda: self._consumer.member_id),
         )
         self.runtime = runtime
         owned = list(self._consumer.assignment())

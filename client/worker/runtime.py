@@ -43,6 +43,7 @@ from client.runtime.budget import ByteBudget, weight
 from client.runtime.intake import Intake
 from client.runtime.pools.pool import NotStarted, Stopped
 from client.runtime.seams import WorkerSource
+from client.tracing import RecordTracer
 from client.worker.calls import Calls
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -72,8 +73,10 @@ class Scheduler:
         budget: ByteBudget,
         stats: Stats,
         dead_letters: DeadLetters | None,
+        tracer: RecordTracer | None = None,
     ) -> None:
         self._source = source
+        self._tracer = tracer
         self._form = form
         self._lifecycle = lifecycle
         self._budget = budget
@@ -184,6 +187,8 @@ class Scheduler:
         lane.queue.popleft()
         lease = self._source.hand_out(tp, record, hashed)
         attempt = Attempt(item, lane, weight(record), lease)
+        if self._tracer is not None:
+            attempt.trace = self._tracer.start(tp.topic, tp.partition, record, hashed)
         self.open[(tp, hashed)] = attempt
         self.attempts.add(attempt)
         self.settled.clear()
@@ -197,6 +202,8 @@ class Scheduler:
         its slice must go (``Attempt.stop``); a call running on a thread cannot be, and the
         record's outcome waits for it."""
         attempt.number += 1
+        if attempt.trace is not None:
+            attempt.trace.attempt(attempt.number)
         observer = Observer(attempt, self.resolve, self._loop)
         attempt.observer = observer
         self.timeouts.start(observer)
@@ -267,6 +274,9 @@ class Scheduler:
         if attempt not in self.attempts:
             return
         self.forget(attempt)
+        if attempt.trace is not None:
+            # A failure policy's outcome (skipped, dead-lettered) ended the span already.
+            attempt.trace.end("processed" if processed else "given_back")
         tp, record, hashed = attempt.item
         if processed:
             self._source.mark_processed(record)
@@ -310,6 +320,7 @@ class WorkerRuntime:
         handler_process: Process | None = None,
         partitioner: Partitioner | None = None,
         dead_letters: DeadLetters | None = None,
+        tracer: RecordTracer | None = None,
     ) -> None:
         if (task_factory is None) == (handler_process is None):
             raise ValueError("give exactly one of task_factory and handler_process")
@@ -331,7 +342,7 @@ class WorkerRuntime:
         self._intake = Intake(source, self._enqueue, self._budget)
         self.stats = Stats()
         self._scheduler = Scheduler(
-            source, config, form, self._lifecycle, self._budget, self.stats, dead_letters
+            source, config, form, self._lifecycle, self._budget, self.stats, dead_letters, tracer
         )
         self._workers: set[asyncio.Task[None]] = set()
         # The one shutdown every ``finish`` waits for.
