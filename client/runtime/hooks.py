@@ -5,8 +5,9 @@ that it stops, and the one fan-out that tells them, always in the same order.
 In the manner of kafka-workers' listeners, parts register with the fan-out and unregister
 from it: the consumer registers its own parts when it is built (the fetch buffer, then the
 hand-out API), and a composition root (``run()``, ``Worker``, ``StreamsApp``) registers the
-runtime it built and unregisters it once the consumer stopped. Nothing reaches a runtime's
-ownership changes by another road.
+runtime it built and unregisters it once the consumer stopped (a root that registers its
+runtime after slices were granted tells it ``assigned`` of them itself). Nothing reaches a
+runtime's ownership changes by another road.
 
 **The order.** Every hook goes to the parts in the order they registered (the consumer's
 own, then the runtimes), and then to the user's ``RebalanceListener`` for the three events
@@ -109,9 +110,6 @@ class Hooks:
     def unregister(self, part: LifecycleHooks) -> None:
         if part in self._parts:
             self._parts.remove(part)
-
-    def __contains__(self, part: object) -> bool:
-        return part in self._parts
 
     async def assigned(self, slices: Slices) -> None:
         for part in tuple(self._parts):
