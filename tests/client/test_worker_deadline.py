@@ -571,7 +571,7 @@ async def test_a_process_call_past_its_processing_timeout_is_killed_and_fails_as
         source.put(0)
         await until(lambda: source.marked == [0], 20, "the record skipped after its timeout")
     finally:
-        await runtime.finish(5.0)
+        await runtime.stopping(5.0)
         await running
         calls.close()
     skipped = [r for r in caplog.records if r.getMessage() == "record failed; skipped"]
