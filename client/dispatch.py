@@ -4,8 +4,9 @@ time in offset order, on a fixed pool of worker tasks apart from the fetch.
 It sees the consumer only through ``RecordSource`` (``client.runtime.seams``): the next record
 to hand out, the hand-out guard (the membership's session deadline), handing out and marking.
 Records come in through the kernel's intake (``client.runtime.intake``), like the other
-runtimes'. When the membership is lost the consumer calls ``lose``, which drops what is queued
-and cancels running handlers.
+runtimes'. It hears ownership changes through the lifecycle hooks (``client.runtime.hooks``),
+registered by ``KeyrangeConsumer.run``: ``lost`` drops what is queued and cancels running
+handlers.
 
 Its bound is a count, not the byte budget: at most 64 records per runner are queued and not
 finished, and while that many are, the intake takes nothing more, so the fetcher's own buffer
@@ -24,6 +25,7 @@ from aiokafka.structs import TopicPartition
 
 from client.fetcher import Item, Record, in_slices
 from client.http import Slices
+from client.runtime.hooks import LifecycleHooks
 from client.runtime.intake import Intake
 from client.runtime.seams import RecordSource
 from client.tracing import RecordSpan, RecordTracer
@@ -35,7 +37,7 @@ Handler = Callable[[Record], Awaitable[object]]
 _STOPPED_GRACE_S = 1.0
 
 
-class Dispatcher:
+class Dispatcher(LifecycleHooks):
     """``run()``'s machinery: one chain of records per (partition, key hash) and a fixed pool
     of ``max_concurrency`` workers. A chain is scheduled at most once at any time, so a key's
     records run one at a time in offset order; a worker takes one record of a chain and puts
@@ -78,10 +80,10 @@ class Dispatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         try:
-            # Ends when ``finish`` or a handler's failure completes ``_failure``.
+            # Ends when ``stopping`` or a handler's failure completes ``_failure``.
             await Intake(self._source, self._dispatch).run(self._failure)
         finally:
-            await self.finish(None)
+            await self.stopping(None)
         if self._failure.done():
             self._failure.result()
 
@@ -117,7 +119,7 @@ class Dispatcher:
             if ident is None or self._failure.done():
                 return
             chain = chains[ident]
-            # Asked before every hand-out. A lost membership withdrew every queued record
+            # Asked before every hand-out. A lost membership dropped every queued record
             # before the answer turned False, so the chain is empty then.
             if not chain or not self._source.may_hand_out():
                 self._done(len(chain))
@@ -188,11 +190,11 @@ class Dispatcher:
         if self._queued < self._max_queued:
             self._space.set()
 
-    def lose(self) -> None:
+    def lost(self, slices: Slices) -> None:
         """The membership is lost: drop every queued record and cancel the handlers still
         running (unless ``cancel_on_loss`` is off), since their keys may be another member's
         already."""
-        self.withdraw(None)
+        self.revoking(None)
         if self._cancel_on_loss:
             self._cancel(None)
 
@@ -212,7 +214,7 @@ class Dispatcher:
             if worker is not current:
                 worker.cancel()
 
-    def withdraw(self, slices: Slices | None) -> None:
+    def revoking(self, slices: Slices | None) -> None:
         """Drop queued records of ``slices`` (all with None) that no handler started."""
         for (tp, hashed), chain in self._chains.items():
             if slices is not None and not in_slices(slices, tp, hashed):
@@ -224,9 +226,9 @@ class Dispatcher:
                     chain.pop()
                 self._done(dropped)
 
-    async def finish(self, timeout_s: float | None) -> None:
+    async def stopping(self, timeout_s: float | None) -> None:
         """Stop dispatching; let started handlers end (up to ``timeout_s``), drop the rest."""
-        self.withdraw(None)
+        self.revoking(None)
         if not self._failure.done():
             self._failure.set_result(None)
         for _ in range(self._workers):

@@ -96,7 +96,7 @@ class Run:
 class Fetcher:
     """Reads Kafka for the tracker's slices and buffers what may be handed out.
 
-    ``lock`` serialises a poll against assignment changes (``sync``, ``withdraw`` and the
+    ``lock`` serialises a poll against assignment changes (``sync``, ``revoking`` and the
     tracker's slice changes happen with it held). The consumer's ``status`` raises when
     the consumer stopped or its membership failed, and resolves a ``change_future`` when the
     assignment changes, so a fetch with nothing assigned waits for it instead of polling.
@@ -395,8 +395,8 @@ class Fetcher:
         self._seek_stamps[tp] = kafka.last_poll_timestamp(tp)
         self._probing.pop(tp, None)
 
-    def withdraw(self, slices: Slices) -> None:
-        """Take buffered records of ``slices`` back from delivery."""
+    def revoking(self, slices: Slices) -> None:
+        """Drop buffered records of ``slices``: they are not to be handed out any more."""
         kept_runs: deque[Run] = deque()
         for run in self._buffer:
             left = run.hashes[run.next :]
