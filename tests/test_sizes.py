@@ -17,7 +17,6 @@ SHIPPED = ("coordinator", "client", "migrations", "examples", "bench")
 OVER_TODAY = {
     "client/consumer.py:KeyrangeConsumer",
     "client/fetcher.py:Fetcher",
-    "client/membership.py:Membership",
     "bench/commit.py",
 }
 
