@@ -112,6 +112,8 @@ class Membership:
         return self._session.deadline()
 
     def _withhold(self) -> None:
+        """The session was just found lost, perhaps by a hand-out guard: nothing more goes
+        out from this instant, and the loop wakes to drop the slices and rejoin."""
         self._owner.withhold()
         self.wake()
 
