@@ -3,10 +3,10 @@
 
 Each change updates the consumer's own state (the tracker's slices, the gate's leases, the
 fetcher's assignment, the hand-out ledger) in the order docs/design.md §5 asks, and tells
-every part through the lifecycle hooks' fan-out (``client.runtime.hooks``): ``acquire`` ends
+every part through the lifecycle hooks' fan-out (``client.runtime.hooks``): ``assign`` ends
 with ``assigned``; ``release`` (``client.release``) tells ``revoking``, ``stop_calls`` and
-``revoked``; a loss tells ``lost`` the instant it is known (``withhold``) and ``dropped``
-once the slices are gone (``lose_all``).
+``revoked``; a loss tells ``lost`` the instant it is known (``lose``) and ``dropped``
+once the slices are gone (``drop``).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Ownership:
     def active_slices(self) -> Slices:
         return self._tracker.owned()
 
-    async def acquire(self, added: Slices) -> None:
+    async def assign(self, added: Slices) -> None:
         self._fetcher.kafka()
         topics = sorted({tp.topic for tp in added})
         committed = await self._client.fetch_offsets(self._group_id, topics)
@@ -133,20 +133,20 @@ class Ownership:
     def stuck_report(self) -> list[StuckCall]:
         return self.releasing.stuck_report()
 
-    def withhold(self) -> None:
+    def lose(self) -> None:
         """The membership was just lost: nothing more starts."""
-        self._withhold(self.owned_slices())
+        self._lose(self.owned_slices())
 
-    def _withhold(self, lost: Slices) -> None:
+    def _lose(self, lost: Slices) -> None:
         # Synchronous on purpose: it runs the instant the loss is known, before any other task
         # of this loop can hand a buffered or queued record to user code.
         self._gate.end()
         self._hooks.lost(lost)
 
-    async def lose_all(self) -> None:
+    async def drop(self) -> None:
         async with self._fetcher.lock:
             lost = self._tracker.clear()
-            self._withhold(lost)
+            self._lose(lost)
             self._handed.clear()
             self.releasing.clear()
             self._fetcher.sync(seek={})

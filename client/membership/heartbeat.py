@@ -74,7 +74,7 @@ class Membership:
             instance_id=instance_id,
             client_id=client_id,
         )
-        self._session = Session(session_timeout_ms / 1000, self._withhold)
+        self._session = Session(session_timeout_ms / 1000, self._session_lost)
         self._reports = Reports(group_id, owner.stuck_report)
         self._interval_s = self._session.timeout_s / 3
         # Send the next heartbeat without sleeping: the last reply asked for it (it waited out
@@ -111,10 +111,10 @@ class Membership:
         """The same as an instant, for a pool thread (``Session.deadline``)."""
         return self._session.deadline()
 
-    def _withhold(self) -> None:
+    def _session_lost(self) -> None:
         """The session was just found lost, perhaps by a hand-out guard: nothing more goes
         out from this instant, and the loop wakes to drop the slices and rejoin."""
-        self._owner.withhold()
+        self._owner.lose()
         self.wake()
 
     def wake(self) -> None:

@@ -4,7 +4,7 @@
 It runs as a task of its own beside the heartbeat loop, so the member keeps heartbeating while
 a revocation drains in-flight work. It first releases ``owned - assignment`` (stop, drain,
 commit, notify) and tells the heartbeat so the smaller ``owned`` is reported at once, then
-acquires ``assignment - owned`` and reports that too.
+assigns ``assignment - owned`` and reports that too.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ class SliceOwner(Protocol):
 
     async def release(self, revoked: Slices) -> None: ...
 
-    async def acquire(self, added: Slices) -> None: ...
+    async def assign(self, added: Slices) -> None: ...
 
-    async def lose_all(self) -> None: ...
+    async def drop(self) -> None: ...
 
-    def withhold(self) -> None:
+    def lose(self) -> None:
         """Hand nothing more out, at once: the membership was just lost. Called before
-        ``lose_all``, which drops the slices themselves once it gets its turn."""
+        ``drop``, which drops the slices themselves once it gets its turn."""
 
     def stuck_report(self) -> list[StuckCall]:
         """Calls that cannot be stopped, holding keys of slices being given up, for the
@@ -64,7 +64,7 @@ def slices_minus(left: Mapping[TopicPartition, Sequence[KeyRange]], right: Slice
 
 
 class Reconciler:
-    """Applies target assignments one at a time, in the order revoke-then-acquire."""
+    """Applies target assignments one at a time, in the order revoke-then-assign."""
 
     def __init__(self, owner: SliceOwner, on_owned_changed: Callable[[], None]) -> None:
         self._owner = owner
@@ -80,7 +80,7 @@ class Reconciler:
         self._task = asyncio.create_task(self._run(), name="keyrange-reconciler")
 
     def set_target(self, target: Slices) -> None:
-        # Applied even when unchanged: the diff is cheap, and it retries an acquire that
+        # Applied even when unchanged: the diff is cheap, and it retries an assignment that
         # failed and settles waiters when the grant is empty.
         normalized = {tp: normalize(ranges) for tp, ranges in target.items() if ranges}
         if normalized != self._target:
@@ -96,7 +96,7 @@ class Reconciler:
         """Abandon whatever is in progress and drop every slice (the membership is lost)."""
         await self.stop()
         self._target = {}
-        await self._owner.lose_all()
+        await self._owner.drop()
         self.start()
 
     async def stop(self) -> None:
@@ -151,5 +151,5 @@ class Reconciler:
             self._on_owned_changed()
         added = slices_minus(target, self._owner.active_slices())
         if added:
-            await self._owner.acquire(added)
+            await self._owner.assign(added)
             self._on_owned_changed()

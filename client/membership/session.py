@@ -49,7 +49,7 @@ class Session:
         """True while the member may not hand out records: from the instant its session
         deadline passed (or the coordinator answered fenced / unknown member) until its slices
         were dropped. Cheap enough to ask before every hand-out; the first caller to see the
-        deadline passed tells ``on_lost``, which withholds records and wakes the heartbeat
+        deadline passed tells ``on_lost``, which stops handing out records and wakes the heartbeat
         task to drop the slices and rejoin."""
         if self.known_lost:
             return True
