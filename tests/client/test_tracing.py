@@ -244,14 +244,14 @@ async def test_streams_sinks_carry_the_trace_of_the_record_they_came_from(
         tracer=tracer,
     )
     source.grant(words)
-    runtime.assigned()
+    runtime.assigned({words: [KeyRange.full()]})
     running_runtime = asyncio.create_task(runtime.run())
     with trace.get_tracer("test").start_as_current_span("upload") as upload:
         headers = trace_headers()
     ((key, value, _),) = increments(["a"])
     source.items.put_nowait((words, Rec("words", 0, key, value, 1_000, headers=headers), 0))
     await until(lambda: producer.to("counts"), 10, "the count")
-    await runtime.finish(5)
+    await runtime.stopping(5)
     await asyncio.wait_for(running_runtime, 5)
     (process,) = named(spans, "process words")
     assert process.parent is not None
