@@ -33,14 +33,14 @@ process); every ratio is against a baseline measured in the same run.
 3. Memory under backpressure: a backlog of ``--backlog-mb`` (1,024) MB and a slow handler in
    a worker process with ``max_buffered_bytes`` of ``--bound-mb`` (64); its peak RSS while
    it runs for ``--memory-seconds`` (20); ``rss_over_bound_mb = peak - bound``.
-5. Tracing's cost: Parallel Consumer's workload (handler form, 100 and Zipf keys) with
-   OpenTelemetry tracing on (a span per record, exported through a batch processor to the
-   SDK's in-memory exporter) and off (``OTEL_SDK_DISABLED``), alternated ``--rounds`` times;
-   ``traced_efficiency_ratio_<keys>`` is the median of traced efficiency / untraced.
 4. A retrying key: Parallel Consumer's workload on ``--retry-records`` (30,000) records over
    100 keys, once plain and once with one hot key (10% of the records) whose every record
    fails twice before succeeding (policy retry, 10-50 ms backoff); ``retry_cost = 1 - the
    other keys' rate with the retries / without``, the median of ``--rounds`` (5) pairs.
+5. Tracing's cost: Parallel Consumer's workload (handler form, 100 and Zipf keys) with
+   OpenTelemetry tracing on (a span per record, exported through a batch processor to the
+   SDK's in-memory exporter) and off (``OTEL_SDK_DISABLED``), alternated ``--rounds`` times;
+   ``traced_efficiency_ratio_<keys>`` is the median of traced efficiency / untraced.
 
 Prints one line per phase, then one JSON object on the last line.
 """

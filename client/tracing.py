@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
     from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 except ImportError:
     trace = None  # type: ignore[assignment]
@@ -59,23 +60,28 @@ class RecordTracer:
         self, runtime: str, group_id: str, member: Callable[[], str | None], provider: Any
     ) -> None:
         self._tracer = provider.get_tracer("keyrange")
-        self._runtime = runtime
-        self._group_id = group_id
         self._member = member
-
-    def start(self, topic: str, partition: int, record: Any, key_hash: int) -> RecordSpan:
-        """The span of ``record``, from now until ``RecordSpan.end``."""
-        parent = propagate.extract(_carrier(record.headers))
-        attributes = {
+        # What every span of this runtime carries, built once.
+        self._common = {
             "messaging.system": "kafka",
             "messaging.operation.type": "process",
             "messaging.operation.name": "process",
+            "messaging.consumer.group.name": group_id,
+            "keyrange.runtime": runtime,
+        }
+
+    def start(self, topic: str, partition: int, record: Any, key_hash: int) -> RecordSpan:
+        """The span of ``record``, from now until ``RecordSpan.end``."""
+        carrier = _carrier(record.headers)
+        # A record without a trace context starts a trace of its own, whatever is current
+        # where the runtime happens to run.
+        parent = propagate.extract(carrier, context=Context()) if carrier else Context()
+        attributes = {
+            **self._common,
             "messaging.destination.name": topic,
             "messaging.destination.partition.id": str(partition),
-            "messaging.consumer.group.name": self._group_id,
             "messaging.kafka.offset": record.offset,
             "keyrange.key_hash": key_hash,
-            "keyrange.runtime": self._runtime,
         }
         member = self._member()
         if member is not None:
