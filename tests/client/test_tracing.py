@@ -4,12 +4,13 @@ handled it and what the handler produced; the span's attributes and outcome are 
 ``run()``, the worker (loop and thread calls, retries) and streams.
 
 The tracer provider is process-wide and can be set once, so this module sets it for the rest
-of the session; spans of other tests' runtimes go to a processor that keeps nothing unless a
-test here is collecting."""
+of the session and switches tracing off (``OTEL_SDK_DISABLED``) after each of its tests, so
+the runtimes of other tests run as they would without it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,10 +60,13 @@ def spans() -> Iterator[list[ReadableSpan]]:
         provider.add_span_processor(_COLLECTING)
         trace.set_tracer_provider(provider)
     _COLLECTING.spans = []
+    os.environ["OTEL_SDK_DISABLED"] = "false"
     try:
         yield _COLLECTING.spans
     finally:
         _COLLECTING.spans = None
+        # Runtimes started by later tests find tracing off, as they would without this module.
+        os.environ["OTEL_SDK_DISABLED"] = "true"
 
 
 def named(spans: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
