@@ -78,8 +78,6 @@ class Fetcher:
     when the consumer stopped or its membership failed, and resolves a ``change_future`` when
     the assignment changes, so a fetch with nothing assigned waits for it instead of polling.
     A read position outside its log goes to ``on_outside_log`` (``client.fetch_bounds``).
-    ``judge_in_c=False`` judges every batch in Python, as an install without the C extension
-    does (the tests hold the two paths equal).
     """
 
     def __init__(
@@ -91,7 +89,6 @@ class Fetcher:
         value_deserializer: Deserializer | None,
         status: Status,
         on_outside_log: OutsideLogHandler,
-        judge_in_c: bool = True,
     ) -> None:
         self._tracker = tracker
         # The policy is applied by on_outside_log, with the slices' own positions in view.
@@ -100,7 +97,6 @@ class Fetcher:
             tracker.bounds,
             key_deserializer=key_deserializer,
             value_deserializer=value_deserializer,
-            in_c=judge_in_c,
         )
         self._may_hand_out = status.may_hand_out
         self._check_running = status.check_running

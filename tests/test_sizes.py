@@ -16,7 +16,6 @@ MAX_CLASS_LINES = 300
 SHIPPED = ("coordinator", "client", "migrations", "examples", "bench")
 OVER_TODAY = {
     "client/consumer.py:KeyrangeConsumer",
-    "client/fetcher.py:Fetcher",
     "client/membership.py:Membership",
     "bench/commit.py",
 }
