@@ -19,10 +19,10 @@ batch's records. That step yields one ``Judged`` per batch instead of one record
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiokafka.consumer.fetcher as aiokafka_fetcher
@@ -67,7 +67,44 @@ _CODECS: dict[int, tuple[Callable[[], bool], Callable[[bytes], bytes]]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+# The order in which the C scan gives a record's fields (ConsumerRecord's constructor's).
+_FIELD_ORDER = (
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestamp_type",
+    "key",
+    "value",
+    "checksum",
+    "serialized_key_size",
+    "serialized_value_size",
+    "headers",
+)
+
+
+def _settable_fields() -> tuple[str, ...] | None:
+    """``ConsumerRecord``'s field names when its ``__init__`` does nothing but set them (a
+    plain dataclass, as in every aiokafka this runs on): the C scan then sets them on a new
+    instance itself, which halves what building a kept record costs. None otherwise, and the
+    C scan calls the class."""
+    params = getattr(ConsumerRecord, "__dataclass_params__", None)
+    if (
+        params is None
+        or params.frozen
+        or not params.init
+        or hasattr(ConsumerRecord, "__post_init__")
+        or "__slots__" in vars(ConsumerRecord)
+        or tuple(field.name for field in dataclasses.fields(ConsumerRecord)) != _FIELD_ORDER
+    ):
+        return None
+    return _FIELD_ORDER
+
+
+_FIELDS = _settable_fields()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Judged:
     """One batch judged: the records kept with their offsets and key hashes, and the offset
     after the batch (every record below it was judged)."""
@@ -125,6 +162,7 @@ class RawFilter:
                 position,
                 bounds,
                 ConsumerRecord,
+                _FIELDS,
                 tp.topic,
                 tp.partition,
                 self._key_decode,

@@ -355,14 +355,18 @@ static PyObject *select_records(PyObject *module, PyObject *args)
     return result;
 }
 
-/* What a consumer's scan builds its records with. */
+/* What a consumer's scan builds its records with: `fields` the class's field names when a
+ * record is built by setting them on a new instance (what a plain dataclass's __init__ does,
+ * without its Python frame), None to call `make`. */
 typedef struct {
     PyObject *make;
+    PyObject *fields;
     PyObject *topic;
     PyObject *partition;
     PyObject *timestamp_type;
     PyObject *key_decode;
     PyObject *value_decode;
+    PyObject *no_arguments;
     int64_t base_offset;
 } Builder;
 
@@ -443,8 +447,18 @@ static PyObject *build_record(const Builder *builder, const Record *record, int6
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
         complete = complete && argv[owned[i]] != NULL;
     }
-    if (complete) {
+    if (complete && builder->fields == Py_None) {
         result = PyObject_Vectorcall(builder->make, argv, 11, NULL);
+    }
+    else if (complete) {
+        PyTypeObject *type = (PyTypeObject *)builder->make;
+        result = type->tp_new(type, builder->no_arguments, NULL);
+        for (Py_ssize_t i = 0; result != NULL && i < 11; i++) {
+            if (PyObject_GenericSetAttr(
+                    result, PyTuple_GET_ITEM(builder->fields, i), argv[i]) < 0) {
+                Py_CLEAR(result);
+            }
+        }
     }
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
         Py_XDECREF(argv[owned[i]]);
@@ -514,8 +528,21 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
     PyObject *hashes = NULL;
     PyObject *result = NULL;
     if (!PyArg_ParseTuple(
-            args, "y*OLOOOOOO:scan", &batch, &body_object, &position, &given, &builder.make,
-            &builder.topic, &builder.partition, &builder.key_decode, &builder.value_decode)) {
+            args, "y*OLOOOOOOO:scan", &batch, &body_object, &position, &given, &builder.make,
+            &builder.fields, &builder.topic, &builder.partition, &builder.key_decode,
+            &builder.value_decode)) {
+        return NULL;
+    }
+    if (builder.fields != Py_None &&
+        (!PyType_Check(builder.make) || !PyTuple_Check(builder.fields) ||
+         PyTuple_GET_SIZE(builder.fields) != 11)) {
+        PyBuffer_Release(&batch);
+        PyErr_SetString(PyExc_TypeError, "fields must be 11 names of the class make");
+        return NULL;
+    }
+    builder.no_arguments = PyTuple_New(0);
+    if (builder.no_arguments == NULL) {
+        PyBuffer_Release(&batch);
         return NULL;
     }
     const unsigned char *header = batch.buf;
@@ -551,6 +578,7 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
     if (apart) {
         PyBuffer_Release(&body);
     }
+    Py_DECREF(builder.no_arguments);
     PyBuffer_Release(&batch);
     return result;
 }
@@ -573,12 +601,14 @@ static PyMethodDef methods[] = {
      "lies in one of the closed ranges `bounds`; None for a batch this module does not read "
      "(compressed, or another format)."},
     {"scan", scan_records, METH_VARARGS,
-     "scan(batch, body, position, bounds, make, topic, partition, key_decode, value_decode)\n"
+     "scan(batch, body, position, bounds, make, fields, topic, partition, key_decode,\n"
+     "     value_decode)\n"
      "    -> (records, offsets, hashes) | None\n\n"
      "The records of one complete v2 record batch from offset `position` on whose key hash h "
      "and offset o lie in one of `bounds`, (start, end, from) with start <= h <= end and "
      "o >= from, each built as make(topic, partition, offset, timestamp, timestamp_type, "
-     "key, value, None, key_size, value_size, headers); `body` holds the records of a "
+     "key, value, None, key_size, value_size, headers), or, with `fields` its 11 field "
+     "names, as a new instance of the class `make` with them set; `body` holds the records of a "
      "compressed batch decompressed (None: they follow the header). None for a batch this "
      "module does not read."},
     {"key_hash", key_hash_of, METH_VARARGS,

@@ -10,6 +10,7 @@ def scan(
     position: int,
     bounds: Sequence[tuple[int, int, int]],
     make: Callable[..., Any],
+    fields: tuple[str, ...] | None,
     topic: str,
     partition: int,
     key_decode: Callable[[bytes], Any] | None,

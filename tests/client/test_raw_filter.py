@@ -186,15 +186,25 @@ def fetches(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, int]], int, int, li
     return data, aborted, fetch_offset, isolation, bounds
 
 
-@pytest.mark.parametrize("in_c", [True, False], ids=["c", "python"])
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize(
+    ("in_c", "fields"),
+    [(True, raw_filter._FIELDS), (True, None), (False, None)],
+    ids=["c", "c-calling-the-class", "python"],
+)
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=fetches())
 def test_the_filter_keeps_exactly_what_aiokafka_builds_within_the_bounds(
-    in_c: bool, case: tuple
+    in_c: bool, fields: tuple[str, ...] | None, case: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data, aborted, fetch_offset, isolation, bounds = case
     expected, expected_position = oracle(data, aborted, fetch_offset, isolation, bounds)
-    judged, position = filtered(data, aborted, fetch_offset, isolation, bounds, in_c)
+    with monkeypatch.context() as patched:
+        patched.setattr(raw_filter, "_FIELDS", fields)
+        judged, position = filtered(data, aborted, fetch_offset, isolation, bounds, in_c)
     assert [record for batch in judged for record in batch.records] == expected
     assert [offset for batch in judged for offset in batch.offsets] == [
         record.offset for record in expected
@@ -209,6 +219,7 @@ def test_the_filter_keeps_exactly_what_aiokafka_builds_within_the_bounds(
 
 def test_the_c_path_is_taken_when_the_extension_is_built() -> None:
     assert raw_filter.native_available()
+    assert raw_filter._FIELDS is not None  # kept records are built without a Python call
     assert RawFilter(lambda tp: [], key_deserializer=None, value_deserializer=None).in_c
 
 
