@@ -15,6 +15,7 @@ fetched for slices that were just lost reaches the buffer or leaves it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 Deserializer = Callable[[bytes], Any]
+
+logger = logging.getLogger(__name__)
 
 # One internal Kafka poll never holds the fetch lock longer than this, so an assignment
 # change waits at most this long for its turn. A hand-off waits for it up to twice (the
@@ -108,6 +111,12 @@ class Fetcher:
         self._buffer = FetchBuffer(tracker)
 
     async def start(self) -> None:
+        if not self._filter.in_c:
+            logger.warning(
+                "the C key filter is not installed (client.protocol._keyfilter: keyrange was "
+                "installed without a C compiler); fetched records are judged in Python, several "
+                "times slower per record fetched"
+            )
         kafka = AIOKafkaConsumer(enable_auto_commit=False, **self._kafka_kwargs)
         try:
             await kafka.start()
