@@ -168,7 +168,7 @@ class RawFilter:
                 self._key_decode,
                 self._value_decode,
             )
-        except ValueError as err:
+        except native.MalformedBatch as err:
             raise CorruptRecordException(f"{err} in {tp.topic}[{tp.partition}]") from err
 
     def _in_python(

@@ -155,9 +155,12 @@ static int read_field(
     return 1;
 }
 
+/* The error of a malformed batch: a ValueError, apart from what a deserializer raises. */
+static PyObject *MalformedBatch;
+
 static int corrupt(const char *what, long long offset)
 {
-    PyErr_Format(PyExc_ValueError, "malformed record batch: %s (offset %lld)", what, offset);
+    PyErr_Format(MalformedBatch, "malformed record batch: %s (offset %lld)", what, offset);
     return 0;
 }
 
@@ -428,25 +431,25 @@ static PyObject *decoded(PyObject *decode, const unsigned char *field, Py_ssize_
 
 static PyObject *build_record(const Builder *builder, const Record *record, int64_t timestamp)
 {
-    PyObject *argv[11] = {
-        builder->topic,
-        builder->partition,
-        PyLong_FromLongLong(record->offset),
-        PyLong_FromLongLong(timestamp),
-        builder->timestamp_type,
-        decoded(builder->key_decode, record->key, record->key_length),
-        decoded(builder->value_decode, record->value, record->value_length),
-        Py_None,
-        PyLong_FromSsize_t(record->key == NULL ? -1 : record->key_length),
-        PyLong_FromSsize_t(record->value == NULL ? -1 : record->value_length),
-        read_headers(record, builder->base_offset),
-    };
     static const int owned[] = {2, 3, 5, 6, 8, 9, 10};
+    PyObject *argv[11] = {
+        builder->topic, builder->partition, NULL, NULL, builder->timestamp_type, NULL, NULL,
+        Py_None,        NULL,               NULL, NULL,
+    };
     PyObject *result = NULL;
-    int complete = 1;
-    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
-        complete = complete && argv[owned[i]] != NULL;
-    }
+    /* One at a time, in this order: the deserializers run key first, and nothing is called
+     * with an exception pending. */
+    int complete = (argv[2] = PyLong_FromLongLong(record->offset)) != NULL &&
+                   (argv[3] = PyLong_FromLongLong(timestamp)) != NULL &&
+                   (argv[5] = decoded(builder->key_decode, record->key, record->key_length)) !=
+                       NULL &&
+                   (argv[6] = decoded(
+                        builder->value_decode, record->value, record->value_length)) != NULL &&
+                   (argv[8] = PyLong_FromSsize_t(
+                        record->key == NULL ? -1 : record->key_length)) != NULL &&
+                   (argv[9] = PyLong_FromSsize_t(
+                        record->value == NULL ? -1 : record->value_length)) != NULL &&
+                   (argv[10] = read_headers(record, builder->base_offset)) != NULL;
     if (complete && builder->fields == Py_None) {
         result = PyObject_Vectorcall(builder->make, argv, 11, NULL);
     }
@@ -624,4 +627,18 @@ static struct PyModuleDef module_definition = {
     .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__keyfilter(void) { return PyModule_Create(&module_definition); }
+PyMODINIT_FUNC PyInit__keyfilter(void)
+{
+    PyObject *module = PyModule_Create(&module_definition);
+    if (module == NULL) {
+        return NULL;
+    }
+    MalformedBatch = PyErr_NewException(
+        "client.protocol._keyfilter.MalformedBatch", PyExc_ValueError, NULL);
+    if (MalformedBatch == NULL ||
+        PyModule_AddObjectRef(module, "MalformedBatch", MalformedBatch) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

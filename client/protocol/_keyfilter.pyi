@@ -1,6 +1,8 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+class MalformedBatch(ValueError): ...
+
 def select(
     batch: bytes | memoryview, position: int, bounds: Sequence[tuple[int, int]]
 ) -> tuple[int, list[bytes | None], list[bytes | None]] | None: ...

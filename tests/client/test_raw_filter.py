@@ -286,3 +286,13 @@ def test_more_bounds_than_the_c_reader_takes_are_judged_in_python() -> None:
     expected, _ = oracle(data, [], 0, READ_UNCOMMITTED, many)
     judged, _ = filtered(data, [], 0, READ_UNCOMMITTED, many, in_c=True)
     assert judged[0].records == expected
+
+
+@pytest.mark.parametrize("in_c", [True, False], ids=["c", "python"])
+def test_a_deserializer_error_reaches_the_caller_as_it_is(in_c: bool) -> None:
+    def refuse(raw: bytes) -> None:
+        raise ValueError("not mine")
+
+    data, _ = answer([BatchSpec([(b"k", b"v", [])])], 0)
+    with pytest.raises(ValueError, match="not mine"):
+        filtered(data, [], 0, READ_UNCOMMITTED, [(HASH_MIN, HASH_MAX, 0)], in_c, value=refuse)
