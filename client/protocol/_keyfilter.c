@@ -429,18 +429,19 @@ static PyObject *decoded(PyObject *decode, const unsigned char *field, Py_ssize_
     return result;
 }
 
-static PyObject *build_record(const Builder *builder, const Record *record, int64_t timestamp)
+/* The record built of `record`, whose offset as an int is `offset` (borrowed). */
+static PyObject *build_record(
+    const Builder *builder, const Record *record, PyObject *offset, int64_t timestamp)
 {
-    static const int owned[] = {2, 3, 5, 6, 8, 9, 10};
+    static const int owned[] = {3, 5, 6, 8, 9, 10};
     PyObject *argv[11] = {
-        builder->topic, builder->partition, NULL, NULL, builder->timestamp_type, NULL, NULL,
-        Py_None,        NULL,               NULL, NULL,
+        builder->topic, builder->partition, offset, NULL, builder->timestamp_type, NULL, NULL,
+        Py_None,        NULL,               NULL,   NULL,
     };
     PyObject *result = NULL;
     /* One at a time, in this order: the deserializers run key first, and nothing is called
      * with an exception pending. */
-    int complete = (argv[2] = PyLong_FromLongLong(record->offset)) != NULL &&
-                   (argv[3] = PyLong_FromLongLong(timestamp)) != NULL &&
+    int complete = (argv[3] = PyLong_FromLongLong(timestamp)) != NULL &&
                    (argv[5] = decoded(builder->key_decode, record->key, record->key_length)) !=
                        NULL &&
                    (argv[6] = decoded(
@@ -504,9 +505,17 @@ static int scan_batch(
         }
         int64_t timestamp =
             log_append_time ? max_timestamp : first_timestamp + record.timestamp_delta;
-        if (append_owned(records, build_record(builder, &record, timestamp)) < 0 ||
-            append_owned(offsets, PyLong_FromLongLong(record.offset)) < 0 ||
-            append_owned(hashes, PyLong_FromUnsignedLongLong(hashed)) < 0) {
+        /* One int for the offset, in the record and in `offsets` alike. */
+        PyObject *offset = PyLong_FromLongLong(record.offset);
+        if (offset == NULL) {
+            return -1;
+        }
+        int failed = append_owned(records, build_record(builder, &record, offset, timestamp)) <
+                         0 ||
+                     PyList_Append(offsets, offset) < 0 ||
+                     append_owned(hashes, PyLong_FromUnsignedLongLong(hashed)) < 0;
+        Py_DECREF(offset);
+        if (failed) {
             return -1;
         }
     }
