@@ -25,12 +25,14 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from client import raw_filter
-from client.protocol.keyspace import HASH_MAX, HASH_MIN, key_hash
+from client.protocol.committed import CommittedOffsets
+from client.protocol.keyspace import HASH_MAX, HASH_MIN, KeyRange, key_hash
 from client.raw_filter import FilteredRecords, Judged, RawFilter, RawRecords
+from client.tracker import SliceProgress
 
 TP = TopicPartition("topic", 3)
 _CONTROL = 0x20
@@ -296,3 +298,35 @@ def test_a_deserializer_error_reaches_the_caller_as_it_is(in_c: bool) -> None:
     data, _ = answer([BatchSpec([(b"k", b"v", [])])], 0)
     with pytest.raises(ValueError, match="not mine"):
         filtered(data, [], 0, READ_UNCOMMITTED, [(HASH_MIN, HASH_MAX, 0)], in_c, value=refuse)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_slices_bounds_keep_exactly_what_its_committed_state_leaves_unprocessed(
+    data: st.DataObject,
+) -> None:
+    """Without IC ranges the raw filter's bounds are the committed state's answer itself:
+    a record is judged again iff it lies at or past the slice's position and is not
+    processed; so the C filter never drops what the tracker would accept."""
+    stable = data.draw(st.integers(min_value=0, max_value=50))
+    cuts = sorted(set(data.draw(st.lists(hashes, max_size=8))))
+    pieces = tuple(
+        (low, high, data.draw(st.integers(min_value=stable + 1, max_value=stable + 60)))
+        for low, high in zip(cuts[::2], cuts[1::2], strict=False)
+    )
+    try:
+        committed = CommittedOffsets.of_pieces(stable, (), pieces)
+    except ValueError:  # adjacent pieces drawn with the same offset
+        assume(False)
+    keys = KeyRange(*sorted(data.draw(st.tuples(hashes, hashes))))
+    position = data.draw(st.integers(min_value=0, max_value=80))
+    bounds = SliceProgress(keys, position, committed).bounds()
+    edges = {keys.start, keys.end} | {edge + step for edge in cuts for step in (-1, 0, 1)}
+    probes = [h for h in edges if keys.start <= h <= keys.end] + data.draw(
+        st.lists(st.integers(min_value=keys.start, max_value=keys.end), max_size=5)
+    )
+    for hashed in probes:
+        for offset in range(0, 130, 3):
+            inside = any(s <= hashed <= e and offset >= first for s, e, first in bounds)
+            wanted = offset >= position and not committed.is_processed(offset, hashed)
+            assert inside == wanted, (hashed, offset)
