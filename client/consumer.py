@@ -59,7 +59,7 @@ from client.http import CoordinatorClient, Slices
 from client.lifespan import Lifespan
 from client.log_reset import OutsideLogReset
 from client.membership import Membership
-from client.ownership import FetchBuffer, Ownership
+from client.ownership import FetchedRecords, Ownership
 from client.protocol.keyspace import KeyRange, normalize
 from client.protocol.log_bounds import OFFSET_RESETS, OffsetReset
 from client.runtime.gate import OwnershipGate, Running
@@ -173,7 +173,7 @@ class KeyrangeConsumer:
             fetcher, handed, tracker, committer, status, max_ranges=max_num_ranges_to_commit
         )
         # The consumer's own parts hear every change first, in this order.
-        hooks.register(FetchBuffer(fetcher))
+        hooks.register(FetchedRecords(fetcher))
         hooks.register(self._hand_out)
         reset = cast(OffsetReset, auto_offset_reset)
         outside_log_reset = OutsideLogReset(

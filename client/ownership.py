@@ -30,7 +30,7 @@ from client.tracker import OffsetTracker
 logger = logging.getLogger("client.consumer")
 
 
-class FetchBuffer(LifecycleHooks):
+class FetchedRecords(LifecycleHooks):
     """The fetcher's buffer as a part: records taken in and not handed out yet are dropped
     when their slices are being revoked or are lost."""
 
