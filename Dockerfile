@@ -21,8 +21,9 @@ RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb
     && pip install --no-cache-dir --requirement /tmp/requirements.txt
 
 # The package itself, without dependencies: they are all in the layer above. The slim base
-# has no C compiler, so the optional C extension of streams restores (client.streams.
-# _keyfilter) is not built: the image runs the coordinator, which restores no state.
+# has no C compiler, so the optional C key filter (client.protocol._keyfilter, for members'
+# fetches and streams restores) is not built: the image runs the coordinator, which reads no
+# records; workers built on it judge keys in Python (docs/architecture.md, "The raw filter").
 COPY README.m[d] ./
 COPY coordinator ./coordinator
 COPY client ./client
