@@ -42,7 +42,7 @@ from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
 from coordinator.offsets.schemas import CommitRequest
-from coordinator.offsets.service import CommitResult, apply_request
+from coordinator.offsets.service import CommitResult, CommitTally, apply_request
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -222,8 +222,12 @@ class CommitBatcher:
     async def _transaction(
         self, batch: list[_Pending], connection: asyncpg.Connection
     ) -> list[Outcome]:
+        tally = CommitTally()
         async with connection.transaction():
-            return await self._decide_and_apply(connection, batch)
+            outcomes = await self._decide_and_apply(connection, batch, tally)
+        # Counted once the transaction committed: a failed batch's requests are re-run.
+        tally.add_to_metrics()
+        return outcomes
 
     async def _run(self, batch: list[_Pending], connection: asyncpg.Connection) -> list[_Pending]:
         """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
@@ -265,7 +269,7 @@ class CommitBatcher:
             _settle(pending, exception=exc)
 
     async def _decide_and_apply(
-        self, connection: asyncpg.Connection, batch: list[_Pending]
+        self, connection: asyncpg.Connection, batch: list[_Pending], tally: CommitTally
     ) -> list[Outcome]:
         standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
         committing_members = {
@@ -301,10 +305,11 @@ class CommitBatcher:
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
         changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
+        tally.requests = len(admitted)
         for index, pending in admitted:
             group_states = states[pending.group_id]
             applied = await apply_request(
-                pending.group_id, pending.request, group_states, self._settings
+                pending.group_id, pending.request, group_states, self._settings, tally
             )
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
@@ -433,7 +438,6 @@ def _answer(pending: _Pending, outcome: Outcome) -> bool:
     if isinstance(outcome, KeyrangeError):
         _settle(pending, exception=outcome)
     else:
-        metrics.COMMITS.inc()
         _settle(pending, result=outcome)
     return True
 

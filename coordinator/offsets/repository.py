@@ -88,6 +88,14 @@ def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     ``_ranges_from_db`` skips it."""
     if len(text) < 3:
         return ()
+    bounds = text[2:-2].replace("),[", ",").split(",")
+    if "" in bounds or text[1] != "[":
+        return _unbounded_ranges_from_text(text)
+    lowers = map(int, bounds[0::2])
+    return tuple(zip(lowers, [int(upper) - 1 for upper in bounds[1::2]], strict=True))
+
+
+def _unbounded_ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     ranges = []
     for part in text[2:-2].split("),["):
         lower, _, upper = part.partition(",")
@@ -96,16 +104,17 @@ def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
-def _text_array(values: Iterable[str | None]) -> str:
-    """A ``text[]`` literal: every element quoted, so none can be read as NULL or split."""
-    return (
-        "{"
-        + ",".join(
-            "NULL" if value is None else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            for value in values
-        )
-        + "}"
-    )
+def _text_array(values: Sequence[str | None]) -> str:
+    """A ``text[]`` literal: every element quoted, so none can be read as NULL or split.
+
+    Each distinct value is quoted once: a batch's keys repeat a few group ids and topics."""
+    quoted = {
+        value: "NULL"
+        if value is None
+        else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for value in set(values)
+    }
+    return "{" + ",".join(map(quoted.__getitem__, values)) + "}"
 
 
 def _int_array(values: Iterable[int]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
@@ -97,14 +97,34 @@ class AppliedRequest:
     changed: frozenset[tuple[str, int]]
 
 
+@dataclass
+class CommitTally:
+    """What the requests of one batch did to the metrics, added to them once per batch: a
+    metric update takes a lock, and a batch carries many requests of several partitions."""
+
+    requests: int = 0
+    advanced: int = 0
+    outcomes: dict[CommitOutcome, int] = field(default_factory=dict)
+
+    def add_to_metrics(self) -> None:
+        if self.requests:
+            metrics.COMMITS.inc(self.requests)
+        if self.advanced:
+            metrics.STABLE_OFFSET_ADVANCES.inc(self.advanced)
+        for outcome, count in self.outcomes.items():
+            _COMMITTED_BY_OUTCOME[outcome].inc(count)
+
+
 async def apply_request(
     group_id: str,
     request: CommitRequest,
     states: dict[tuple[str, int], CommittedOffsets],
     settings: Settings,
+    tally: CommitTally,
 ) -> AppliedRequest:
     """Apply an admitted request to the locked ``states`` in place, giving other requests a
-    turn now and then (``coordinator.offsets.pacing``).
+    turn now and then (``coordinator.offsets.pacing``), and count its partitions' outcomes
+    in ``tally``.
 
     In place, so that several requests applied in one transaction each see the state the
     previous one left; the caller writes the keys in ``changed`` back.
@@ -112,10 +132,8 @@ async def apply_request(
     replies: list[dict[str, object]] = []
     changed: set[tuple[str, int]] = set()
     rebalance_needed = False
-    # Counted here and added once per request: a metric update takes a lock, and a request
-    # carries several partitions.
     advanced = 0
-    outcomes: dict[CommitOutcome, int] = {}
+    outcomes = tally.outcomes
     for index, entry in enumerate(request.partitions):
         if index and not index % PARTITIONS_PER_TURN:
             await asyncio.sleep(0)
@@ -147,10 +165,7 @@ async def apply_request(
         )
     if len(replies) > PARTITIONS_PER_TURN:
         await asyncio.sleep(0)
-    if advanced:
-        metrics.STABLE_OFFSET_ADVANCES.inc(advanced)
-    for outcome, count in outcomes.items():
-        _COMMITTED_BY_OUTCOME[outcome].inc(count)
+    tally.advanced += advanced
     return AppliedRequest(
         # One validation of the whole reply runs in pydantic's core, cheaper than a model
         # per partition built in Python.
