@@ -135,11 +135,16 @@ def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[str], ...]:
     parameter order (the stable offsets' and the metadata's literals are built by the caller)."""
     ranges, starts, ends, offsets = [], [], [], []
     for state in states:
-        ranges.append('"{' + ",".join(f"[{start},{end}]" for start, end in state.ranges) + '}"')
+        ranges.append('"{' + ",".join([f"[{start},{end}]" for start, end in state.ranges]) + '}"')
         pieces = state.pieces
-        starts.append('"{' + ",".join([str(piece[0]) for piece in pieces]) + '}"')
-        ends.append('"{' + ",".join([str(piece[1]) for piece in pieces]) + '}"')
-        offsets.append('"{' + ",".join([str(piece[2]) for piece in pieces]) + '}"')
+        if pieces:
+            starts.append('"{' + ",".join([str(piece[0]) for piece in pieces]) + '}"')
+            ends.append('"{' + ",".join([str(piece[1]) for piece in pieces]) + '}"')
+            offsets.append('"{' + ",".join([str(piece[2]) for piece in pieces]) + '}"')
+        else:  # a slice's watermarks are dropped once the stable offset passes them
+            starts.append('"{}"')
+            ends.append('"{}"')
+            offsets.append('"{}"')
     return ranges, starts, ends, offsets
 
 
