@@ -18,7 +18,6 @@ OVER_TODAY = {
     "client/consumer.py:KeyrangeConsumer",
     "client/fetcher.py:Fetcher",
     "client/membership.py:Membership",
-    "bench/commit.py",
 }
 
 

@@ -284,7 +284,9 @@ class CommitBatcher:
         ]
         new_groups = [p for p, r in zip(batch, refusals, strict=True) if r is _NEW_GROUP]
         if new_groups:
-            created = await self._create_groups(connection, new_groups)
+            created = await _create_groups(
+                connection, new_groups, self._settings.max_groups_per_prefix
+            )
             refusals = [
                 created[p.group_id] if r is _NEW_GROUP else r
                 for p, r in zip(batch, refusals, strict=True)
@@ -316,24 +318,6 @@ class CommitBatcher:
             outcomes[index] = applied.result
         await repository.write_partitions(connection, changed)
         return outcomes
-
-    async def _create_groups(
-        self, connection: asyncpg.Connection, pending: list[_Pending]
-    ) -> dict[str, KeyrangeError | _Undecided | None]:
-        """Create the groups of admissible standalone commits, within their tenants' caps:
-        None for a group this transaction created (its commits are admitted: it has no
-        members), the refusal for one past its cap, undecided for one another transaction is
-        creating."""
-        wanted = [(p.group_id, p.scope) for p in pending]
-        stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
-        decided = group_refusals(wanted, stored, self._settings.max_groups_per_prefix)
-        created = await quota_store.create_groups(
-            connection, [group_id for group_id, refused in decided.items() if refused is None]
-        )
-        return {
-            group_id: refused if refused is not None or group_id in created else _UNDECIDED
-            for group_id, refused in decided.items()
-        }
 
     async def _add_partitions(
         self,
@@ -385,6 +369,24 @@ class CommitBatcher:
         if new_rows:
             locked.update(await repository.create_partitions(connection, new_rows))
         return still
+
+
+async def _create_groups(
+    connection: asyncpg.Connection, pending: list[_Pending], max_groups_per_prefix: int
+) -> dict[str, KeyrangeError | _Undecided | None]:
+    """Create the groups of admissible standalone commits, within their tenants' caps: None
+    for a group this transaction created (its commits are admitted: it has no members), the
+    refusal for one past its cap, undecided for one another transaction is creating."""
+    wanted = [(p.group_id, p.scope) for p in pending]
+    stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
+    decided = group_refusals(wanted, stored, max_groups_per_prefix)
+    created = await quota_store.create_groups(
+        connection, [group_id for group_id, refused in decided.items() if refused is None]
+    )
+    return {
+        group_id: refused if refused is not None or group_id in created else _UNDECIDED
+        for group_id, refused in decided.items()
+    }
 
 
 class _NoConnection(Exception):
