@@ -152,12 +152,18 @@ def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[str], ...]:
 # per-statement work would cost more than the statements. Every statement takes its rows in
 # sorted order, and they run groups, then members, then partitions: the order every other
 # transaction locks them in.
+#
+# Arrays travel as one text literal each (``$1::text::text[]``): asyncpg checks every element
+# of an array parameter against three abstract base classes, which cost more client CPU than
+# the rest of the statement, while Postgres parses a literal in C. For the same reason the IC
+# ranges come back in their (canonical) text form: binary decoding builds an asyncpg ``Range``
+# per range.
 
 # The switch is read along with the fence rows, to save a round trip per batch. Groups are
 # only locked here: a commit creates its group once it is admitted (coordinator.db.quotas).
 _LOCK_GROUPS = f"""
     WITH locked AS (
-        SELECT group_id FROM groups WHERE group_id = ANY($1::text[])
+        SELECT group_id FROM groups WHERE group_id = ANY($1::text::text[])
         ORDER BY group_id FOR SHARE
     )
     SELECT locked.group_id,
@@ -171,17 +177,12 @@ _LOCK_MEMBERS = f"""
     SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
            m.expires_at > now() AS alive, ({STORED_SWITCH}) AS stored_switch
     FROM members m
-    JOIN unnest($1::text[], $2::text[]) AS requested(group_id, member_id)
+    JOIN unnest($1::text::text[], $2::text::text[]) AS requested(group_id, member_id)
       ON m.group_id = requested.group_id AND m.member_id = requested.member_id
     ORDER BY m.group_id, m.member_id
     FOR SHARE OF m
 """
 
-# Arrays travel as one text literal each (``$1::text::text[]``): asyncpg checks every element
-# of an array parameter against three abstract base classes, which cost more client CPU than
-# the rest of the statement, while Postgres parses a literal in C. For the same reason the IC
-# ranges come back in their (canonical) text form: binary decoding builds an asyncpg ``Range``
-# per range.
 _LOCK_PARTITIONS = """
     SELECT stored.group_id, stored.topic, stored.partition, stored.stable_offset,
            stored.ic_ranges::text, stored.wm_starts, stored.wm_ends, stored.wm_offsets,
@@ -252,13 +253,15 @@ async def lock_committers(
     standings: dict[tuple[str, str], MemberStanding] = {}
     switch_rows: list[asyncpg.Record] = []
     if standalone_groups:
-        rows = await connection.fetch(_LOCK_GROUPS, sorted(standalone_groups))
+        rows = await connection.fetch(_LOCK_GROUPS, _text_array(sorted(standalone_groups)))
         live_members = {row["group_id"]: int(row["live_members"]) for row in rows}
         switch_rows += rows[:1]
     if members:
         ordered = sorted(members)
         rows = await connection.fetch(
-            _LOCK_MEMBERS, [group for group, _ in ordered], [member for _, member in ordered]
+            _LOCK_MEMBERS,
+            _text_array([group for group, _ in ordered]),
+            _text_array([member for _, member in ordered]),
         )
         standings = {
             (row["group_id"], row["member_id"]): MemberStanding(

@@ -198,10 +198,11 @@ async def test_a_batch_of_refused_commits_reads_and_writes_no_partition(
 
 
 async def test_text_parameters_and_ranges_keep_every_character_and_range(
-    engine: tuple[AsyncEngine, Statements],
+    engine: tuple[AsyncEngine, Statements], database_url: str
 ) -> None:
     engine_, statements = engine
     odd = "NULL\", {x}, \\ \\\" 'quoted' \u00e9\u6f22 "
+    group = 'group.with-"odd"_name'
     request = CommitRequest.model_validate(
         {
             "partitions": [
@@ -209,11 +210,17 @@ async def test_text_parameters_and_ranges_keep_every_character_and_range(
             ]
         }
     )
-    await _one_batch(engine_, statements, [('group.with-"odd"_name', request)])
+    await _one_batch(engine_, statements, [(group, request)])
     async with engine_.connect() as connection:
-        (stored,) = await repository.read_partitions(connection, 'group.with-"odd"_name')
+        (stored,) = await repository.read_partitions(connection, group)
     assert stored.state.metadata == odd
     assert stored.state.ranges == ((5, 5), (7, 9))
+
+    await insert_live_member(database_url, group, odd, epoch=3, previous_epoch=2)
+    member_commit = _request(range(1), 20, (odd, 3))
+    (outcome,), _ = await _one_batch(engine_, statements, [(group, member_commit)])
+    assert isinstance(outcome, CommitResult)
+    assert outcome.reply.partitions[0].error is None
 
 
 def test_ranges_read_as_text_are_the_ranges_stored() -> None:
