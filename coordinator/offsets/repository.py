@@ -86,21 +86,12 @@ def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     """An ``int8multirange`` in Postgres' text form, which is canonical: ``{}`` or
     ``{[a,b),[c,d)}``; an unbounded range, which no commit stores, is skipped as
     ``_ranges_from_db`` skips it."""
-    if len(text) < 3:
-        return ()
-    bounds = text[2:-2].replace("),[", ",").split(",")
-    if "" in bounds or text[1] != "[":
-        return _unbounded_ranges_from_text(text)
-    lowers = map(int, bounds[0::2])
-    return tuple(zip(lowers, [int(upper) - 1 for upper in bounds[1::2]], strict=True))
-
-
-def _unbounded_ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     ranges = []
-    for part in text[2:-2].split("),["):
-        lower, _, upper = part.partition(",")
-        if lower and upper:
-            ranges.append((int(lower), int(upper) - 1))
+    if len(text) > 2:
+        for part in text[2:-2].split("),["):
+            lower, _, upper = part.partition(",")
+            if lower and upper:
+                ranges.append((int(lower), int(upper) - 1))
     return tuple(ranges)
 
 
