@@ -10,9 +10,11 @@ committer adds a statement, a group's or a partition's first commit adds the sta
 cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them), and a batch
 whose committers were all not found reads the switch alone. Rows are always locked in sorted
 order, groups, then members, then partitions, so concurrent commits cannot deadlock with each
-other or with heartbeats.
+other or with heartbeats. ``tests/offsets/test_commit_statements.py`` counts them
+(docs/offsets.md, "Statements per batch").
 
-Every stored state is decoded by ``_state_of``, whichever way it was read.
+A stored state is decoded by ``_locked_state_of`` when the commit path read it (the IC ranges
+as text) and by ``_state_of`` when SQLAlchemy did (the reads and admin changes).
 """
 
 from __future__ import annotations
