@@ -42,7 +42,7 @@ from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
 from coordinator.offsets.schemas import CommitRequest
-from coordinator.offsets.service import CommitResult, apply_request
+from coordinator.offsets.service import CommitResult, CommitTally, apply_request
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -222,8 +222,12 @@ class CommitBatcher:
     async def _transaction(
         self, batch: list[_Pending], connection: asyncpg.Connection
     ) -> list[Outcome]:
+        tally = CommitTally()
         async with connection.transaction():
-            return await self._decide_and_apply(connection, batch)
+            outcomes = await self._decide_and_apply(connection, batch, tally)
+        # Counted once the transaction committed: a failed batch's requests are re-run.
+        tally.add_to_metrics()
+        return outcomes
 
     async def _run(self, batch: list[_Pending], connection: asyncpg.Connection) -> list[_Pending]:
         """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
@@ -265,7 +269,7 @@ class CommitBatcher:
             _settle(pending, exception=exc)
 
     async def _decide_and_apply(
-        self, connection: asyncpg.Connection, batch: list[_Pending]
+        self, connection: asyncpg.Connection, batch: list[_Pending], tally: CommitTally
     ) -> list[Outcome]:
         standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
         committing_members = {
@@ -280,7 +284,9 @@ class CommitBatcher:
         ]
         new_groups = [p for p, r in zip(batch, refusals, strict=True) if r is _NEW_GROUP]
         if new_groups:
-            created = await self._create_groups(connection, new_groups)
+            created = await _create_groups(
+                connection, new_groups, self._settings.max_groups_per_prefix
+            )
             refusals = [
                 created[p.group_id] if r is _NEW_GROUP else r
                 for p, r in zip(batch, refusals, strict=True)
@@ -301,34 +307,17 @@ class CommitBatcher:
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
         changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
+        tally.requests = len(admitted)
         for index, pending in admitted:
             group_states = states[pending.group_id]
             applied = await apply_request(
-                pending.group_id, pending.request, group_states, self._settings
+                pending.group_id, pending.request, group_states, self._settings, tally
             )
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result
         await repository.write_partitions(connection, changed)
         return outcomes
-
-    async def _create_groups(
-        self, connection: asyncpg.Connection, pending: list[_Pending]
-    ) -> dict[str, KeyrangeError | _Undecided | None]:
-        """Create the groups of admissible standalone commits, within their tenants' caps:
-        None for a group this transaction created (its commits are admitted: it has no
-        members), the refusal for one past its cap, undecided for one another transaction is
-        creating."""
-        wanted = [(p.group_id, p.scope) for p in pending]
-        stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
-        decided = group_refusals(wanted, stored, self._settings.max_groups_per_prefix)
-        created = await quota_store.create_groups(
-            connection, [group_id for group_id, refused in decided.items() if refused is None]
-        )
-        return {
-            group_id: refused if refused is not None or group_id in created else _UNDECIDED
-            for group_id, refused in decided.items()
-        }
 
     async def _add_partitions(
         self,
@@ -382,6 +371,24 @@ class CommitBatcher:
         return still
 
 
+async def _create_groups(
+    connection: asyncpg.Connection, pending: list[_Pending], max_groups_per_prefix: int
+) -> dict[str, KeyrangeError | _Undecided | None]:
+    """Create the groups of admissible standalone commits, within their tenants' caps: None
+    for a group this transaction created (its commits are admitted: it has no members), the
+    refusal for one past its cap, undecided for one another transaction is creating."""
+    wanted = [(p.group_id, p.scope) for p in pending]
+    stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
+    decided = group_refusals(wanted, stored, max_groups_per_prefix)
+    created = await quota_store.create_groups(
+        connection, [group_id for group_id, refused in decided.items() if refused is None]
+    )
+    return {
+        group_id: refused if refused is not None or group_id in created else _UNDECIDED
+        for group_id, refused in decided.items()
+    }
+
+
 class _NoConnection(Exception):
     """The pool could not give a connection; the cause says why."""
 
@@ -433,7 +440,6 @@ def _answer(pending: _Pending, outcome: Outcome) -> bool:
     if isinstance(outcome, KeyrangeError):
         _settle(pending, exception=outcome)
     else:
-        metrics.COMMITS.inc()
         _settle(pending, result=outcome)
     return True
 
