@@ -33,6 +33,7 @@ from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
+from coordinator.offsets.commit_tracing import commit_tracer
 from coordinator.problems import database_gone, declare_problems, error_response
 from coordinator.settings import Settings
 
@@ -273,6 +274,8 @@ def create_app(
     app.state.scaling_histories = {}
     # The console's lag and throughput charts, per group (coordinator.core.trend).
     app.state.console_trends = {}
+    # Spans of commit requests, which are served ahead of FastAPI; None when tracing is off.
+    app.state.commit_tracer = commit_tracer()
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)

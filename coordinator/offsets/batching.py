@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
@@ -41,6 +42,7 @@ from coordinator.db import quotas as quota_store
 from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
+from coordinator.offsets.commit_tracing import CommitTrace
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.offsets.service import CommitResult, CommitTally, apply_request
 from coordinator.settings import Settings
@@ -58,6 +60,8 @@ class _Pending:
     request: CommitRequest
     # The tenant whose group cap the group counts against, should this commit create it.
     scope: str
+    # Its spans while tracing is on (``coordinator.offsets.commit_tracing``).
+    trace: CommitTrace | None = None
     reply: asyncio.Future[CommitResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -116,9 +120,13 @@ class CommitBatcher:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     async def submit(
-        self, group_id: str, request: CommitRequest, scope: str = WHOLE_COORDINATOR
+        self,
+        group_id: str,
+        request: CommitRequest,
+        scope: str = WHOLE_COORDINATOR,
+        trace: CommitTrace | None = None,
     ) -> CommitResult:
-        pending = _Pending(group_id, request, scope)
+        pending = _Pending(group_id, request, scope, trace)
         self._queue.put_nowait(pending)
         return await pending.reply
 
@@ -223,10 +231,16 @@ class CommitBatcher:
         self, batch: list[_Pending], connection: asyncpg.Connection
     ) -> list[Outcome]:
         tally = CommitTally()
+        started_ns = time.time_ns()
         async with connection.transaction():
             outcomes = await self._decide_and_apply(connection, batch, tally)
         # Counted once the transaction committed: a failed batch's requests are re-run.
         tally.add_to_metrics()
+        traced = [pending.trace for pending in batch if pending.trace is not None]
+        if traced:
+            ended_ns = time.time_ns()
+            for trace in traced:
+                trace.applied(started_ns, ended_ns, len(batch))
         return outcomes
 
     async def _run(self, batch: list[_Pending], connection: asyncpg.Connection) -> list[_Pending]:

@@ -296,3 +296,21 @@ async def test_the_coordinators_routes_are_traced_but_not_its_probes(
     routes = {dict(span.attributes or {}).get("http.route") for span in spans}
     assert "/v1/groups/{group_id}/heartbeat" in routes
     assert "/livez" not in routes
+    # The commit route, served ahead of FastAPI, says where a commit's time went.
+    (commit,) = named(spans, "POST /v1/groups/{group_id}/offsets/commit")
+    assert commit.kind is SpanKind.SERVER
+    assert dict(commit.attributes or {})["http.response.status_code"] == 200
+    parts = {
+        span.name: span
+        for span in spans
+        if span.parent is not None and span.parent.span_id == commit.context.span_id
+    }
+    assert set(parts) == {"commit admission", "commit queue", "commit transaction"}
+    admission, queue, transaction = (
+        parts[name] for name in ("commit admission", "commit queue", "commit transaction")
+    )
+    assert admission.end_time == queue.start_time
+    assert queue.end_time == transaction.start_time
+    assert commit.start_time <= admission.start_time
+    assert transaction.end_time <= commit.end_time
+    assert dict(transaction.attributes or {})["keyrange.commit.batch_requests"] == 1
