@@ -41,6 +41,9 @@ async def test_downgrade_to_base_and_upgrade_again(make_migrated_database: MakeD
     url = await make_migrated_database()
     config = migrate.alembic_config(url)
     engine = create_async_engine(url)
+    await asyncio.to_thread(command.downgrade, config, "0004")
+    async with engine.connect() as connection:
+        assert "endpoint" not in await connection.run_sync(_columns, "members")
     await asyncio.to_thread(command.downgrade, config, "0003")
     async with engine.connect() as connection:
         columns = await connection.run_sync(_columns, "members")

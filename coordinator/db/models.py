@@ -172,6 +172,9 @@ class Member(Base):
     stuck_reported_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), nullable=True
     )
+    # Where the member serves queries (a streams instance's HTTP address), as it advertised
+    # it when it joined; None when it serves none.
+    endpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class TopicMetadata(Base):

@@ -8,8 +8,9 @@ membership state lives anywhere else.
 One kind of heartbeat skips the step: a stable member renewing its session, one statement
 (:func:`stable_heartbeat`) whose guard matches only when the step would change nothing.
 
-A heartbeat may also carry the member's stuck calls (docs/api.md, "Stuck calls"): stored on
-its row in the same transaction as the rest of the heartbeat, never read by the step.
+A heartbeat may also carry the member's stuck calls (docs/api.md, "Stuck calls") and the
+address it serves queries on ("Member endpoints"): stored on its row in the same transaction
+as the rest of the heartbeat, never read by the step.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ from coordinator.core.topic_pattern import matching_topics
 from coordinator.db import quotas as quota_store
 from coordinator.db.engine import driver_connection
 from coordinator.errors import InvalidRequest, ServiceUnavailable
-from coordinator.groups import metadata_repository, repository, stuck_repository
+from coordinator.groups import (
+    endpoint_repository,
+    metadata_repository,
+    repository,
+    stuck_repository,
+)
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleReply, SliceJson
 from coordinator.groups.settle import (
     announce,
@@ -137,10 +143,10 @@ async def stable_heartbeat(
     A stable member has nothing to do, so its reply may always wait for a change.
     A report of stuck calls takes the full path, which stores it: reports are rare (a
     member sends one when its list changes), so the common heartbeat's statement stays as
-    it is."""
+    it is. So does an advertised endpoint, which a member sends when it joins."""
     if request.member_epoch <= JOIN_EPOCH or request.member_id is None:
         return None
-    if request.stuck is not None:
+    if request.stuck is not None or request.endpoint is not None:
         return None
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
     # anything else falls through to the full path, which normalizes.
@@ -234,6 +240,10 @@ async def heartbeat(
             group_id,
             outcome.member.member_id,
             [call.model_dump() for call in request.stuck],
+        )
+    if request.endpoint is not None and outcome.member is not None:
+        await endpoint_repository.save_endpoint(
+            connection, group_id, outcome.member.member_id, request.endpoint
         )
     for note in outcome.notes:
         log.log(logging.WARNING if note.warning else logging.INFO, note.message, extra=note.fields)

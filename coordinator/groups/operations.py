@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from coordinator.core.assignment import Slice, slices_to_wire
 from coordinator.core.membership import expiry_reasons, group_state
 from coordinator.errors import GroupIdNotFound, UnknownMemberId
-from coordinator.groups import repository, stuck_repository
+from coordinator.groups import endpoint_repository, repository, stuck_repository
 from coordinator.groups.schemas import (
     GroupDescription,
     MemberDescription,
@@ -63,6 +63,7 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
         raise GroupIdNotFound(f"group '{group_id}' does not exist")
     members = await repository.read_members(connection, group_id, live_only=True)
     stuck = await stuck_repository.read_stuck(connection, group_id)
+    endpoints = await endpoint_repository.read_endpoints(connection, group_id)
     return GroupDescription(
         group_id=group_id,
         state=group_state(group, members),
@@ -89,6 +90,7 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
                 assigned=_slices_json(m.assigned),
                 target=_slices_json(m.target),
                 stuck=_stuck_calls(stuck.get(m.member_id)),
+                endpoint=endpoints.get(m.member_id),
             )
             for m in members
         ],

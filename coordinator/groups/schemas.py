@@ -36,6 +36,15 @@ MAX_RANGES_PER_SLICE = 10_000
 MAX_REGEX_CHARS = 1_000
 # A member reports one entry per key its threads cannot stop: a handful, even on a bad day.
 MAX_STUCK_CALLS = 1_000
+MAX_ENDPOINT_CHARS = 1_000
+
+# Where a member serves queries, e.g. a streams instance's ``http://10.0.0.5:7070``: an HTTP
+# base URL (scheme and host, an optional path), never anything a browser would run.
+Endpoint = Annotated[
+    str,
+    StringConstraints(max_length=MAX_ENDPOINT_CHARS, pattern=r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"),
+    STORABLE,
+]
 
 KeyRangeJson = tuple[KeyHash, KeyHash]
 
@@ -90,6 +99,9 @@ class HeartbeatRequest(StrictModel):
     wait_ms: Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)] | None = None
     # The member's stuck calls now: None leaves what it last reported, [] clears it.
     stuck: Annotated[list[StuckCallJson], Field(max_length=MAX_STUCK_CALLS)] | None = None
+    # Where the member serves queries (docs/api.md, "Member endpoints"): None leaves what it
+    # last advertised; a member sends it when it joins.
+    endpoint: Endpoint | None = None
 
     @field_validator("subscribed_topic_regex")
     @classmethod
@@ -173,6 +185,7 @@ class MemberDescription(BaseModel):
     assigned: list[SliceJson]
     target: list[SliceJson]
     stuck: list[StuckCallDescription] = Field(default_factory=list)
+    endpoint: str | None = None
 
 
 class GroupDescription(BaseModel):
