@@ -112,7 +112,8 @@ class KeyrangeConsumer:
     then raises ``CoordinatorUnavailable`` naming the URL, so a wrong ``coordinator_url`` fails
     fast. ``auto_offset_reset`` (``earliest``, ``latest`` or ``none``) applies to partitions
     the group never committed and to a position outside the partition's log
-    (``client.log_reset``).
+    (``client.log_reset``). ``endpoint``, read at ``start()``: the HTTP address this member
+    serves queries on, advertised to the group at the join (``StreamsApp``'s ``query_port``).
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class KeyrangeConsumer:
         commit_mode: CommitMode | None = None,
         coordinator: CoordinatorClient | None = None,
         coordinator_start_timeout_ms: int = 60_000,
+        endpoint: str | None = None,
         **aiokafka_kwargs: Any,
     ) -> None:
         if auto_offset_reset not in OFFSET_RESETS:
@@ -143,6 +145,7 @@ class KeyrangeConsumer:
             if reserved in aiokafka_kwargs:
                 raise ValueError(f"{reserved} is managed by KeyrangeConsumer")
         self._topics = list(topics)
+        self.endpoint = endpoint
         key_deserializer, value_deserializer = _deserializers(aiokafka_kwargs)
         kafka_kwargs = {
             "bootstrap_servers": bootstrap_servers,
@@ -222,7 +225,7 @@ class KeyrangeConsumer:
             ownership,
             hooks,
             owns_client=coordinator is None,
-            join=join if self._topics else None,
+            join=(lambda: join(endpoint=self.endpoint)) if self._topics else None,
             auto_commit_interval_ms=auto_commit_interval_ms,
             revoke_timeout_s=revoke_timeout_s,
             start_timeout_s=coordinator_start_timeout_ms / 1000,

@@ -136,14 +136,19 @@ class HeartbeatRequest:
     wait_ms: int | None = None
     # The member's stuck calls now; None leaves what it last reported, () clears it.
     stuck: Sequence[StuckCall] | None = None
+    # Where the member serves queries (a streams instance's HTTP address); None leaves what
+    # it last advertised.
+    endpoint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        # ``wait_ms`` only when offered and ``stuck`` only when reported: coordinators older
-        # than either refuse fields they do not know, and never see them from a member that
-        # has nothing to say.
+        # ``wait_ms`` only when offered, ``stuck`` only when reported and ``endpoint`` only
+        # when advertised: coordinators older than any of them refuse fields they do not
+        # know, and never see them from a member that has nothing to say.
         offer: dict[str, Any] = {} if self.wait_ms is None else {"wait_ms": self.wait_ms}
         if self.stuck is not None:
             offer["stuck"] = [call.to_json() for call in self.stuck]
+        if self.endpoint is not None:
+            offer["endpoint"] = self.endpoint
         return {
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,
@@ -159,6 +164,16 @@ class HeartbeatRequest:
             "owned": None if self.owned is None else slices_to_json(self.owned),
             **offer,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """The member owning a key: ``name`` is its instance id, else its member id (what people
+    recognise); ``endpoint`` where it serves queries, None when it advertised none."""
+
+    name: str
+    member_id: str
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,11 +404,12 @@ class CoordinatorClient:
             json={"accept_range_fetch": accept},
         )
 
-    async def owner_of(self, group_id: str, topic: str, partition: int, hashed: int) -> str | None:
+    async def owner_of(
+        self, group_id: str, topic: str, partition: int, hashed: int
+    ) -> KeyOwner | None:
         """The live member owning key hash ``hashed`` of ``topic[partition]`` in the
-        coordinator's view of the group (its instance id, else its member id), or None while
-        nobody does (a hand-off, or no such group); needs an admin-scope token when the
-        coordinator requires tokens."""
+        coordinator's view of the group, or None while nobody does (a hand-off, or no such
+        group); needs an admin-scope token when the coordinator requires tokens."""
         try:
             document = await self._request("GET", f"/v1/admin/groups/{_checked_group(group_id)}")
         except GroupIdNotFound:
@@ -403,7 +419,11 @@ class CoordinatorClient:
                 if owned["topic"] == topic and owned["partition"] == partition:
                     for start, end in owned["ranges"]:
                         if start <= hashed <= end:
-                            return str(member.get("instance_id") or member["member_id"])
+                            return KeyOwner(
+                                name=str(member.get("instance_id") or member["member_id"]),
+                                member_id=str(member["member_id"]),
+                                endpoint=member.get("endpoint"),
+                            )
         return None
 
     async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:

@@ -34,6 +34,7 @@ class Exchange:
         session_timeout_ms: int,
         instance_id: str | None,
         client_id: str | None,
+        endpoint: str | None = None,
     ) -> None:
         self._client = client
         self.group_id = group_id
@@ -43,6 +44,8 @@ class Exchange:
         self._requested_session_ms = session_timeout_ms
         self._instance_id = instance_id
         self._client_id = client_id
+        # Advertised at every join, so a member fenced and joining again still has it.
+        self._endpoint = endpoint
         self.member_id: str | None = None
         self.member_epoch = JOIN_EPOCH
 
@@ -77,6 +80,7 @@ class Exchange:
             owned=owned,
             wait_ms=int(wait_s * 1000) or None,
             stuck=stuck,
+            endpoint=self._endpoint if joining else None,
         )
 
     async def send(self, request: HeartbeatRequest, timeout_s: float) -> HeartbeatReply:

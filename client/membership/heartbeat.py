@@ -62,6 +62,7 @@ class Membership:
         session_timeout_ms: int,
         instance_id: str | None = None,
         client_id: str | None = None,
+        endpoint: str | None = None,
     ) -> None:
         self._owner = owner
         self._exchange = Exchange(
@@ -73,6 +74,7 @@ class Membership:
             session_timeout_ms=session_timeout_ms,
             instance_id=instance_id,
             client_id=client_id,
+            endpoint=endpoint,
         )
         self._session = Session(session_timeout_ms / 1000, self._session_lost)
         self._reports = Reports(group_id, owner.stuck_report)

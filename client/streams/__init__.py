@@ -7,7 +7,7 @@ changelogs filtered by the task's key range. See docs/streams.md.
 
 from __future__ import annotations
 
-from client.streams.app import QueryAnswer, StreamsApp
+from client.streams.app import StreamsApp
 from client.streams.config import StreamsConfig
 from client.streams.errors import (
     ProcessorFailed,
@@ -25,6 +25,7 @@ from client.streams.processor import (
     ProcessorContext,
     PunctuationType,
 )
+from client.streams.queries import QueryAnswer
 from client.streams.serde import BYTES, INT64, JSON, STRING, Serde
 from client.streams.topology import BuiltTopology, StoreSpec, Topology
 

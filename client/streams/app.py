@@ -16,24 +16,23 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
-from aiokafka.partitioner import DefaultPartitioner
 
 from client.consumer import KeyrangeConsumer
 from client.consumer_source import ConsumerSource
 from client.graceful import GracefulStop
 from client.http import CoordinatorClient
 from client.metrics_server import MetricsServer
-from client.protocol.keyspace import key_hash
 from client.streams.config import StreamsConfig
-from client.streams.errors import StreamsError, UnknownStore
+from client.streams.errors import StreamsError
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
+from client.streams.queries import QueryAnswer, StoreQueries
+from client.streams.query_server import QueryServer
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
@@ -42,16 +41,6 @@ from client.streams.topology import BuiltTopology, Topology
 from client.tracing import record_tracer
 
 ASSIGNOR = "sticky-join"
-
-
-@dataclass(frozen=True)
-class QueryAnswer:
-    """``found`` and ``value`` when this instance owns the key; otherwise ``owner`` names the
-    member that does (None while nobody does, e.g. during a hand-off)."""
-
-    local: bool
-    value: Any = None
-    owner: str | None = None
 
 
 class StreamsApp:
@@ -87,6 +76,18 @@ class StreamsApp:
         self._partitions: dict[str, int] = {}
         interactive = sys.stderr.isatty() if config.show_progress is None else config.show_progress
         self._show_progress = interactive
+        self._queries = StoreQueries(
+            self.topology,
+            config.application_id,
+            self._coordinator,
+            self._partitions,
+            lambda: self.runtime,
+        )
+        self._query_server = (
+            None
+            if config.query_port is None
+            else QueryServer(config.query_host, config.query_port, config.query_advertised_url)
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -108,6 +109,7 @@ class StreamsApp:
         try:
             with self._graceful.signals_handled(handle_signals):
                 await self._create_changelogs()
+                self._serve_queries()
                 self._producer, self._restorer = self._connections()
                 await self._producer.start()
                 try:
@@ -129,9 +131,23 @@ class StreamsApp:
                     await self._producer.stop()
                     self._state.close()
         finally:
+            if self._query_server is not None:
+                await self._query_server.stop()
             await self._coordinator.aclose()
             if metrics is not None:
                 metrics.close()
+
+    def _serve_queries(self) -> None:
+        """Listen before joining: the join advertises the address."""
+        if self._query_server is None:
+            return
+        self._query_server.start(
+            self._queries,
+            coordinator_url=self.config.coordinator_url,
+            group_id=self.config.application_id,
+            name=lambda: self.config.instance_id or self.member_id,
+        )
+        self._consumer.endpoint = self._query_server.endpoint
 
     def _make_runtime(self, source: ConsumerSource) -> StreamsRuntime:
         assert self._producer is not None and self._restorer is not None
@@ -209,31 +225,19 @@ class StreamsApp:
         """This instance's member id in the application's group (None until it joined)."""
         return self._consumer.member_id
 
+    @property
+    def query_endpoint(self) -> str | None:
+        """Where this instance serves queries over HTTP (None without ``query_port``, or
+        before ``run`` listens)."""
+        server = self._query_server
+        return None if server is None or not server.listening else server.endpoint
+
     async def query(self, store: str, key: Any) -> QueryAnswer:
         """Answer from the local store when this instance owns ``key``'s range; otherwise
-        name the member that owns it, from the coordinator's view of the group. Asked while
-        ``run`` runs (the coordinator connection closes with it)."""
-        spec = self.topology.stores.get(store)
-        if spec is None:
-            raise UnknownStore(f"store '{store}' is not in this topology")
-        raw = spec.key_serde.serialize(key)
-        if raw is None:
-            raise StreamsError("a store key cannot be None")
-        hashed = key_hash(raw, 0)
-        sub = next(sub for sub in self.topology.subtopologies if store in sub.stores)
-        count = min(self._partitions.get(topic, 1) for topic in sub.source_topics)
-        partition = DefaultPartitioner()(raw, list(range(count)), list(range(count)))
-        task = (
-            None
-            if self.runtime is None
-            else self.runtime.tasks.active(sub.index, partition, hashed)
-        )
-        if task is not None:
-            return QueryAnswer(local=True, value=task.stores[store].get(key))
-        owner = await self._coordinator.owner_of(
-            self.config.application_id, sub.source_topics[0], partition, hashed
-        )
-        return QueryAnswer(local=False, owner=owner)
+        name the member that owns it and where it serves queries, from the coordinator's
+        view of the group. Asked while ``run`` runs (the coordinator connection closes with
+        it)."""
+        return await self._queries.query(store, key)
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per task: records processed, punctuations, stream time and its lag behind the wall

@@ -28,7 +28,11 @@ class StreamsConfig:
     loop. ``kafka_security`` (TLS, SASL) applies to every Kafka connection the application
     opens: the consumer, the producer, the restorer and the admin client that creates the
     changelogs, since a secured cluster refuses any one of them that comes in plaintext.
-    ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra)."""
+    ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra).
+    ``query_port`` serves the stores over HTTP on ``query_host`` (0: any free port; None, the
+    default: no server), and the group learns the address as ``query_advertised_url``, by
+    default ``http://`` this host's name (or ``query_host`` when it names one) and the port
+    (Kafka Streams' ``application.server``; docs/streams.md, "Queries over HTTP")."""
 
     application_id: str
     bootstrap_servers: str
@@ -46,6 +50,9 @@ class StreamsConfig:
     changelog_replication_factor: int = 1
     show_progress: bool | None = None
     metrics_port: int | None = None
+    query_port: int | None = None
+    query_host: str = "127.0.0.1"
+    query_advertised_url: str | None = None
     consumer_options: dict[str, Any] = field(default_factory=dict)
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
@@ -76,6 +83,12 @@ class StreamsConfig:
             raise ValueError("max_task_idle_ms must not be negative")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError("metrics_port must be in 0..65535")
+        if self.query_port is not None and not 0 <= self.query_port <= 65535:
+            raise ValueError("query_port must be in 0..65535")
+        if self.query_advertised_url is not None and not self.query_advertised_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError("query_advertised_url is an http:// or https:// address")
         if self.changelog_replication_factor < 1:
             raise ValueError("changelog_replication_factor must be at least 1")
         problems = self.kafka_security.problems()

@@ -15,11 +15,18 @@ from aiokafka.structs import TopicPartition
 from fastapi import FastAPI
 
 from client import errors
-from client.http import CoordinatorClient, HeartbeatRequest, PartitionCommit, StuckCall
+from client.http import (
+    CoordinatorClient,
+    HeartbeatRequest,
+    KeyOwner,
+    PartitionCommit,
+    StuckCall,
+)
 from client.protocol.committed import CommittedOffsets, Watermark
 from client.protocol.keyspace import KeyRange
 from coordinator.app import create_app
 from tests.fixtures.coordinator import free_port, settings_for_tests
+from tests.groups.test_heartbeat_api import given_topics
 
 HALF = KeyRange.full().split(2)[0]
 
@@ -252,6 +259,32 @@ async def test_a_reported_stuck_call_reaches_the_coordinators_description(
     assert stuck["running_s"] == 8.0
 
 
+async def test_an_endpoint_advertised_at_the_join_comes_back_with_the_owner(
+    coordinator: CoordinatorClient, coordinator_app: FastAPI
+) -> None:
+    """Sent only when advertised (an older coordinator refuses the field), and returned by
+    the owner look-up with the member that owns the key."""
+    assert "endpoint" not in HeartbeatRequest(member_epoch=3, member_id="m-1").to_json()
+    await given_topics(coordinator_app, served=1)
+    g = group()
+    joined = await coordinator.heartbeat(
+        g,
+        HeartbeatRequest(
+            member_epoch=0, subscribed_topics=["served"], endpoint="http://127.0.0.1:7070"
+        ),
+    )
+    await coordinator.heartbeat(
+        g,
+        HeartbeatRequest(
+            member_epoch=joined.member_epoch,
+            member_id=joined.member_id,
+            owned=joined.assignment,
+        ),
+    )
+    owner = await coordinator.owner_of(g, "served", 0, 12345)
+    assert owner == KeyOwner(joined.member_id, joined.member_id, "http://127.0.0.1:7070")
+
+
 async def test_an_unreachable_coordinator_is_coordinator_unavailable() -> None:
     async with CoordinatorClient(f"http://127.0.0.1:{free_port()}", max_retries=1) as client:
         with pytest.raises(errors.CoordinatorUnavailable):
@@ -271,6 +304,7 @@ async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> No
             {
                 "member_id": "m-2",
                 "instance_id": "b",
+                "endpoint": "http://b:7070",
                 "owned": [{"topic": "t", "partition": 0, "ranges": [[10, 20]]}],
             },
         ]
@@ -284,8 +318,8 @@ async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> No
         problem(403, "FORBIDDEN"),
     )
     async with CoordinatorClient("http://c", token="adm", transport=httpx.MockTransport(stub)) as c:
-        assert await c.owner_of("g", "t", 0, 5) == "m-1"
-        assert await c.owner_of("g", "t", 0, 15) == "b"
+        assert await c.owner_of("g", "t", 0, 5) == KeyOwner("m-1", "m-1")
+        assert await c.owner_of("g", "t", 0, 15) == KeyOwner("b", "m-2", "http://b:7070")
         assert await c.owner_of("g", "t", 0, 21) is None
         assert await c.owner_of("gone", "t", 0, 5) is None
         with pytest.raises(errors.Forbidden):

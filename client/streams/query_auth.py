@@ -1,0 +1,89 @@
+"""Who may query a streams instance: whoever the coordinator would let use the application's
+group (docs/streams.md, "Queries over HTTP").
+
+The instance keeps no tokens of its own. It asks the coordinator with the caller's
+``Authorization`` header (a read of the group's committed offsets for one partition, which
+any token of the group may make and which changes nothing), and keeps the verdict for
+``VERDICT_TTL_S``, by a digest of the header, never the header itself. So the coordinator's
+tokens, prefixes and rotation apply unchanged, a revoked token is refused here within
+``VERDICT_TTL_S``, and a coordinator without tokens (every caller an admin, on loopback)
+admits every caller here too. A coordinator that cannot answer admits nobody.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import httpx
+
+# How long a verdict holds: the delay before a revoked token is refused here, against one
+# coordinator read per caller per this long.
+VERDICT_TTL_S = 30.0
+# Verdicts kept at most; past it the expired go, then all of them (a flood of tokens).
+MAX_VERDICTS = 10_000
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a caller is refused: the HTTP status, the coordinator's error name, a detail."""
+
+    status: int
+    error: str
+    detail: str
+
+
+class CallerCheck:
+    """Asks the coordinator at ``coordinator_url`` whether a caller may use ``group_id``,
+    through ``http`` (which sends no credentials of its own)."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, coordinator_url: str, group_id: str, topic: str
+    ) -> None:
+        self._http = http
+        self._url = f"{coordinator_url.rstrip('/')}/v1/groups/{group_id}/offsets"
+        self._params: dict[str, str | int] = {"topic": topic, "partition": 0}
+        self._verdicts: dict[bytes, tuple[Refusal | None, float]] = {}
+
+    async def refusal(self, authorization: str | None) -> Refusal | None:
+        """None when the caller may query, else why not."""
+        digest = hashlib.sha256((authorization or "").encode("latin-1", "replace")).digest()
+        now = time.monotonic()
+        kept = self._verdicts.get(digest)
+        if kept is not None and kept[1] > now:
+            return kept[0]
+        headers = {} if authorization is None else {"Authorization": authorization}
+        try:
+            reply = await self._http.get(self._url, params=self._params, headers=headers)
+        except httpx.HTTPError as error:
+            return Refusal(503, "COORDINATOR_UNAVAILABLE", f"cannot check the token: {error}")
+        if reply.status_code in (401, 403):
+            verdict: Refusal | None = Refusal(reply.status_code, *_problem(reply))
+        elif reply.is_success or reply.status_code == 404:
+            verdict = None
+        else:
+            return Refusal(
+                503, "COORDINATOR_UNAVAILABLE", f"cannot check the token: {reply.status_code}"
+            )
+        self._keep(digest, verdict, now)
+        return verdict
+
+    def _keep(self, digest: bytes, verdict: Refusal | None, now: float) -> None:
+        if len(self._verdicts) >= MAX_VERDICTS:
+            self._verdicts = {k: v for k, v in self._verdicts.items() if v[1] > now}
+            if len(self._verdicts) >= MAX_VERDICTS:
+                self._verdicts.clear()
+        self._verdicts[digest] = (verdict, now + VERDICT_TTL_S)
+
+
+def _problem(reply: httpx.Response) -> tuple[str, str]:
+    """The coordinator's error name and detail, as it said them."""
+    try:
+        document = reply.json()
+    except ValueError:
+        document = {}
+    if not isinstance(document, dict):
+        document = {}
+    default = "UNAUTHORIZED" if reply.status_code == 401 else "FORBIDDEN"
+    return str(document.get("error") or default), str(document.get("detail") or default)

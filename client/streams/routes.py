@@ -1,0 +1,285 @@
+"""The query routes of a streams instance, answered on the event loop (docs/api.md, "Streams
+instances"):
+
+- ``GET /v1/stores/{store}/keys/{key}``: a key's value;
+- ``GET /v1/stores/{store}/keys/{key}/windows?from_ms=&to_ms=``: a key's windows (window
+  stores);
+- ``GET /v1/stores/{store}/range?from=&to=&limit=``: this instance's keys in a key range;
+- ``GET /v1/stores/{store}/windows?from=&to=&from_ms=&to_ms=&limit=``: this instance's
+  windows of a key range in a time range (window stores).
+
+A key is given as its serialized bytes (what the store's key serde writes), as UTF-8 text
+percent-encoded in the path, or base64url with ``key_encoding=base64``. A key this instance
+does not own is forwarded to its owner's advertised endpoint with the caller's token, and the
+owner's answer returned; with ``redirect=true`` the answer is a 307 to it instead. A request
+already forwarded once is never forwarded again: a hand-off moving the key meanwhile is a
+503 to retry, not a loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote_to_bytes
+
+import httpx
+
+from client.http import KeyOwner
+from client.streams.errors import StreamsError, UnknownStore
+from client.streams.queries import Located, NotAWindowStore, StoreQueries
+from client.streams.serde import Serde
+
+DEFAULT_LIMIT = 1_000
+MAX_LIMIT = 10_000
+TIME_MAX = 2**63 - 1
+_PROBLEM = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    query: str
+    authorization: str | None = None
+    forwarded_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """``body`` is a JSON document, or bytes relayed as they came (``raw``)."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
+    raw: bool = False
+
+    @classmethod
+    def problem(
+        cls, status: int, error: str, detail: str, *, retry_after: int | None = None, **extra: Any
+    ) -> Answer:
+        headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        document = {"status": status, "error": error, "detail": detail, **extra}
+        return cls(status, document, headers, _PROBLEM)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class Routes:
+    FORWARDED_HEADER = "Keyrange-Forwarded-By"
+
+    def __init__(
+        self, queries: StoreQueries, http: httpx.AsyncClient, name: Callable[[], str | None]
+    ) -> None:
+        self._queries = queries
+        self._http = http
+        self._name = name
+
+    async def answer(self, request: Request) -> Answer:
+        segments = request.path.split("/")
+        params = {k: v[-1] for k, v in parse_qs(request.query, keep_blank_values=True).items()}
+        try:
+            if len(segments) < 5 or segments[:3] != ["", "v1", "stores"]:
+                return Answer.problem(404, "NOT_FOUND", f"no route {request.path}")
+            store = unquote_to_bytes(segments[3]).decode("utf-8", "replace")
+            spec = self._queries.spec(store)
+            rest = segments[4:]
+            if rest == ["range"]:
+                return self._range(store, spec.key_serde, params)
+            if rest == ["windows"]:
+                return self._window_range(store, spec.key_serde, params)
+            if rest[0] == "keys" and len(rest) in (2, 3) and rest[2:] in ([], ["windows"]):
+                key = _key(spec.key_serde, unquote_to_bytes(rest[1]), params)
+                return await self._one_key(request, store, key, params, windows=len(rest) == 3)
+            return Answer.problem(404, "NOT_FOUND", f"no route {request.path}")
+        except UnknownStore as error:
+            return Answer.problem(404, "UNKNOWN_STORE", str(error).strip("'\""))
+        except NotAWindowStore as error:
+            return Answer.problem(400, "NOT_A_WINDOW_STORE", str(error))
+        except (_BadRequest, StreamsError) as error:
+            return Answer.problem(400, "INVALID_REQUEST", str(error))
+
+    async def _one_key(
+        self, request: Request, store: str, key: Any, params: dict[str, str], *, windows: bool
+    ) -> Answer:
+        located = self._queries.locate(store, key)
+        if located.task is None:
+            return await self._elsewhere(request, located, params)
+        served = {"store": store, **_rendered("key", key, located.spec.key_serde)}
+        served["served_by"] = self._name()
+        if windows:
+            time_from, time_to = _times(params)
+            found = self._queries.windows(located, key, time_from, time_to)
+            served["windows"] = [
+                {"start": start, **_rendered("value", value, located.spec.value_serde)}
+                for start, value in found
+            ]
+            return Answer(200, served)
+        value = located.task.stores[store].get(key)
+        if value is None:
+            return Answer.problem(404, "KEY_NOT_FOUND", f"no value for the key in '{store}'")
+        return Answer(200, {**served, **_rendered("value", value, located.spec.value_serde)})
+
+    async def _elsewhere(
+        self, request: Request, located: Located, params: dict[str, str]
+    ) -> Answer:
+        """A key this instance does not own now: forward, redirect, or say who to retry."""
+        if request.forwarded_by is not None:
+            return Answer.problem(
+                503,
+                "NOT_OWNER",
+                f"forwarded by {request.forwarded_by}, but the key moved; retry",
+                retry_after=1,
+            )
+        owner = await self._queries.owner(located)
+        if owner is None or owner.name == self._name():
+            # Nobody owns it, or the coordinator says this instance does while its task is
+            # not running yet (restoring, or the hand-off not done here): both pass.
+            return Answer.problem(
+                503, "NO_OWNER_NOW", "the key is being handed over; retry", retry_after=1
+            )
+        if owner.endpoint is None:
+            return Answer.problem(
+                503,
+                "OWNER_NOT_SERVING",
+                f"{owner.name} owns the key and serves no queries",
+                owner=owner.name,
+                retry_after=1,
+            )
+        target = f"{owner.endpoint}{request.path}"
+        if request.query:
+            target += f"?{request.query}"
+        if params.get("redirect", "false") == "true":
+            document = {"owner": owner.name, "endpoint": owner.endpoint}
+            return Answer(307, document, {"Location": target})
+        return await self._forward(request, owner, target)
+
+    async def _forward(self, request: Request, owner: KeyOwner, target: str) -> Answer:
+        headers = {self.FORWARDED_HEADER: self._name() or "-"}
+        if request.authorization is not None:
+            headers["Authorization"] = request.authorization
+        try:
+            reply = await self._http.get(target, headers=headers)
+        except httpx.HTTPError as error:
+            return Answer.problem(
+                502,
+                "OWNER_UNREACHABLE",
+                f"{owner.name} at {owner.endpoint}: {type(error).__name__}",
+                owner=owner.name,
+                retry_after=1,
+            )
+        relayed = {name: reply.headers[name] for name in ("Retry-After",) if name in reply.headers}
+        return Answer(
+            reply.status_code,
+            reply.content,
+            relayed,
+            reply.headers.get("Content-Type", "application/json"),
+            raw=True,
+        )
+
+    def _range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
+        low, high = _bounds(serde, params)
+        limit = _limit(params)
+        pairs = self._queries.local_range(store, low, high)
+        entries = [
+            {**_rendered("key", key, serde), **_rendered("value", value, self._values(store))}
+            for key, value in pairs[:limit]
+        ]
+        return Answer(200, self._listing(store, entries, len(pairs) > limit))
+
+    def _window_range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
+        low, high = _bounds(serde, params)
+        if low is None:
+            raise _BadRequest("a window scan needs from and to")
+        time_from, time_to = _times(params)
+        limit = _limit(params)
+        found = self._queries.local_window_range(store, low, high, time_from, time_to)
+        entries = [
+            {
+                **_rendered("key", key, serde),
+                "start": start,
+                **_rendered("value", value, self._values(store)),
+            }
+            for key, start, value in found[:limit]
+        ]
+        return Answer(200, self._listing(store, entries, len(found) > limit))
+
+    def _listing(self, store: str, entries: list[dict[str, Any]], truncated: bool) -> Any:
+        """A scan's answer: this instance's part only, which ``served_by`` names."""
+        return {
+            "store": store,
+            "served_by": self._name(),
+            "entries": entries,
+            "truncated": truncated,
+        }
+
+    def _values(self, store: str) -> Serde:
+        return self._queries.spec(store).value_serde
+
+
+def _key(serde: Serde, raw: bytes, params: dict[str, str]) -> Any:
+    """A key from its serialized bytes as the caller wrote them."""
+    encoding = params.get("key_encoding", "utf-8")
+    if encoding == "base64":
+        try:
+            raw = base64.urlsafe_b64decode(raw + b"=" * (-len(raw) % 4))
+        except (binascii.Error, ValueError):
+            raise _BadRequest("the key is not base64url") from None
+    elif encoding != "utf-8":
+        raise _BadRequest("key_encoding is utf-8 or base64")
+    try:
+        key = serde.deserialize(raw)
+    except (ValueError, TypeError, UnicodeDecodeError) as error:
+        raise _BadRequest(f"the key's serde cannot read it: {error}") from None
+    if key is None:
+        raise _BadRequest("a store key cannot be None")
+    return key
+
+
+def _bounds(serde: Serde, params: dict[str, str]) -> tuple[Any, Any]:
+    """A scan's inclusive key bounds: both, or neither (every key)."""
+    if ("from" in params) != ("to" in params):
+        raise _BadRequest("give both from and to, or neither")
+    if "from" not in params:
+        return None, None
+    return (
+        _key(serde, params["from"].encode(), params),
+        _key(serde, params["to"].encode(), params),
+    )
+
+
+def _times(params: dict[str, str]) -> tuple[int, int]:
+    try:
+        time_from = int(params.get("from_ms", 0))
+        time_to = int(params.get("to_ms", TIME_MAX))
+    except ValueError:
+        raise _BadRequest("from_ms and to_ms are integers (ms)") from None
+    if not 0 <= time_from <= time_to <= TIME_MAX:
+        raise _BadRequest("0 <= from_ms <= to_ms is required")
+    return time_from, time_to
+
+
+def _limit(params: dict[str, str]) -> int:
+    try:
+        limit = int(params.get("limit", DEFAULT_LIMIT))
+    except ValueError:
+        raise _BadRequest("limit is an integer") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise _BadRequest(f"limit is 1..{MAX_LIMIT}")
+    return limit
+
+
+def _rendered(name: str, value: Any, serde: Serde) -> dict[str, Any]:
+    """``{name: value}`` when JSON can say it, else ``{name_base64: its serialized bytes}``
+    (an ``Int64Serde`` key stays a number, a ``BytesSerde`` value becomes base64url)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raw = serde.serialize(value) or b""
+        return {f"{name}_base64": base64.urlsafe_b64encode(raw).decode()}
+    return {name: value}
