@@ -2,7 +2,8 @@
 code around it. ``build_topology`` is called with no arguments and returns a ``Topology``.
 Every option is also a ``KEYRANGE_STREAMS_<OPTION>`` environment variable (a flag wins over
 the variable). Exit codes as for `keyrange worker`: 0 after a clean shutdown, 1 when Kafka,
-the coordinator or the topology failed at run time, 2 for bad options or target.
+the coordinator or the topology failed at run time, 2 for bad options or target (a metrics or
+query port that cannot be listened on included).
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ _TABLE = (
     Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
     Option("instance-id", "instance_id", str, "a stable name for this instance"),
     Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),
+    Option("query-port", "query_port", int, "serve the stores over HTTP on this port"),
+    Option("query-host", "query_host", str, "the address the query port listens on"),
+    Option(
+        "query-advertised-url",
+        "query_advertised_url",
+        str,
+        "the query address other instances and callers reach",
+    ),
     Option(
         "changelog-replication-factor",
         "changelog_replication_factor",
@@ -91,6 +100,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
     from client.metrics_server import MetricsUnavailable
     from client.streams.app import StreamsApp
     from client.streams.config import StreamsConfig
+    from client.streams.query_server import QueryServerError
     from client.streams.topology import Topology
     from client.tracing import TracingUnavailable, configure_from_environment
 
@@ -113,7 +123,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         return 2
     try:
         asyncio.run(app.run(handle_signals=True))
-    except MetricsUnavailable as error:
+    except (MetricsUnavailable, QueryServerError) as error:
         print(f"keyrange streams: {error}", file=sys.stderr)
         return 2
     except (KafkaError, KeyrangeClientError) as error:

@@ -227,7 +227,7 @@ def _key(serde: Serde, raw: bytes, params: dict[str, str]) -> Any:
     encoding = params.get("key_encoding", "utf-8")
     if encoding == "base64":
         try:
-            raw = base64.urlsafe_b64decode(raw + b"=" * (-len(raw) % 4))
+            raw = base64.b64decode(raw + b"=" * (-len(raw) % 4), altchars=b"-_", validate=True)
         except (binascii.Error, ValueError):
             raise _BadRequest("the key is not base64url") from None
     elif encoding != "utf-8":

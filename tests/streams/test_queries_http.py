@@ -18,7 +18,13 @@ from client.streams import StreamsApp
 from client.streams.config import StreamsConfig
 from tests.fixtures.coordinator import RunningCoordinator
 from tests.fixtures.services import MakeTopic
-from tests.streams.harness import count_topology, increments, produce, running
+from tests.streams.harness import (
+    accept_range_fetch,
+    count_topology,
+    increments,
+    produce,
+    running,
+)
 from tests.waiting import until
 
 ADMIN = "admin-token-for-queries"
@@ -130,6 +136,15 @@ async def test_two_instances_serve_forward_redirect_and_scan_their_keys(
         limited = await get(f"{a}/v1/stores/counts/range", limit="1")
         assert (len(limited.json()["entries"]), limited.json()["truncated"]) == (1, True)
 
+        # A request already forwarded once is not forwarded again: the key moved meanwhile.
+        async with httpx.AsyncClient(timeout=10) as http:
+            hop = await http.get(
+                f"{b}/v1/stores/counts/keys/{local}",
+                headers={**bearer(CLIENT), "Keyrange-Forwarded-By": "a"},
+            )
+        assert (hop.status_code, hop.json()["error"]) == (503, "NOT_OWNER"), hop.text
+        assert hop.headers["Retry-After"] == "1"
+
         missing = await get(f"{a}/v1/stores/counts/keys/never-counted", redirect="true")
         assert missing.status_code in (307, 404), missing.text
         unknown = await get(f"{a}/v1/stores/nowhere/keys/{local}")
@@ -151,6 +166,49 @@ async def test_two_instances_serve_forward_redirect_and_scan_their_keys(
         async with httpx.AsyncClient(timeout=10) as http:
             posted = await http.post(f"{a}/v1/stores/counts/keys/{local}", headers=bearer(CLIENT))
         assert posted.status_code == 405
+
+
+async def test_an_owner_serving_no_queries_is_named_and_an_open_coordinator_admits_all(
+    coordinator_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    words, counts = await make_topic(1), await make_topic(1)
+    await accept_range_fetch(coordinator_url, words)
+    await produce(kafka_bootstrap, words, increments(KEYS))
+
+    def config(name: str, **extra: Any) -> StreamsConfig:
+        return StreamsConfig(
+            application_id=f"iq-open-{words}",
+            bootstrap_servers=kafka_bootstrap,
+            coordinator_url=coordinator_url,
+            state_dir=tmp_path / name,
+            commit_interval_ms=200,
+            session_timeout_ms=3_000,
+            show_progress=False,
+            instance_id=name,
+            **extra,
+        )
+
+    serving = StreamsApp(count_topology(words, counts), config("serving", query_port=0))
+    silent = StreamsApp(count_topology(words, counts), config("silent"))
+    theirs: list[str] = []
+
+    async def split() -> bool:
+        theirs[:] = [key for key in KEYS if (await silent.query("counts", key)).local]
+        return 0 < len(theirs) < len(KEYS)
+
+    async with running(serving), running(silent):
+        await until(split, 90, "the silent instance owning some keys")
+        assert silent.query_endpoint is None
+        url = f"{serving.query_endpoint}/v1/stores/counts/keys/{theirs[0]}"
+
+        async def named() -> httpx.Response | None:
+            reply = await get(url, token=None)
+            return reply if reply.json().get("error") == "OWNER_NOT_SERVING" else None
+
+        await until(named, 30, "the owner named")
+        reply = await get(url, token=None)
+        assert reply.status_code == 503
+        assert reply.json()["owner"] == "silent"
 
 
 @pytest.mark.parametrize("port", [-1, 65536])
