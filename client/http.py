@@ -177,6 +177,22 @@ class KeyOwner:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupOwners:
+    """One description of a group, as who owns what: ``(topic, partition, first hash, last
+    hash, owner)`` per owned range."""
+
+    owned: tuple[tuple[str, int, int, int, KeyOwner], ...]
+
+    def owner_of(self, topic: str, partition: int, hashed: int) -> KeyOwner | None:
+        """The member owning key hash ``hashed`` of ``topic[partition]``, None while nobody
+        does (a hand-off)."""
+        for owned_topic, owned_partition, start, end, owner in self.owned:
+            if (owned_topic, owned_partition) == (topic, partition) and start <= hashed <= end:
+                return owner
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class IdleNotice:
     """The coordinator's word that a member gets no partition because of a switch
     (``accept.range.fetch``, ``accept.individual.commit`` or ``allow.individual.commit``),
@@ -404,27 +420,25 @@ class CoordinatorClient:
             json={"accept_range_fetch": accept},
         )
 
-    async def owner_of(
-        self, group_id: str, topic: str, partition: int, hashed: int
-    ) -> KeyOwner | None:
-        """The live member owning key hash ``hashed`` of ``topic[partition]`` in the
-        coordinator's view of the group, or None while nobody does (a hand-off, or no such
-        group); needs an admin-scope token when the coordinator requires tokens."""
+    async def group_owners(self, group_id: str) -> GroupOwners:
+        """Who owns which key ranges of the group's partitions in the coordinator's view of
+        it (nobody, for a group that does not exist); needs an admin-scope token when the
+        coordinator requires tokens."""
         try:
             document = await self._request("GET", f"/v1/admin/groups/{_checked_group(group_id)}")
         except GroupIdNotFound:
-            return None
+            return GroupOwners(())
+        owned = []
         for member in document.get("members", []):
-            for owned in member.get("owned", []):
-                if owned["topic"] == topic and owned["partition"] == partition:
-                    for start, end in owned["ranges"]:
-                        if start <= hashed <= end:
-                            return KeyOwner(
-                                name=str(member.get("instance_id") or member["member_id"]),
-                                member_id=str(member["member_id"]),
-                                endpoint=member.get("endpoint"),
-                            )
-        return None
+            owner = KeyOwner(
+                name=str(member.get("instance_id") or member["member_id"]),
+                member_id=str(member["member_id"]),
+                endpoint=member.get("endpoint"),
+            )
+            for entry in member.get("owned", []):
+                for start, end in entry["ranges"]:
+                    owned.append((str(entry["topic"]), int(entry["partition"]), start, end, owner))
+        return GroupOwners(tuple(owned))
 
     async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:
         anonymous_join = (

@@ -6,6 +6,7 @@ partition count, its key hash in the task's range. A read is answered here only 
 active task (running, not halted by a lost membership nor closing under a revocation);
 otherwise the coordinator's view of the group names the owner, and with it the address the
 owner advertised (``KeyOwner.endpoint``), which the HTTP server forwards or redirects to.
+One description of the group serves the look-ups of ``OWNERS_TTL_S``.
 
 Range scans answer from this instance's tasks only: keys are spread over every instance by
 their hash, so a scan of the whole store asks each instance (Kafka Streams' range queries
@@ -16,18 +17,25 @@ Streams with its stream threads.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from client.http import CoordinatorClient, KeyOwner
+from client.http import CoordinatorClient, GroupOwners, KeyOwner
 from client.protocol.keyspace import key_hash
 from client.streams.errors import StreamsError, UnknownStore
 from client.streams.runtime import StreamsRuntime
 from client.streams.task import StreamTask
 from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
+
+# How long one description of the group names the owners of keys: a look-up per query would
+# cost a coordinator read each (tens of ms), while ownership moves only at a rebalance, after
+# which a stale owner answers "not mine" and the description is asked again.
+OWNERS_TTL_S = 1.0
 
 
 class NotAWindowStore(StreamsError):
@@ -90,6 +98,7 @@ class StoreQueries:
         self._coordinator = coordinator
         self._partitions = partitions
         self._runtime = runtime
+        self._owners: tuple[float, asyncio.Future[GroupOwners]] | None = None
 
     @property
     def check_topic(self) -> str:
@@ -116,10 +125,30 @@ class StoreQueries:
         return Located(spec, sub, partition, hashed, task)
 
     async def owner(self, located: Located) -> KeyOwner | None:
-        """The member owning the key in the coordinator's view of the group."""
-        return await self._coordinator.owner_of(
-            self._application_id, located.sub.source_topics[0], located.partition, located.hashed
-        )
+        """The member owning the key in the coordinator's view of the group, as described at
+        most ``OWNERS_TTL_S`` ago."""
+        owners = await self._group_owners()
+        return owners.owner_of(located.sub.source_topics[0], located.partition, located.hashed)
+
+    def forget_owners(self) -> None:
+        """Ask the coordinator again next time: an owner named from the kept description
+        did not own the key any more, or did not answer."""
+        self._owners = None
+
+    async def _group_owners(self) -> GroupOwners:
+        """One description of the group for every look-up within ``OWNERS_TTL_S``, asked
+        once however many queries wait for it."""
+        now = time.monotonic()
+        kept = self._owners
+        if kept is None or kept[0] <= now:
+            asked = asyncio.ensure_future(self._coordinator.group_owners(self._application_id))
+            kept = self._owners = (now + OWNERS_TTL_S, asked)
+        try:
+            return await asyncio.shield(kept[1])
+        except Exception:
+            if self._owners is kept:
+                self._owners = None
+            raise
 
     async def query(self, store: str, key: Any) -> QueryAnswer:
         located = self.locate(store, key)

@@ -141,6 +141,11 @@ class _Server(ThreadingHTTPServer):
         finally:
             self.in_flight.release()
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A caller gone mid-answer is its own business: one line at DEBUG, not the standard
+        library's traceback on stderr."""
+        logger.debug("query connection failed", exc_info=True)
+
     async def _answer(self, request: Request) -> Answer:
         refusal = await self.check.refusal(request.authorization)
         if refusal is not None:

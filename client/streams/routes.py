@@ -139,7 +139,9 @@ class Routes:
         owner = await self._queries.owner(located)
         if owner is None or owner.name == self._name():
             # Nobody owns it, or the coordinator says this instance does while its task is
-            # not running yet (restoring, or the hand-off not done here): both pass.
+            # not running yet (restoring, or the hand-off not done here): both pass, and the
+            # retry asks the coordinator afresh.
+            self._queries.forget_owners()
             return Answer.problem(
                 503, "NO_OWNER_NOW", "the key is being handed over; retry", retry_after=1
             )
@@ -166,6 +168,7 @@ class Routes:
         try:
             reply = await self._http.get(target, headers=headers)
         except httpx.HTTPError as error:
+            self._queries.forget_owners()
             return Answer.problem(
                 502,
                 "OWNER_UNREACHABLE",
@@ -173,6 +176,10 @@ class Routes:
                 owner=owner.name,
                 retry_after=1,
             )
+        if reply.status_code == 503:
+            # The owner named no longer owns the key (or cannot answer now): the next query
+            # asks the coordinator who does.
+            self._queries.forget_owners()
         relayed = {name: reply.headers[name] for name in ("Retry-After",) if name in reply.headers}
         return Answer(
             reply.status_code,

@@ -281,7 +281,7 @@ async def test_an_endpoint_advertised_at_the_join_comes_back_with_the_owner(
             owned=joined.assignment,
         ),
     )
-    owner = await coordinator.owner_of(g, "served", 0, 12345)
+    owner = (await coordinator.group_owners(g)).owner_of("served", 0, 12345)
     assert owner == KeyOwner(joined.member_id, joined.member_id, "http://127.0.0.1:7070")
 
 
@@ -318,12 +318,13 @@ async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> No
         problem(403, "FORBIDDEN"),
     )
     async with CoordinatorClient("http://c", token="adm", transport=httpx.MockTransport(stub)) as c:
-        assert await c.owner_of("g", "t", 0, 5) == KeyOwner("m-1", "m-1")
-        assert await c.owner_of("g", "t", 0, 15) == KeyOwner("b", "m-2", "http://b:7070")
-        assert await c.owner_of("g", "t", 0, 21) is None
-        assert await c.owner_of("gone", "t", 0, 5) is None
+        assert (await c.group_owners("g")).owner_of("t", 0, 5) == KeyOwner("m-1", "m-1")
+        owners = await c.group_owners("g")
+        assert owners.owner_of("t", 0, 15) == KeyOwner("b", "m-2", "http://b:7070")
+        assert (await c.group_owners("g")).owner_of("t", 0, 21) is None
+        assert (await c.group_owners("gone")).owner_of("t", 0, 5) is None
         with pytest.raises(errors.Forbidden):
-            await c.owner_of("g", "t", 0, 5)
+            await c.group_owners("g")
     assert [r.url.path for r in stub.requests][-2:] == [
         "/v1/admin/groups/gone",
         "/v1/admin/groups/g",

@@ -4,6 +4,7 @@ coordinator is an HTTP stub here; the real one is in test_queries_http.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import socket
 
@@ -107,3 +108,35 @@ async def test_the_advertised_address_is_the_hosts_name_and_the_bound_port() -> 
             for server in servers:
                 await server.stop()
         assert not any(server.listening for server in servers)
+
+
+async def test_one_description_of_the_group_serves_the_owner_look_ups_until_forgotten() -> None:
+    described = {
+        "members": [
+            {
+                "member_id": "m-1",
+                "instance_id": "b",
+                "endpoint": "http://b:7070",
+                "owned": [{"topic": "words", "partition": 0, "ranges": [[0, 2**63 - 1]]}],
+            }
+        ]
+    }
+    asked: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, json=described)
+
+    topology = count_topology("words", "counts").build()
+    transport = httpx.MockTransport(answer)
+    async with CoordinatorClient("http://coordinator", transport=transport) as coordinator:
+        queries = StoreQueries(topology, "iq-x", coordinator, {"words": 1}, lambda: None)
+        located = queries.locate("counts", "fox")
+        owners = await asyncio.gather(*(queries.owner(located) for _ in range(5)))
+        assert {owner.endpoint for owner in owners if owner} == {"http://b:7070"}
+        assert len(asked) == 1, "concurrent look-ups share one description"
+        assert (await queries.query("counts", "fox")).owner == "b"
+        assert len(asked) == 1
+        queries.forget_owners()
+        await queries.owner(located)
+        assert len(asked) == 2
