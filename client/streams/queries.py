@@ -128,7 +128,11 @@ class StoreQueries:
         """The member owning the key in the coordinator's view of the group, as described at
         most ``OWNERS_TTL_S`` ago."""
         owners = await self._group_owners()
-        return owners.owner_of(located.sub.source_topics[0], located.partition, located.hashed)
+        owner = owners.owner_of(located.sub.source_topics[0], located.partition, located.hashed)
+        if owner is None:
+            # A hand-off, as that description saw it: whoever retries asks afresh.
+            self.forget_owners()
+        return owner
 
     def forget_owners(self) -> None:
         """Ask the coordinator again next time: an owner named from the kept description
@@ -142,6 +146,8 @@ class StoreQueries:
         kept = self._owners
         if kept is None or kept[0] <= now:
             asked = asyncio.ensure_future(self._coordinator.group_owners(self._application_id))
+            # Its failure is every waiter's; with none left (all cancelled), it is not news.
+            asked.add_done_callback(lambda done: done.cancelled() or done.exception())
             kept = self._owners = (now + OWNERS_TTL_S, asked)
         try:
             return await asyncio.shield(kept[1])

@@ -141,7 +141,8 @@ class Routes:
             # Nobody owns it, or the coordinator says this instance does while its task is
             # not running yet (restoring, or the hand-off not done here): both pass, and the
             # retry asks the coordinator afresh.
-            self._queries.forget_owners()
+            if owner is not None:
+                self._queries.forget_owners()
             return Answer.problem(
                 503, "NO_OWNER_NOW", "the key is being handed over; retry", retry_after=1
             )

@@ -99,9 +99,14 @@ async def test_two_instances_serve_forward_redirect_and_scan_their_keys(
         a, b = (apps[name].query_endpoint for name in "ab")
         assert a is not None and b is not None
         (remote, *_), (local, *_) = ([key for key in KEYS if owners[key] == name] for name in "ba")
-        # What the in-process query says of the other's key: who, and where it serves.
-        answer = await apps["a"].query("counts", remote)
-        assert (answer.local, answer.owner, answer.endpoint) == (False, "b", b)
+
+        # What the in-process query says of the other's key: who, and where it serves (once
+        # b's heartbeat told the coordinator what it owns).
+        async def named_b() -> bool:
+            answer = await apps["a"].query("counts", remote)
+            return (answer.local, answer.owner, answer.endpoint) == (False, "b", b)
+
+        await until(named_b, 30, "a naming b and its address as the owner")
 
         served = await get(f"{a}/v1/stores/counts/keys/{local}")
         assert served.status_code == 200, served.text
