@@ -102,19 +102,18 @@ class KeyrangeConsumer:
     live members). ``aiokafka_kwargs`` go to ``AIOKafkaConsumer`` (``key_deserializer`` and
     ``value_deserializer`` are applied by Keyrange after hashing the raw key).
 
-    ``commit_mode`` overrides what commits carry (``client.tracker``): ``"watermarks"`` (the
-    default with individual commit), ``"ranges"`` (plain IC ranges, the KIP's baseline) or
-    ``"offset"`` (classic offsets; the default with ``allow_individual_commit=False``).
-    ``coordinator`` shares one ``CoordinatorClient`` between consumers; it is then not closed
-    by ``stop()``.
+    ``commit_mode`` overrides what commits carry (``client.tracker``): ``"watermarks"`` (the default
+    with individual commit), ``"ranges"`` (plain IC ranges, the KIP's baseline) or ``"offset"``
+    (classic offsets; the default with ``allow_individual_commit=False``). ``coordinator`` shares
+    one ``CoordinatorClient`` between consumers; it is then not closed by ``stop()``.
 
-    ``start()`` waits up to ``coordinator_start_timeout_ms`` for the coordinator to answer and
-    then raises ``CoordinatorUnavailable`` naming the URL, so a wrong ``coordinator_url`` fails
-    fast. ``auto_offset_reset`` (``earliest``, ``latest`` or ``none``) applies to partitions
-    the group never committed and to a position outside the partition's log
-    (``client.log_reset``). ``endpoint``, read at ``start()``: the HTTP address this member
-    serves queries on, advertised to the group at the join (``StreamsApp``'s ``query_port``).
+    ``start()`` waits up to ``coordinator_start_timeout_ms`` for the coordinator to answer and then
+    raises ``CoordinatorUnavailable`` naming the URL, so a wrong ``coordinator_url`` fails fast.
+    ``auto_offset_reset`` (``earliest``, ``latest`` or ``none``) applies to partitions the group
+    never committed and to a position outside the partition's log (``client.log_reset``).
     """
+
+    endpoint: str | None = None  # where it serves queries, advertised at the join (read at start)
 
     def __init__(
         self,
@@ -136,7 +135,6 @@ class KeyrangeConsumer:
         commit_mode: CommitMode | None = None,
         coordinator: CoordinatorClient | None = None,
         coordinator_start_timeout_ms: int = 60_000,
-        endpoint: str | None = None,
         **aiokafka_kwargs: Any,
     ) -> None:
         if auto_offset_reset not in OFFSET_RESETS:
@@ -145,7 +143,6 @@ class KeyrangeConsumer:
             if reserved in aiokafka_kwargs:
                 raise ValueError(f"{reserved} is managed by KeyrangeConsumer")
         self._topics = list(topics)
-        self.endpoint = endpoint
         key_deserializer, value_deserializer = _deserializers(aiokafka_kwargs)
         kafka_kwargs = {
             "bootstrap_servers": bootstrap_servers,
