@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition
 from client.errors import OffsetOutOfRange
 from client.http import CoordinatorClient
 from client.protocol.committed import CommittedOffsets
-from client.spark.kafka import ClusterView
+from client.spark.kafka import ClusterView, UnsupportedLookup
 from client.spark.log_reset import reset_committed_past_end, start_by_policy
 from client.spark.options import EARLIEST, LATEST, ByTimestamp, OptionError, SourceOptions, Starting
 from client.spark.planning import PartitionSpan, Position
@@ -179,6 +179,8 @@ async def _by_timestamp(
         timestamps = {tp: ts for tp, ts in spec.partitions.items() if tp in set(partitions)}
     try:
         return await view.offsets_for_times(timestamps)
+    except UnsupportedLookup as error:
+        raise OptionError(f"offsets by timestamp: {error}") from None
     except KafkaError as error:
         raise OptionError(
             "offsets by timestamp need a broker that answers ListOffsets by timestamp; "

@@ -66,6 +66,10 @@ async def _consumer_at(
     return consumer
 
 
+class UnsupportedLookup(LookupError):
+    """The broker does not answer a lookup the read needs (offsets by timestamp)."""
+
+
 class ClusterView:
     """A short-lived consumer for planning: which partitions exist and where their logs end."""
 
@@ -115,11 +119,41 @@ class ClusterView:
         self, timestamps: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, int | None]:
         """The first offset whose record timestamp is at or after the given one (ms); None
-        where no record is. Needs a broker that answers ListOffsets by timestamp."""
+        where no record is.
+
+        The broker's answer is checked against the record it names: some Kafka-protocol
+        brokers answer ListOffsets by timestamp with an offset regardless of the timestamp,
+        and reading from there would silently read the wrong records.
+        """
         if not timestamps:
             return {}
         found = await self._consumer.offsets_for_times(dict(timestamps))
-        return {tp: None if hit is None else int(hit.offset) for tp, hit in found.items()}
+        offsets = {tp: None if hit is None else int(hit.offset) for tp, hit in found.items()}
+        for tp, offset in offsets.items():
+            if offset is None:
+                continue
+            stamp = await self._timestamp_at(tp, offset)
+            if stamp is not None and stamp < timestamps[tp]:
+                raise UnsupportedLookup(
+                    f"the broker answered offsets by timestamp for {tp.topic}[{tp.partition}] "
+                    f"with offset {offset}, whose record is stamped {stamp}, before the "
+                    f"requested {timestamps[tp]}: it does not answer ListOffsets by timestamp"
+                )
+        return offsets
+
+    async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int | None:
+        consumer = self._consumer
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            fetched = await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            for record in fetched.get(tp, ()):
+                return int(record.timestamp)
+            end = self._log_end(tp)
+            if end is not None and end <= offset:
+                return None
+        raise TimeoutError(f"no record of {tp.topic}[{tp.partition}] at offset {offset} in 30s")
 
     async def earliest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         offsets = await self._consumer.beginning_offsets(list(partitions))

@@ -84,6 +84,13 @@ _SPARK_NAMES = {
         "maxTriggerDelay",
         "maxRecordsPerPartition",
         "minPartitions",
+        "failOnDataLoss",
+        "includeHeaders",
+        "groupIdPrefix",
+        "fetchOffset.numRetries",
+        "fetchOffset.retryIntervalMs",
+        "kafkaConsumer.pollTimeoutMs",
+        "startingOffsetsByTimestampStrategy",
     )
 }
 # Spark Kafka source options Keyrange cannot honour, and why.
