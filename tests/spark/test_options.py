@@ -263,3 +263,18 @@ def test_jaas_lines_are_read_the_kafka_way() -> None:
         "org.apache.kafka.common.security.plain.PlainLoginModule",
         {"username": "a b", "password": "plain"},
     )
+
+
+def test_min_offsets_per_trigger_waits_for_records_or_for_the_delay() -> None:
+    from client.spark.planning import Position
+    from client.spark.source import KeyrangeStreamReader
+
+    tp = TopicPartition("orders", 0)
+    options = parse_source_options(
+        {**SPARK, "minOffsetsPerTrigger": "10", "maxTriggerDelay": "0ms"}
+    )
+    assert KeyrangeStreamReader(options)._enough_waiting({tp: Position(0, 5)}, {tp: 9})
+    patient = parse_source_options({**SPARK, "minOffsetsPerTrigger": "10"})
+    reader = KeyrangeStreamReader(patient)
+    assert not reader._enough_waiting({tp: Position(0, 5)}, {tp: 9})
+    assert reader._enough_waiting({tp: Position(0, 5)}, {tp: 15})
