@@ -129,13 +129,14 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Finished batches are reported by the reader itself (docs/spark.md, "Committing"): Spark
     calls ``latestOffset(start)`` only once every batch ending at ``start`` is in the
     checkpoint's commit log, including after the last batch of an ``availableNow`` run,
-    which ``commit(end)`` never hears of. ``commit(end)`` reports too, as the documented
-    hook; a report already made is not repeated.
+    which ``commit(end)`` never hears of. ``commit(end)``, the documented hook, reports an
+    offset ``latestOffset`` has not seen; Spark always shows it there first.
     """
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._available_now_target: dict[TopicPartition, int] | None = None
+        self._offered: str | None = None
         self._reported: str | None = None
         self._last_batch_at: float | None = None
 
@@ -152,9 +153,9 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = ends
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        self._report_finished(start)
         positions = positions_of(start)
         ends, new_starts = asyncio.run(self._log_ends(positions))
+        self._report_finished(start, ends)
         # A partition created after the query started: read it from the group's position
         # or its beginning, as Spark's Kafka source does for new partitions.
         positions.update(new_starts)
@@ -171,7 +172,8 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return stream_offset(self._options.group, end)
 
     def commit(self, end: dict[str, Any]) -> None:
-        self._report_finished(end)
+        if json.dumps(end, sort_keys=True) != self._offered:
+            self._report_finished(end, {})
 
     def _enough_waiting(
         self, positions: Mapping[TopicPartition, Position], ends: Mapping[TopicPartition, int]
@@ -187,20 +189,27 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         waiting = sum(max(0, ends.get(tp, p.next) - p.next) for tp, p in positions.items())
         return waiting >= minimum or now - self._last_batch_at >= self._options.max_trigger_delay_s
 
-    def _report_finished(self, offset: dict[str, Any]) -> None:
+    def _report_finished(self, offset: dict[str, Any], ends: Mapping[TopicPartition, int]) -> None:
         """Report every batch up to ``offset``, which Spark has committed.
 
-        A failed report is logged and made again at the next trigger (each report repeats
-        everything since the origin); in an ``availableNow`` run it fails the query instead,
-        since no later trigger would make it.
+        A position past its partition's log end in ``ends`` is not reported: the batch
+        finished in a log that is gone (a broker that lost its data), and the records it
+        names do not exist. A failed report is logged and made again at the next trigger
+        (each report repeats everything since the origin); in an ``availableNow`` run it
+        fails the query instead, since no later trigger would make it.
         """
         options = self._options
         group = group_of(offset)
         key = json.dumps(offset, sort_keys=True)
+        self._offered = key
         if options.coordinator_url is None or group is None or key == self._reported:
             return
-        positions = positions_of(offset)
-        if any(p.next > p.origin for p in positions.values()):
+        positions = {
+            tp: p
+            for tp, p in positions_of(offset).items()
+            if p.next > p.origin and p.next <= ends.get(tp, p.next)
+        }
+        if positions:
             try:
                 asyncio.run(
                     commit_positions(

@@ -145,4 +145,4 @@ def test_a_session_with_speculation_is_refused_unless_allowed(spark: Any) -> Non
         timeout=300,
         check=False,
     )
-    assert result.stdout.split() == ["refused", "topic"], result.stderr[-2000:]
+    assert result.stdout.split() == ["refused", "key"], result.stderr[-2000:]
