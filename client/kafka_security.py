@@ -12,10 +12,12 @@ not depend on the server's packages.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.helpers import create_ssl_context
@@ -173,3 +175,136 @@ class KafkaSecurity:
                 options["sasl_plain_username"] = self.sasl_username
                 options["sasl_plain_password"] = self.sasl_password
         return options
+
+
+class KafkaPropertyError(ValueError):
+    """A Kafka client property (Java client name) this security model cannot honour."""
+
+
+_PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+_SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+_JAAS_FLAGS = frozenset({"required", "requisite", "sufficient", "optional"})
+_JAAS_OPTION = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s";]+)')
+# Kafka's security properties this model understands; the rest of a Java client's
+# properties are the caller's business.
+KAFKA_SECURITY_PROPERTIES = (
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.jaas.config",
+    "sasl.oauthbearer.token.endpoint.url",
+    "ssl.truststore.location",
+    "ssl.truststore.type",
+    "ssl.keystore.location",
+    "ssl.keystore.type",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
+)
+# Names of this model's problems() messages, as the Java client's properties say them.
+KAFKA_PROPERTY_NAMES = {
+    "kafka_security_protocol": "security.protocol",
+    "kafka_sasl_mechanism": "sasl.mechanism",
+    "kafka_sasl_username": "sasl.jaas.config username",
+    "kafka_sasl_password": "sasl.jaas.config password",
+    "kafka_sasl_oauth_token_file": "sasl.oauthbearer.token.endpoint.url (file://)",
+    "kafka_ssl_cafile": "ssl.truststore.location",
+    "kafka_ssl_certfile": "ssl.keystore.location",
+    "kafka_ssl_keyfile": "ssl.keystore.location",
+}
+
+
+def parse_jaas_config(text: str) -> tuple[str, dict[str, str]]:
+    """The login module and options of a one-module ``sasl.jaas.config`` value.
+
+    Kafka's form: ``<LoginModule> <flag> key="value" key2=value2;`` with one module per
+    client (Kafka itself refuses more).
+    """
+    body = text.strip().rstrip(";").strip()
+    parts = body.split(None, 2)
+    if len(parts) < 2 or parts[1] not in _JAAS_FLAGS:
+        raise KafkaPropertyError(
+            "sasl.jaas.config must read '<LoginModule> required key=\"value\" ...;'"
+        )
+    options: dict[str, str] = {}
+    rest = parts[2] if len(parts) == 3 else ""
+    position = 0
+    while position < len(rest):
+        match = _JAAS_OPTION.match(rest, position)
+        if match is None:
+            if rest[position:].strip():
+                raise KafkaPropertyError(
+                    f"sasl.jaas.config: cannot read the options from {rest[position:]!r}"
+                )
+            break
+        value = match.group(2)
+        if value.startswith('"'):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        options[match.group(1)] = value
+        position = match.end()
+    return parts[0], options
+
+
+def security_from_kafka_properties(properties: Mapping[str, str]) -> KafkaSecurity:
+    """``KafkaSecurity`` from a Java Kafka client's properties (``security.protocol``,
+    ``sasl.jaas.config``, PEM trust and key stores, ...), so a job configured the Kafka way
+    runs on the same model as the coordinator and the workers.
+
+    Raises ``KafkaPropertyError`` for what Python's clients cannot do (JKS/PKCS12 stores,
+    Kerberos, OAuth client credentials); ``problems()`` still judges the combination.
+    """
+    jaas_module: str | None = None
+    jaas: dict[str, str] = {}
+    if "sasl.jaas.config" in properties:
+        jaas_module, jaas = parse_jaas_config(properties["sasl.jaas.config"])
+    mechanism = properties.get("sasl.mechanism")
+    username = password = token_file = None
+    if jaas_module in (_PLAIN_MODULE, _SCRAM_MODULE):
+        expected = "PLAIN" if jaas_module == _PLAIN_MODULE else "SCRAM-SHA-"
+        if mechanism is not None and not mechanism.startswith(expected):
+            raise KafkaPropertyError(
+                f"sasl.jaas.config uses {jaas_module.rsplit('.', 1)[-1]}, which does not "
+                f"serve sasl.mechanism {mechanism}"
+            )
+        username, password = jaas.get("username"), jaas.get("password")
+    elif jaas_module == _OAUTH_MODULE:
+        url = properties.get("sasl.oauthbearer.token.endpoint.url")
+        if url is None or not url.startswith("file:"):
+            raise KafkaPropertyError(
+                "OAUTHBEARER reads its token from a file here: set "
+                "sasl.oauthbearer.token.endpoint.url to a file:// URL"
+            )
+        token_file = url.removeprefix("file://") if url.startswith("file://") else url[5:]
+    elif jaas_module is not None:
+        raise KafkaPropertyError(
+            f"sasl.jaas.config login module {jaas_module} is not supported: PlainLoginModule, "
+            "ScramLoginModule and OAuthBearerLoginModule are"
+        )
+    cafile = _pem_store(properties, "truststore")
+    keystore = _pem_store(properties, "keystore")
+    algorithm = properties.get("ssl.endpoint.identification.algorithm", "https")
+    return KafkaSecurity(
+        protocol=cast(SecurityProtocol, properties.get("security.protocol", "PLAINTEXT")),
+        ssl_cafile=cafile,
+        # A PEM key store holds the private key and the certificate chain in one file.
+        ssl_certfile=keystore,
+        ssl_keyfile=keystore,
+        ssl_key_password=properties.get("ssl.key.password"),
+        ssl_check_hostname=algorithm.strip().lower() == "https",
+        sasl_mechanism=cast(SaslMechanism | None, mechanism),
+        sasl_username=username,
+        sasl_password=password,
+        sasl_oauth_token_file=token_file,
+    )
+
+
+def _pem_store(properties: Mapping[str, str], store: str) -> str | None:
+    location = properties.get(f"ssl.{store}.location")
+    if location is None:
+        return None
+    kind = properties.get(f"ssl.{store}.type", "JKS").upper()
+    if kind != "PEM":
+        raise KafkaPropertyError(
+            f"ssl.{store}.type {kind}: Python's TLS reads PEM files only; convert the store "
+            f"(keytool -importkeystore, openssl pkcs12) and set ssl.{store}.type=PEM"
+        )
+    return location

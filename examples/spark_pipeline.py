@@ -147,7 +147,7 @@ def run_pipeline(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import DataFrame, SparkSession
 
-    from client.spark import enable_commits, register
+    from client.spark import register
 
     builder = (
         SparkSession.builder if args.master is None else SparkSession.builder.master(args.master)
@@ -158,17 +158,17 @@ def run_pipeline(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
-    committer = enable_commits(spark, coordinator_url)
 
+    # Written as for Spark's Kafka source; the last four options are Keyrange's.
     purchases = (
         spark.readStream.format("keyrange")
-        .option("bootstrap", bootstrap)
-        .option("topics", args.input)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", args.input)
+        .option("maxOffsetsPerTrigger", str(args.max_records_per_trigger))
         .option("coordinator", coordinator_url)
         .option("group", args.group)
         .option("slices_per_partition", str(args.slices))
         .option("slice_by", "keys")
-        .option("max_records_per_trigger", str(args.max_records_per_trigger))
         .load()
     )
 
@@ -179,7 +179,7 @@ def run_pipeline(
         frame = spark.createDataFrame(totals, "key BINARY, value BINARY")
         (
             frame.write.format("keyrange")
-            .option("bootstrap", bootstrap)
+            .option("kafka.bootstrap.servers", bootstrap)
             .option("topic", args.output)
             .mode("append")
             .save()
@@ -192,7 +192,8 @@ def run_pipeline(
         .trigger(availableNow=True)
         .start()
     )
-    committer.await_query(query)
+    # The source reports each finished batch, the last one before this returns.
+    query.awaitTermination()
     spark.stop()
 
 

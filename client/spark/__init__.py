@@ -1,4 +1,5 @@
-"""PySpark integration: the ``keyrange`` data source and the commit listener.
+"""PySpark integration: the ``keyrange`` data source, a drop-in for Spark's ``format("kafka")``
+that reports what a job processed to the coordinator by itself (docs/spark.md).
 
 Needs the ``keyrange[spark]`` extra; ``import client`` never imports this package, so
 workers without PySpark are unaffected.
@@ -66,7 +67,8 @@ def register(spark: SparkSession, *, allow_speculation: bool = False) -> None:
 def enable_commits(
     spark: SparkSession, coordinator_url: str, token: str | None = None
 ) -> KeyrangeCommitter:
-    """Report every finished micro-batch of ``keyrange`` streams to the coordinator."""
+    """Optional: the source reports its finished batches by itself. This listener adds the
+    report of the last batch of a query stopped between triggers, and ``await_query``."""
     committer = KeyrangeCommitter(coordinator_url, token)
     spark.streams.addListener(committer)
     return committer

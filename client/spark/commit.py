@@ -1,9 +1,10 @@
 """Reporting what a Spark job processed to the coordinator, after Spark finished it.
 
-Streams report through ``KeyrangeCommitter``, a streaming query listener: Spark posts a
-progress event for every micro-batch once the batch is in its commit log, including the
-last batch of an ``availableNow`` run (the stream reader's own ``commit`` hook is only called
-when a *next* batch is planned). A failed batch posts no progress, so it reports nothing.
+Streams report from the stream reader itself (client/spark/source.py), at the trigger after
+a batch is in the checkpoint's commit log. ``KeyrangeCommitter``, the listener of the
+explicit calls, adds the one report that path cannot make: the last batch of a query
+stopped (``query.stop()``) before another trigger ran. A failed batch posts no progress, so
+neither reports it.
 
 Spark commits as a standalone consumer (no member id, docs/design.md §3.7). Reports are idempotent:
 a replayed batch, or a report that repeats an earlier one, changes nothing.
@@ -67,11 +68,13 @@ async def commit_positions(
 
 
 class KeyrangeCommitter(StreamingQueryListener):
-    """Reports each finished micro-batch of every ``keyrange`` source to the coordinator.
+    """Optional since the source reports by itself: reports, when a query stops, the last
+    batch it finished, which a query stopped between triggers has not reported yet, and
+    lets ``await_query`` raise if that report failed.
 
-    Register once per session with ``spark.streams.addListener``. Listener events arrive
+    Register once per session with ``enable_commits``. Listener events arrive
     asynchronously, after ``awaitTermination`` may already have returned: ``await_query``
-    waits until the query's last batch is reported, and raises if a report failed.
+    waits until the query's termination is handled.
     """
 
     def __init__(self, coordinator_url: str, token: str | None = None) -> None:
@@ -80,45 +83,39 @@ class KeyrangeCommitter(StreamingQueryListener):
         self._lock = threading.Lock()
         self._terminated: dict[str, threading.Event] = {}
         self._failures: dict[str, list[str]] = {}
-        self._reported: dict[tuple[str, int], str] = {}
+        self._last_ends: dict[str, list[str]] = {}
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
         self._terminated_event(str(event.id))
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         progress = event.progress
-        query_id = str(progress.id)
-        for index, source in enumerate(progress.sources):
-            end = source.endOffset
-            with self._lock:
-                if self._reported.get((query_id, index)) == end:
-                    continue
-            try:
-                self._report(end)
-            except Exception as error:
-                logger.exception(
-                    "could not report a finished batch",
-                    extra={"query": query_id, "batch": progress.batchId},
-                )
-                with self._lock:
-                    self._failures.setdefault(query_id, []).append(
-                        f"{type(error).__name__}: {error}"
-                    )
-                continue
-            with self._lock:
-                self._reported[(query_id, index)] = end
+        with self._lock:
+            self._last_ends[str(progress.id)] = [source.endOffset for source in progress.sources]
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:
         """Idle triggers process nothing, so there is nothing to report."""
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
-        self._terminated_event(str(event.id)).set()
+        query_id = str(event.id)
+        with self._lock:
+            ends = self._last_ends.pop(query_id, [])
+        for end in ends:
+            try:
+                self._report(end)
+            except Exception as error:
+                logger.exception("could not report a finished batch", extra={"query": query_id})
+                with self._lock:
+                    self._failures.setdefault(query_id, []).append(
+                        f"{type(error).__name__}: {error}"
+                    )
+        self._terminated_event(query_id).set()
 
     def await_query(self, query: StreamingQuery, timeout_s: float = 60.0) -> None:
-        """Wait for ``query`` to stop and its batches to be reported; raise if one was not.
+        """Wait for ``query`` to stop and its last batch to be reported; raise if it was not.
 
-        A query that failed raises its own exception, after the reports of the batches that
-        finished before the failure are done.
+        A query that failed raises its own exception, after the report of the last batch
+        that finished before the failure is done.
         """
         query_id = str(query.id)
         try:

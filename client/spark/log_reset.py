@@ -1,6 +1,7 @@
 """The Spark source's ``auto_offset_reset``: a group's stored position, or a stream's
 checkpointed one, past the partition's log end (the broker lost its data, the topic was
-recreated) is reported and moved, never read as "nothing to do" (docs/spark.md).
+recreated) is reported and moved, never read as "nothing to do" (docs/spark.md); with
+Spark's ``failOnDataLoss=true`` it fails the read instead.
 
 The rule is the kernel's (``client/protocol/log_bounds.py``) and the stored state is moved by
 the coordinator's out-of-range reset, as the SDK does, so a later report of this job's work
@@ -120,13 +121,13 @@ def _targets(
         message = (
             f"{what} {position} of {tp.topic}[{tp.partition}] (group {options.group}) is {bound}"
         )
-        target = reset_position(options.auto_offset_reset, log_starts[tp], ends[tp])
+        target = reset_position(options.outside_log_reset, log_starts[tp], ends[tp])
         if target is None:
-            raise OffsetOutOfRange(f"{message}, and auto_offset_reset is 'none'")
+            raise OffsetOutOfRange(f"{message}, and {options.outside_log_rule}")
         logger.warning(
             "%s; applying auto_offset_reset=%s",
             message,
-            options.auto_offset_reset,
+            options.outside_log_reset,
             extra={
                 "group_id": options.group,
                 "topic": tp.topic,
@@ -134,7 +135,7 @@ def _targets(
                 "position": position,
                 "log_start": log_starts[tp],
                 "high_watermark": ends[tp],
-                "auto_offset_reset": options.auto_offset_reset,
+                "auto_offset_reset": options.outside_log_reset,
             },
         )
         targets[tp] = target

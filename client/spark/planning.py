@@ -68,27 +68,33 @@ class Slice:
 
 def plan_slices(
     spans: Iterable[PartitionSpan],
-    slices_per_partition: int,
+    slices_per_partition: int | Mapping[TopicPartition, int],
     slice_by: SliceBy,
     committed: Mapping[TopicPartition, CommittedOffsets],
 ) -> list[Slice]:
     """Split each span into slices, skipping what the group has provably processed.
 
+    ``slices_per_partition``: one count for every span, or a count per partition.
     A slice starts at its key range's lowest watermark when that is above the span start:
     below it every record of the range is processed, so reading it would be wasted.
     """
     slices: list[Slice] = []
     for span in sorted(spans, key=lambda s: (s.topic, s.partition)):
         state = committed.get(span.topic_partition)
+        count = (
+            slices_per_partition
+            if isinstance(slices_per_partition, int)
+            else slices_per_partition.get(span.topic_partition, 1)
+        )
         if slice_by == "keys":
-            for keys in KeyRange.full().split(slices_per_partition):
+            for keys in KeyRange.full().split(count):
                 start = _skip_processed(span.start, keys, state)
                 if start < span.end:
                     slices.append(_slice(span, keys, start, span.end, state))
         else:
             keys = KeyRange.full()
             start = _skip_processed(span.start, keys, state)
-            for part_start, part_end in split_offsets(start, span.end, slices_per_partition):
+            for part_start, part_end in split_offsets(start, span.end, count):
                 slices.append(_slice(span, keys, part_start, part_end, state))
     return slices
 

@@ -25,31 +25,36 @@ from pyspark.sql.types import (
 from client.protocol.committed import CommittedOffsets
 from client.protocol.keyspace import KeyRange, key_hash
 from client.spark.kafka import read_slice
+from client.spark.options import SourceOptions
 from client.spark.planning import Slice
 
-# The columns of Spark's own Kafka source, less timestampType, so pipelines port easily.
+HEADERS = StructField(
+    "headers",
+    ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+)
+# The columns of Spark's own Kafka source, in its order, so a pipeline's column expressions
+# port unchanged; ``headers`` only with ``includeHeaders=true``, as there.
 SCHEMA = StructType(
     [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
         StructField("topic", StringType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField(
-            "headers",
-            ArrayType(
-                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-            ),
-        ),
+        StructField("timestampType", IntegerType()),
     ]
 )
 
 
-def arrow_schema() -> pa.Schema:
+def schema(include_headers: bool) -> StructType:
+    return StructType([*SCHEMA.fields, HEADERS]) if include_headers else SCHEMA
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
     # The schema Spark checks record batches against; built by Spark's own conversion so
     # field types and nullability match exactly.
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+    return to_arrow_schema(schema(include_headers), timezone="UTC")
 
 
 class KeepRecord:
@@ -74,33 +79,32 @@ class KeepRecord:
         )
 
 
-def read_batches(
-    piece: Slice, bootstrap: str, settings: dict[str, str]
-) -> Iterator[pa.RecordBatch]:
-    schema = arrow_schema()
+def read_batches(piece: Slice, options: SourceOptions) -> Iterator[pa.RecordBatch]:
+    arrow = arrow_schema(options.include_headers)
     wanted = KeepRecord(piece)
-    for chunk in read_slice(piece, bootstrap, settings):
+    chunks = read_slice(piece, options.bootstrap, options.kafka, options.poll_timeout_s)
+    for chunk in chunks:
         records = [record for record in chunk if wanted(record)]
         if records:
-            yield to_record_batch(records, schema)
+            yield to_record_batch(records, arrow)
 
 
 def to_record_batch(
     records: Sequence[ConsumerRecord[bytes, bytes]], schema: pa.Schema
 ) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([r.topic for r in records], schema.field("topic").type),
-            pa.array([r.partition for r in records], schema.field("partition").type),
-            pa.array([r.offset for r in records], schema.field("offset").type),
-            # Kafka timestamps are milliseconds; Spark's timestamp type is microseconds.
-            pa.array([r.timestamp * 1000 for r in records], schema.field("timestamp").type),
-            pa.array([r.key for r in records], schema.field("key").type),
-            pa.array([r.value for r in records], schema.field("value").type),
-            _headers(records, schema.field("headers").type),
-        ],
-        schema=schema,
-    )
+    columns = [
+        pa.array([r.key for r in records], schema.field("key").type),
+        pa.array([r.value for r in records], schema.field("value").type),
+        pa.array([r.topic for r in records], schema.field("topic").type),
+        pa.array([r.partition for r in records], schema.field("partition").type),
+        pa.array([r.offset for r in records], schema.field("offset").type),
+        # Kafka timestamps are milliseconds; Spark's timestamp type is microseconds.
+        pa.array([r.timestamp * 1000 for r in records], schema.field("timestamp").type),
+        pa.array([r.timestamp_type for r in records], schema.field("timestampType").type),
+    ]
+    if schema.get_field_index("headers") >= 0:
+        columns.append(_headers(records, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _headers(records: Sequence[ConsumerRecord[bytes, bytes]], arrow_type: pa.DataType) -> pa.Array:

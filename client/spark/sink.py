@@ -21,7 +21,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client.spark.kafka import kafka_arguments
 from client.spark.options import OptionError, SinkOptions
 
 SINK_COLUMNS = frozenset({"key", "value", "headers"})
@@ -47,7 +46,7 @@ def produce(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Written:
 
 async def _produce(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Written:
     arguments: dict[str, Any] = {"bootstrap_servers": options.bootstrap, "acks": "all"}
-    arguments.update(kafka_arguments(options.kafka))
+    arguments.update(options.kafka.client_arguments())
     producer = AIOKafkaProducer(**arguments)
     await producer.start()
     written = 0

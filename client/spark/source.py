@@ -3,14 +3,17 @@
 Planning runs on the driver (in Spark's planner worker): it resolves where each partition
 starts and ends, fetches what the group has already processed, and cuts the partitions into
 slices, one Spark task each. Executors only read Kafka; they never call the coordinator.
-Processed work is reported after Spark finished a batch, by ``KeyrangeCommitter`` (streams)
-or ``BatchRead.commit`` (batch jobs) — never from the reader, whose batch may still fail.
+Processed work is reported after Spark finished a batch — by the stream reader itself once
+Spark has written the batch to its commit log (``KeyrangeStreamReader``), or by
+``BatchRead.commit`` for batch jobs — never from the tasks, whose batch may still fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,38 +37,49 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client.http import CoordinatorClient, PartitionCommitReply
-from client.protocol.committed import CommittedOffsets
-from client.spark.commit import commit_positions
+from client.http import PartitionCommitReply
+from client.spark.bounds import fetch_committed, resolve_spans, resolve_starts, starting_positions
+from client.spark.commit import CommitFailed, commit_positions
 from client.spark.kafka import ClusterView
-from client.spark.log_reset import (
-    reset_committed_past_end,
-    reset_stream_past_end,
-    start_by_policy,
-)
+from client.spark.log_reset import reset_stream_past_end
 from client.spark.options import (
+    OptionError,
     SourceOptions,
-    Starting,
+    includes_headers,
     offsets_to_json,
     parse_sink_options,
     parse_source_options,
+    slices_for,
 )
 from client.spark.planning import (
     PartitionSpan,
     Position,
     Slice,
     advance,
+    group_of,
     plan_slices,
     positions_of,
     spans_between,
     stream_offset,
 )
-from client.spark.reader import SCHEMA, read_batches
+from client.spark.reader import read_batches, schema
 from client.spark.sink import KafkaBatchWriter, KafkaStreamWriter
 
 logger = logging.getLogger(__name__)
 
 SHORT_NAME = "keyrange"
+_BOUNDS = frozenset(
+    {
+        "starting_offsets",
+        "ending_offsets",
+        "startingoffsets",
+        "endingoffsets",
+        "startingtimestamp",
+        "endingtimestamp",
+        "startingoffsetsbytimestamp",
+        "endingoffsetsbytimestamp",
+    }
+)
 
 
 class KeyrangeDataSource(DataSource):
@@ -76,13 +90,19 @@ class KeyrangeDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return schema(includes_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KeyrangeBatchReader(parse_source_options(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KeyrangeStreamReader(parse_source_options(self.options))
+        options = parse_source_options(self.options)
+        if options.batch_only:
+            raise OptionError(
+                f"option {options.batch_only[0]!r} bounds batch queries only; a stream reads "
+                "on (as with Spark's Kafka source)"
+            )
+        return KeyrangeStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return KafkaBatchWriter(parse_sink_options(self.options), schema)
@@ -104,19 +124,24 @@ class KeyrangeBatchReader(DataSourceReader):
 
 
 class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of every partition of the topics, from the previous batch end onwards.
+    """Micro-batches of every partition of the subscription, from the previous batch end on.
 
-    ``commit(end)`` is not where processed work is reported: Spark calls it only when the
-    next batch is planned, so the last batch of a run would never be reported. The
-    ``KeyrangeCommitter`` listener reports every finished batch instead.
+    Finished batches are reported by the reader itself (docs/spark.md, "Committing"): Spark
+    calls ``latestOffset(start)`` only once every batch ending at ``start`` is in the
+    checkpoint's commit log, including after the last batch of an ``availableNow`` run,
+    which ``commit(end)`` never hears of. ``commit(end)``, the documented hook, reports an
+    offset ``latestOffset`` has not seen; Spark always shows it there first.
     """
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._available_now_target: dict[TopicPartition, int] | None = None
+        self._offered: str | None = None
+        self._reported: str | None = None
+        self._last_batch_at: float | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        starts = asyncio.run(_starting_positions(self._options, self._options.starting))
+        starts = asyncio.run(starting_positions(self._options, self._options.starting))
         return stream_offset(self._options.group, starts)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -130,6 +155,7 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         positions = positions_of(start)
         ends, new_starts = asyncio.run(self._log_ends(positions))
+        self._report_finished(start, ends)
         # A partition created after the query started: read it from the group's position
         # or its beginning, as Spark's Kafka source does for new partitions.
         positions.update(new_starts)
@@ -137,8 +163,71 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._available_now_target is not None:
             target = self._available_now_target
             ends = {tp: min(end, target.get(tp, positions[tp].next)) for tp, end in ends.items()}
+        elif not self._enough_waiting(positions, ends):
+            return stream_offset(self._options.group, positions)
         max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return stream_offset(self._options.group, advance(positions, ends, max_records))
+        end = advance(positions, ends, max_records)
+        if end != positions:
+            self._last_batch_at = time.monotonic()
+        return stream_offset(self._options.group, end)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if json.dumps(end, sort_keys=True) != self._offered:
+            self._report_finished(end, {})
+
+    def _enough_waiting(
+        self, positions: Mapping[TopicPartition, Position], ends: Mapping[TopicPartition, int]
+    ) -> bool:
+        """``minOffsetsPerTrigger``: run a batch once that many records wait, or once
+        ``maxTriggerDelay`` has passed since the last batch (since the query start at first)."""
+        minimum = self._options.min_records_per_trigger
+        if minimum is None:
+            return True
+        now = time.monotonic()
+        if self._last_batch_at is None:
+            self._last_batch_at = now
+        waiting = sum(max(0, ends.get(tp, p.next) - p.next) for tp, p in positions.items())
+        return waiting >= minimum or now - self._last_batch_at >= self._options.max_trigger_delay_s
+
+    def _report_finished(self, offset: dict[str, Any], ends: Mapping[TopicPartition, int]) -> None:
+        """Report every batch up to ``offset``, which Spark has committed.
+
+        A position past its partition's log end in ``ends`` is not reported: the batch
+        finished in a log that is gone (a broker that lost its data), and the records it
+        names do not exist. A failed report is logged and made again at the next trigger
+        (each report repeats everything since the origin); in an ``availableNow`` run it
+        fails the query instead, since no later trigger would make it.
+        """
+        options = self._options
+        group = group_of(offset)
+        key = json.dumps(offset, sort_keys=True)
+        self._offered = key
+        if options.coordinator_url is None or group is None or key == self._reported:
+            return
+        positions = {
+            tp: p
+            for tp, p in positions_of(offset).items()
+            if p.next > p.origin and p.next <= ends.get(tp, p.next)
+        }
+        if positions:
+            try:
+                asyncio.run(
+                    commit_positions(
+                        options.coordinator_url, options.coordinator_token, group, positions
+                    )
+                )
+            except Exception as error:
+                if self._available_now_target is not None:
+                    raise CommitFailed(
+                        f"could not report the finished batches of group {group}: {error}"
+                    ) from error
+                logger.warning(
+                    "could not report finished batches; the next trigger reports them again",
+                    exc_info=True,
+                    extra={"group": group},
+                )
+                return
+        self._reported = key
 
     async def _restart_past_end(
         self, positions: dict[TopicPartition, Position], ends: Mapping[TopicPartition, int]
@@ -157,9 +246,9 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Log end of every partition, and the start of each partition not in ``positions``."""
         options = self._options
         async with ClusterView(options.bootstrap, options.kafka) as view:
-            partitions = await view.partitions(options.topics)
+            partitions = await view.partitions(options.subscription)
             unknown = [tp for tp in partitions if tp not in positions]
-            new_starts = await _resolve_starts(options, view, unknown, "committed")
+            new_starts = await resolve_starts(options, view, unknown, "committed")
             seek = {tp: positions[tp].next for tp in partitions if tp in positions}
             ends = await view.latest(seek | {tp: p.origin for tp, p in new_starts.items()})
         return ends, new_starts
@@ -173,23 +262,24 @@ class KeyrangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self._options, partition)
 
-    def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to do: see the class docstring."""
-
 
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     piece = partition.value
     if not isinstance(piece, Slice):
         # Spark substitutes one empty partition when planning found nothing to read.
         return iter(())
-    return read_batches(piece, options.bootstrap, options.kafka)
+    return read_batches(piece, options)
 
 
 async def plan_partitions(
     options: SourceOptions, spans: Sequence[PartitionSpan]
 ) -> list[InputPartition]:
     committed = await fetch_committed(options, sorted({span.topic for span in spans}))
-    slices = plan_slices(spans, options.slices_per_partition, options.slice_by, committed)
+    total = sum(span.end - span.start for span in spans)
+    counts = {
+        span.topic_partition: slices_for(span.end - span.start, total, options) for span in spans
+    }
+    slices = plan_slices(spans, counts, options.slice_by, committed)
     logger.info(
         "planned keyrange slices",
         extra={
@@ -200,94 +290,6 @@ async def plan_partitions(
         },
     )
     return [InputPartition(piece) for piece in slices]
-
-
-async def fetch_committed(
-    options: SourceOptions, topics: Sequence[str]
-) -> dict[TopicPartition, CommittedOffsets]:
-    if options.coordinator_url is None or options.group is None:
-        return {}
-    async with CoordinatorClient(options.coordinator_url, token=options.coordinator_token) as api:
-        return await api.fetch_offsets(options.group, topics=list(topics))
-
-
-async def resolve_spans(options: SourceOptions) -> list[PartitionSpan]:
-    """Batch read: each partition from its starting position to its ending position."""
-    async with ClusterView(options.bootstrap, options.kafka) as view:
-        partitions = await view.partitions(options.topics)
-        starts = await _resolve_starts(options, view, partitions, options.starting)
-        ends = await view.latest({tp: start.origin for tp, start in starts.items()})
-    if options.ending != "latest":
-        requested = options.ending
-        for tp, end in ends.items():
-            if tp in requested and requested[tp] > end:
-                logger.warning(
-                    "ending offset is beyond the log end; reading to the log end",
-                    extra={"topic": tp.topic, "partition": tp.partition, "requested": end},
-                )
-        ends = {tp: min(end, requested.get(tp, end)) for tp, end in ends.items()}
-    return [
-        PartitionSpan(
-            tp.topic,
-            tp.partition,
-            starts[tp].origin,
-            starts[tp].origin,
-            max(starts[tp].origin, ends[tp]),
-            starts[tp].explicit,
-        )
-        for tp in partitions
-    ]
-
-
-async def _starting_positions(
-    options: SourceOptions, starting: Starting
-) -> dict[TopicPartition, Position]:
-    async with ClusterView(options.bootstrap, options.kafka) as view:
-        partitions = await view.partitions(options.topics)
-        return await _resolve_starts(options, view, partitions, starting)
-
-
-async def _resolve_starts(
-    options: SourceOptions,
-    view: ClusterView,
-    partitions: Sequence[TopicPartition],
-    starting: Starting,
-) -> dict[TopicPartition, Position]:
-    """Where reading begins; never below the log start (those records are gone).
-
-    An origin that ``starting_offsets`` put above the log start is marked explicit: the
-    group's position rules did not skip the records below it, this query did.
-    """
-    if not partitions:
-        return {}
-    earliest = await view.earliest(partitions)
-    if starting == "committed":
-        committed = await reset_committed_past_end(
-            options,
-            view,
-            await fetch_committed(options, sorted({tp.topic for tp in partitions})),
-            earliest,
-        )
-        stored = {tp: committed[tp].stable_offset for tp in partitions if tp in committed}
-        starts = await start_by_policy(options, view, stored, partitions, earliest)
-        return {tp: Position(offset, offset) for tp, offset in starts.items()}
-    if starting == "earliest":
-        wanted = earliest
-    elif starting == "latest":
-        wanted = await view.latest(earliest)
-    else:
-        wanted = {tp: starting.get(tp, earliest[tp]) for tp in partitions}
-    for tp, offset in wanted.items():
-        if offset < earliest[tp]:
-            logger.warning(
-                "starting offset was deleted by retention; starting at the log start",
-                extra={"topic": tp.topic, "partition": tp.partition, "wanted": offset},
-            )
-    origins = {tp: max(offset, earliest[tp]) for tp, offset in wanted.items()}
-    return {
-        tp: Position(origin, origin, explicit=origin > earliest[tp])
-        for tp, origin in origins.items()
-    }
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,8 @@ def plan_batch_read(options: Mapping[str, str]) -> BatchRead:
     """Resolve a batch read's start and end offsets now, on the driver."""
     source = parse_source_options(options)
     spans = tuple(asyncio.run(resolve_spans(source)))
-    pinned = {key: value for key, value in options.items()}
-    pinned["starting_offsets"] = offsets_to_json({s.topic_partition: s.start for s in spans})
-    pinned["ending_offsets"] = offsets_to_json({s.topic_partition: s.end for s in spans})
+    # The pinned offsets replace whatever chose them (an alias, a timestamp form).
+    pinned = {key: value for key, value in options.items() if key.lower() not in _BOUNDS}
+    pinned["startingOffsets"] = offsets_to_json({s.topic_partition: s.start for s in spans})
+    pinned["endingOffsets"] = offsets_to_json({s.topic_partition: s.end for s in spans})
     return BatchRead(options=pinned, spans=spans, source=source)

@@ -74,11 +74,15 @@ def spark() -> Iterator[Any]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
-@pytest.fixture(scope="session")
-def committer(spark: Any, coordinator_url: str) -> Any:
+@pytest.fixture
+def committer(spark: Any, coordinator_url: str) -> Iterator[Any]:
+    """The explicit listener of ``enable_commits``, for this test only: the source reports
+    by itself, and other tests count its reports alone."""
     from client.spark import enable_commits
 
-    return enable_commits(spark, coordinator_url)
+    listener = enable_commits(spark, coordinator_url)
+    yield listener
+    spark.streams.removeListener(listener)
 
 
 @pytest.fixture

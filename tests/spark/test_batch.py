@@ -40,7 +40,12 @@ async def test_four_slices_per_partition_return_every_record_exactly_once(
     topic = await make_topic(PARTITIONS)
     produced = await produce(kafka_bootstrap, topic, PARTITIONS, 0, 300)
     frame = _read(
-        spark, bootstrap=kafka_bootstrap, topics=topic, slices_per_partition="4", slice_by=slice_by
+        spark,
+        bootstrap=kafka_bootstrap,
+        topics=topic,
+        slices_per_partition="4",
+        slice_by=slice_by,
+        includeHeaders="true",
     )
 
     def collect() -> tuple[int, list[Any]]:

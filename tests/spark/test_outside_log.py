@@ -94,6 +94,22 @@ async def test_a_stream_checkpoint_past_the_end_restarts_from_the_log_start(
     assert await stable_offsets(coordinator_url, group, topic) == log_ends(produced)
 
 
+async def test_fail_on_data_loss_fails_a_read_whose_stored_offset_is_past_the_end(
+    spark: Any, kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, group: str
+) -> None:
+    from client.errors import OffsetOutOfRange
+    from client.spark import plan_batch_read
+
+    topic = await make_topic(PARTITIONS)
+    await produce(kafka_bootstrap, topic, PARTITIONS, 0, 20)
+    await _store_past_the_end(coordinator_url, group, topic)
+    options = {**_options(kafka_bootstrap, coordinator_url, group, topic), "failOnDataLoss": "true"}
+    with pytest.raises(OffsetOutOfRange, match=r"past its log end.*failOnDataLoss is true"):
+        await in_spark_thread(spark, lambda: plan_batch_read(options))
+    # Nothing was moved: the group still says where it was.
+    assert set((await stable_offsets(coordinator_url, group, topic)).values()) == {PAST_THE_END}
+
+
 def test_the_reset_policy_is_checked_when_the_options_are_parsed() -> None:
     options = {"bootstrap": "b:9092", "topics": "t", "auto_offset_reset": "latest"}
     assert parse_source_options(options).auto_offset_reset == "latest"

@@ -11,7 +11,7 @@ from aiokafka.structs import TopicPartition
 
 from client.protocol.committed import CommittedOffsets, Watermark
 from client.protocol.keyspace import HASH_MAX, KeyRange
-from client.spark.kafka import kafka_arguments
+from client.spark.kafka_settings import kafka_arguments
 from client.spark.options import OptionError, parse_source_options
 from client.spark.planning import (
     PartitionSpan,
@@ -160,7 +160,7 @@ def test_an_empty_span_reports_nothing() -> None:
 
 def test_options_are_checked_on_the_driver() -> None:
     base = {"bootstrap": "localhost:9092", "topics": "a, b,a"}
-    assert parse_source_options(base).topics == ("a", "b")
+    assert parse_source_options(base).subscription.topics == ("a", "b")
     assert parse_source_options(base).starting == "earliest"
     with_coordinator = {**base, "coordinator": "http://c", "group": "g"}
     assert parse_source_options(with_coordinator).starting == "committed"
@@ -172,7 +172,7 @@ def test_options_are_checked_on_the_driver() -> None:
         {**base, "slice_by": "rows"},
         {**base, "slices_per_partition": "0"},
         {**base, "starting_offsets": "committed"},
-        {**base, "ending_offsets": '{"a": {"0": -1}}'},
+        {**base, "ending_offsets": '{"a": {"0": -2}}'},
     ):
         with pytest.raises(OptionError):
             parse_source_options(bad)

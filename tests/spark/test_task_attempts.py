@@ -57,7 +57,6 @@ def _notes(marker_dir: Path) -> dict[str, list[int]]:
 
 async def test_a_retried_task_reads_its_slice_again_and_the_batch_is_reported_once(
     spark: Any,
-    committer: Any,
     kafka_bootstrap: str,
     coordinator_url: str,
     make_topic: MakeTopic,
@@ -92,7 +91,7 @@ async def test_a_retried_task_reads_its_slice_again_and_the_batch_is_reported_on
             .trigger(availableNow=True)
             .start()
         )
-        committer.await_query(query)
+        query.awaitTermination()
 
     # The coordinator serves from this process: its counter sees every report, whoever sends it.
     commits_before = _commit_requests()
@@ -146,4 +145,4 @@ def test_a_session_with_speculation_is_refused_unless_allowed(spark: Any) -> Non
         timeout=300,
         check=False,
     )
-    assert result.stdout.split() == ["refused", "topic"], result.stderr[-2000:]
+    assert result.stdout.split() == ["refused", "key"], result.stderr[-2000:]
