@@ -93,11 +93,18 @@ async def answer(
         return reply
 
 
+_CHANGED = metrics.HELD_HEARTBEATS.labels("changed")
+_WAITED = metrics.HELD_HEARTBEATS.labels("waited")
+
+
 async def _wait_for_change(
     held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int
 ) -> None:
     """Wait as the member offered, at most its interval."""
     assert body.wait_ms is not None
-    with metrics.HEARTBEATS_WAITING.track_inprogress():
+    metrics.HEARTBEATS_WAITING.inc()
+    try:
         changed = await held.wait(hold, min(body.wait_ms, interval_ms) / 1000)
-    metrics.HELD_HEARTBEATS.labels("changed" if changed else "waited").inc()
+    finally:
+        metrics.HEARTBEATS_WAITING.dec()
+    (_CHANGED if changed else _WAITED).inc()
