@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,7 @@ INHERITED_OPEN_FILES = 1024
 SAMPLE_S = 1.0
 
 
-# --------------------------------------------------------------------------------------------
-# The load generator (its own process)
+# The load generator (its own process) ------------------------------------------------------
 
 
 class Connection:
@@ -116,18 +116,12 @@ class Member:
         return b"/v1/groups/%s/heartbeat" % self.group_id.encode()
 
     def join_body(self) -> bytes:
-        return b'{"member_epoch":0,"subscribed_topics":["%s"],"session_timeout_ms":%d}' % (
-            self.topic.encode(),
-            SESSION_TIMEOUT_MS,
-        )
+        body = b'{"member_epoch":0,"subscribed_topics":["%s"],"session_timeout_ms":%d}'
+        return body % (self.topic.encode(), SESSION_TIMEOUT_MS)
 
     def heartbeat_body(self) -> bytes:
-        return b'{"member_id":"%s","member_epoch":%d,"owned":%s,"wait_ms":%d}' % (
-            self.member_id,
-            self.epoch,
-            self.owned,
-            self.wait_ms,
-        )
+        body = b'{"member_id":"%s","member_epoch":%d,"owned":%s,"wait_ms":%d}'
+        return body % (self.member_id, self.epoch, self.owned, self.wait_ms)
 
     def accept(self, payload: bytes) -> None:
         """The member now owns what it was assigned (it releases and takes up at once) and
@@ -156,6 +150,12 @@ class Member:
                 if attempt:
                     raise
         raise AssertionError("unreachable")
+
+    async def must(self, body: bytes) -> bytes:
+        status, payload = await self.call(body)
+        if status != b"200":
+            raise SystemExit(f"HTTP {status.decode()}: {payload[:200]!r}")
+        return payload
 
 
 @dataclass
@@ -223,49 +223,83 @@ async def handoff(newcomer: Member, database: asyncpg.Connection, steady: Steady
     while newcomer.assignment != target:
         if time.perf_counter() - started > HANDOFF_TIMEOUT_S:
             raise SystemExit(f"a join's hand-off took over {HANDOFF_TIMEOUT_S} s")
-        status, payload = await newcomer.call(newcomer.heartbeat_body())
-        if status != b"200":
-            raise SystemExit(f"newcomer: HTTP {status.decode()}: {payload[:200]!r}")
-        newcomer.accept(payload)
+        newcomer.accept(await newcomer.must(newcomer.heartbeat_body()))
     took = time.perf_counter() - started
-    status, payload = await newcomer.call(
-        b'{"member_id":"%s","member_epoch":-1}' % newcomer.member_id
-    )
-    if status != b"200":
-        raise SystemExit(f"leave: HTTP {status.decode()}: {payload[:200]!r}")
+    await newcomer.must(b'{"member_id":"%s","member_epoch":-1}' % newcomer.member_id)
     return took
 
 
+async def commands() -> AsyncIterator[dict[str, Any]]:
+    """The orchestrator's commands, one JSON object a line on stdin."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        yield json.loads(line)
+
+
 async def generate(config: dict[str, Any]) -> None:
+    """Join every member once, then for each run the orchestrator starts (a set of
+    coordinator ports): point the members at them, wait until every group is settled, measure
+    the held heartbeats, time the hand-offs of joins, and stop the members' loops so that
+    their coordinators can be stopped. Sessions outlive the change of coordinators, as they do
+    a rolling restart of the replicas."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    ports: list[int] = config["ports"]
     groups: list[str] = config["groups"]
     topics: list[str] = config["topics"]
     per_group: int = config["members_per_group"]
     members = [
-        Member(groups[g], topics[g], ports[(g * per_group + i) % len(ports)])
-        for i in range(per_group)
-        for g in range(len(groups))
+        Member(groups[g], topics[g], 0) for i in range(per_group) for g in range(len(groups))
     ]
-    steady = Steady()
-    started = time.perf_counter()
+    database = await asyncpg.connect(config["dsn"])
+    joined = False
+    try:
+        async for command in commands():
+            if "ports" not in command:
+                break
+            ports: list[int] = command["ports"]
+            for index, member in enumerate(members):
+                member.port = ports[index % len(ports)]
+            if not joined:
+                started = time.perf_counter()
+                await join_all(members)
+                say(phase="joined", s=round(time.perf_counter() - started, 1))
+                joined = True
+            await one_run(config, members, ports, database)
+            say(phase="done")
+    finally:
+        await database.close()
+
+
+async def join_all(members: list[Member]) -> None:
+    """Everyone joins first, as fast as the coordinators admit them (each group's joins
+    take turns on its lock, so concurrent joins are spread over the groups)."""
     queue: asyncio.Queue[Member] = asyncio.Queue()
     for member in members:
         queue.put_nowait(member)
+    steady = Steady()
 
     async def joiner() -> None:
         while not queue.empty():
             await join(queue.get_nowait(), steady)
 
     await asyncio.gather(*(joiner() for _ in range(JOIN_CONCURRENCY)))
-    say(phase="joined", s=round(time.perf_counter() - started, 1), failures=steady.failures)
+
+
+async def one_run(
+    config: dict[str, Any], members: list[Member], ports: list[int], database: asyncpg.Connection
+) -> None:
+    groups: list[str] = config["groups"]
+    topics: list[str] = config["topics"]
+    steady = Steady()
     started = time.perf_counter()
     loops = [asyncio.create_task(wait_loop(m, steady)) for m in members]
-    database = await asyncpg.connect(config["dsn"])
     try:
         deadline = time.perf_counter() + CONVERGENCE_TIMEOUT_S
-        while unstable := await unstable_groups(config["database_url"], groups, per_group):
+        while unstable := await unstable_groups(
+            config["database_url"], groups, config["members_per_group"]
+        ):
             if time.perf_counter() > deadline:
                 raise SystemExit(f"{unstable} groups did not converge in time")
             await asyncio.sleep(1.0)
@@ -309,11 +343,10 @@ async def generate(config: dict[str, Any]) -> None:
         for member in members:
             if member.connection is not None:
                 member.connection.close()
-        await database.close()
+                member.connection = None
 
 
-# --------------------------------------------------------------------------------------------
-# The orchestrator: database, coordinators, the generator, the meters
+# The orchestrator: database, coordinators, the generator, the meters -----------------------
 
 
 @dataclass
@@ -323,7 +356,6 @@ class Replica:
     rss_peak: int = 0
     fds_peak: int = 0
     connections_peak: int = 0
-
     fd_limit: int = 0
 
     def sample(self) -> None:
@@ -348,6 +380,7 @@ class Replica:
             "max_connections": max_connections,
             "open_fds": self.fds_peak,
             "fd_limit": self.fd_limit,
+            "fd_limit_raise_logged": "raised the open-file limit" in self.log.read_text(),
         }
 
 
@@ -357,48 +390,70 @@ def lower_open_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, INHERITED_OPEN_FILES), hard))
 
 
-async def run_once(
-    database_url: str, work_dir: Path, replicas: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    run_id = uuid.uuid4().hex[:8]
-    groups = [f"bench-scale-{run_id}-{i:03d}" for i in range(args.groups)]
-    topics = [f"bench-scale-{run_id}-topic-{i:03d}" for i in range(args.groups)]
-    await seed_topics(database_url, topics, args.partitions)
-    per_replica = -(-args.members // replicas)
-    max_connections = per_replica + args.connection_headroom
-    os.environ["KEYRANGE_MAX_CONNECTIONS"] = str(max_connections)
-    postmaster = await find_postmaster(database_url)
-    ports = [free_port() for _ in range(replicas)]
-    with contextlib.ExitStack() as stack:
-        started = [
-            Replica(
-                stack.enter_context(
-                    coordinator_process(SERVE, database_url, port, work_dir / f"r{run_id}-{i}.log")
-                ),
-                work_dir / f"r{run_id}-{i}.log",
-            )
-            for i, port in enumerate(ports)
-        ]
-        config = {
-            "ports": ports,
-            "groups": groups,
-            "topics": topics,
-            "members_per_group": args.members // args.groups,
-            "duration_s": args.duration,
-            "handoffs": args.handoffs,
-            "database_url": database_url,
-            "dsn": asyncpg_dsn(database_url),
-        }
-        generator = await asyncio.create_subprocess_exec(
+class Generator:
+    """The load generator's process, driven a run at a time."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.psutil = psutil.Process(process.pid)
+        self.joined_s: float | None = None
+
+    @classmethod
+    async def start(cls, config: dict[str, Any]) -> Generator:
+        process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "bench.scale",
             "generate",
             json.dumps(config),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=Path(__file__).parent.parent,
         )
-        generator_process = psutil.Process(generator.pid)
+        return cls(process)
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command).encode() + b"\n")
+
+    async def events(self, label: str) -> AsyncIterator[dict[str, Any]]:
+        """The run's events, up to its end."""
+        assert self.process.stdout is not None
+        while raw := await self.process.stdout.readline():
+            event = json.loads(raw)
+            print(f"  {label}: {json.dumps(event)}", flush=True)
+            if event["phase"] == "done":
+                return
+            yield event
+        raise SystemExit(f"the load generator failed (exit {await self.process.wait()})")
+
+    async def stop(self) -> None:
+        self.send({"stop": True})
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        await self.process.wait()
+
+
+async def run_once(
+    database_url: str,
+    work_dir: Path,
+    replicas: int,
+    generator: Generator,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One run against ``replicas`` fresh coordinator processes sharing the database."""
+    per_replica = -(-args.members // replicas)
+    max_connections = per_replica + args.connection_headroom
+    os.environ["KEYRANGE_MAX_CONNECTIONS"] = str(max_connections)
+    os.environ.setdefault("KEYRANGE_LOG_LEVEL", "INFO")
+    postmaster = await find_postmaster(database_url)
+    ports = [free_port() for _ in range(replicas)]
+    with contextlib.ExitStack() as stack:
+        started = []
+        for index, port in enumerate(ports):
+            log = work_dir / f"coordinator-{replicas}-{index}.log"
+            process = stack.enter_context(coordinator_process(SERVE, database_url, port, log))
+            started.append(Replica(process, log))
 
         def postgres() -> list[psutil.Process]:
             with contextlib.suppress(psutil.Error):
@@ -407,7 +462,7 @@ async def run_once(
 
         meter = CpuMeter(
             {
-                "generator": lambda: [generator_process],
+                "generator": lambda: [generator.psutil],
                 **{f"replica{i}": (lambda r=r: [r.process]) for i, r in enumerate(started)},
                 "postgres": postgres,
             }
@@ -421,12 +476,12 @@ async def run_once(
                     replica.sample()
                 await asyncio.sleep(SAMPLE_S)
 
-        assert generator.stdout is not None
-        async for raw in generator.stdout:
-            event = json.loads(raw)
+        generator.send({"ports": ports})
+        async for event in generator.events(f"{replicas} replica(s)"):
             phases[event["phase"]] = event
-            print(f"  {replicas} replica(s): {json.dumps(event)}", flush=True)
-            if event["phase"] == "measuring":
+            if event["phase"] == "joined":
+                generator.joined_s = event["s"]
+            elif event["phase"] == "measuring":
                 meter.start()
                 sampler = asyncio.create_task(sample())
                 load_at_start = os.getloadavg()[0]
@@ -437,8 +492,6 @@ async def run_once(
                 for replica, port in zip(started, ports, strict=True):
                     replica.count_connections(port)
                 database_connections = await count_database_connections(database_url)
-        if await generator.wait() != 0 or "handoffs" not in phases:
-            raise SystemExit(f"the load generator failed (exit {generator.returncode})")
     measured, joins = phases["measured"], phases["handoffs"]
     figures = [replica.figures(max_connections) for replica in started]
     rate = measured["heartbeats"] / args.duration
@@ -454,7 +507,6 @@ async def run_once(
         "join_handoff_p50_s": joins["p50_s"],
         "per_replica": figures,
         "database_connections": database_connections,
-        "join_s": phases["joined"]["s"],
         "convergence_s": phases["converged"]["s"],
         "failures": measured["failures"],
         "cpu_cores": {k: round(v, 2) for k, v in cpu.items()},
@@ -464,14 +516,44 @@ async def run_once(
     }
 
 
+async def run_all(database_url: str, work_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Seed the topics, join the members once, then one run per replica count."""
+    run_id = uuid.uuid4().hex[:8]
+    groups = [f"bench-scale-{run_id}-{i:03d}" for i in range(args.groups)]
+    topics = [f"bench-scale-{run_id}-topic-{i:03d}" for i in range(args.groups)]
+    await seed_topics(database_url, topics, args.partitions)
+    generator = await Generator.start(
+        {
+            "groups": groups,
+            "topics": topics,
+            "members_per_group": args.members // args.groups,
+            "duration_s": args.duration,
+            "handoffs": args.handoffs,
+            "database_url": database_url,
+            "dsn": asyncpg_dsn(database_url),
+        }
+    )
+    summary: dict[str, Any] = {}
+    try:
+        for replicas in (int(r) for r in args.replicas.split(",")):
+            run = await run_once(database_url, work_dir, replicas, generator, args)
+            print(json.dumps(run), flush=True)
+            if not summary:
+                summary.update(run)
+                summary["join_s"] = generator.joined_s
+                summary["goals_met"] = goals_met(run)
+            else:
+                summary[f"replicas_{replicas}"] = {**run, "goals_met": goals_met(run)}
+    finally:
+        await generator.stop()
+    return summary
+
+
 async def count_database_connections(database_url: str) -> int:
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'keyrange%'"
     try:
-        return int(
-            await connection.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'keyrange%'"
-            )
-        )
+        return int(await connection.fetchval(query))
     finally:
         await connection.close()
 
@@ -497,28 +579,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--handoffs", type=int, default=20, help="joins timed per run")
     parser.add_argument("--replicas", default="1,2", help="the runs, by replica count")
-    parser.add_argument(
-        "--connection-headroom",
-        type=int,
-        default=1000,
-        help="KEYRANGE_MAX_CONNECTIONS above the members per replica",
-    )
+    headroom = "KEYRANGE_MAX_CONNECTIONS above the members per replica"
+    parser.add_argument("--connection-headroom", type=int, default=1000, help=headroom)
     args = parser.parse_args()
     lower_open_files()
     work_dir = Path(tempfile.mkdtemp(prefix="keyrange-bench-scale-"))
-    summary: dict[str, Any] = {}
     try:
         with bench_database(work_dir) as (database_url, kind):
             migrate.upgrade(database_url)
-            for replicas in (int(r) for r in args.replicas.split(",")):
-                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                    run = runner.run(run_once(database_url, work_dir, replicas, args))
-                print(json.dumps(run), flush=True)
-                if replicas == 1:
-                    summary.update(run)
-                    summary["goals_met"] = goals_met(run)
-                else:
-                    summary[f"replicas_{replicas}"] = {**run, "goals_met": goals_met(run)}
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                summary = runner.run(run_all(database_url, work_dir, args))
             summary["database"] = kind
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
