@@ -29,6 +29,7 @@ from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
 from coordinator.groups import fast_path as heartbeat_fast_path
 from coordinator.groups.repository import request_rebalances
+from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
@@ -277,6 +278,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
+    app.state.group_turns = GroupTurns()
     app.state.scaling_histories = {}
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)

@@ -13,6 +13,7 @@ from coordinator.auth import admitted
 from coordinator.core.handoff import Hold
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
+from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId
@@ -83,7 +84,8 @@ async def answer(
         client = scope.get("client")
         client_host = client[0] if client else None
         principal_scope = admitted(scope).group_scope(group_id)
-        async with engine.begin() as connection:
+        turns: GroupTurns = state.group_turns
+        async with turns.turn(group_id), engine.begin() as connection:
             reply, hold = await membership.heartbeat(
                 connection, group_id, body, settings, client_host, principal_scope
             )
