@@ -5,20 +5,13 @@ times, as the SDK does with prompt hand-offs: it offers ``wait_ms`` equal to its
 coordinator renews the session and holds the reply until the wait runs out, and the member
 heartbeats again at once (docs/membership.md, "Prompt hand-offs").
 
-Per run: ``heartbeat_p99_ms`` (what a held heartbeat costs beyond its wait: the reply's
-lateness past the wait the coordinator was asked for, which holds the serving of the request,
-the event loop's lag and the reply's write), ``coordinator_rss_mb`` (largest RSS of each
-replica while measuring), ``join_handoff_p99_s`` (a newcomer joins a group of waiting members,
-from its join to the reply that grants its whole target, while everyone else keeps waiting),
-and the open connections, file descriptors and their limits of each replica. Goals: 100 ms,
-400 MB per replica, 0.5 s.
+Per run: ``heartbeat_p99_ms`` (a held reply's lateness past its wait), ``coordinator_rss_mb``
+(per replica), ``join_handoff_p99_s`` (from a newcomer's join to the reply granting its whole
+target), open connections and descriptors: bench/README.md says what each holds.
 
-The load generator is a separate process (``python -m bench.scale generate``) on raw asyncio
-streams over uvloop, so its CPU is apart from the coordinator's and metered on its own. The
-coordinators are started with a soft open-file limit of 1,024, as many systems default to:
-each must raise it itself to serve its connection limit, and says so in its log.
-
-Prints one line per phase, then one JSON object on the last line.
+The load generator is its own process (``python -m bench.scale generate``), so its CPU is
+apart from the coordinators'. The coordinators start with a soft open-file limit of 1,024 and
+must raise it themselves. Prints one line per phase, then one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -67,6 +60,8 @@ JOIN_CONCURRENCY = 64
 # The coordinators start with this soft limit, as on many hosts, and must raise it.
 INHERITED_OPEN_FILES = 1024
 SAMPLE_S = 1.0
+# The members' assignor (the generator's ``--assignor``): none asks for the default.
+ASSIGNOR = b""
 
 
 # The load generator (its own process) ------------------------------------------------------
@@ -116,8 +111,8 @@ class Member:
         return b"/v1/groups/%s/heartbeat" % self.group_id.encode()
 
     def join_body(self) -> bytes:
-        body = b'{"member_epoch":0,"subscribed_topics":["%s"],"session_timeout_ms":%d}'
-        return body % (self.topic.encode(), SESSION_TIMEOUT_MS)
+        body = b'{"member_epoch":0,"subscribed_topics":["%s"],"session_timeout_ms":%d%s}'
+        return body % (self.topic.encode(), SESSION_TIMEOUT_MS, ASSIGNOR)
 
     def heartbeat_body(self) -> bytes:
         body = b'{"member_id":"%s","member_epoch":%d,"owned":%s,"wait_ms":%d}'
@@ -137,8 +132,7 @@ class Member:
         self.wait_ms = reply["heartbeat_interval_ms"]
 
     async def call(self, body: bytes) -> tuple[bytes, bytes]:
-        """As an HTTP client pool does: a kept-alive connection the server closed while idle
-        (its keep-alive timeout) is replaced and the request sent again."""
+        """A kept-alive connection the server closed while idle is replaced, as pools do."""
         for attempt in range(2):
             if self.connection is None:
                 self.connection = await Connection.open(self.port)
@@ -239,13 +233,13 @@ async def commands() -> AsyncIterator[dict[str, Any]]:
 
 
 async def generate(config: dict[str, Any]) -> None:
-    """Join every member once, then for each run the orchestrator starts (a set of
-    coordinator ports): point the members at them, wait until every group is settled, measure
-    the held heartbeats, time the hand-offs of joins, and stop the members' loops so that
-    their coordinators can be stopped. Sessions outlive the change of coordinators, as they do
-    a rolling restart of the replicas."""
+    """Join every member once; then, per run (a set of coordinator ports), point the members
+    at them, let every group settle, measure, time the joins' hand-offs, stop the loops.
+    Sessions outlive the change of coordinators, as in a rolling restart."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    global ASSIGNOR
+    ASSIGNOR = b',"assignor":"%s"' % config["assignor"].encode() if config["assignor"] else b""
     groups: list[str] = config["groups"]
     topics: list[str] = config["topics"]
     per_group: int = config["members_per_group"]
@@ -264,12 +258,23 @@ async def generate(config: dict[str, Any]) -> None:
             if not joined:
                 started = time.perf_counter()
                 await join_all(members)
+                await add_partitions(database, config)
                 say(phase="joined", s=round(time.perf_counter() - started, 1))
                 joined = True
             await one_run(config, members, ports, database)
             say(phase="done")
     finally:
         await database.close()
+
+
+async def add_partitions(database: asyncpg.Connection, config: dict[str, Any]) -> None:
+    """As the metadata refresh records partitions appearing: counts and a rebalance. Members
+    joined while their topics had none, so each is granted its whole target at once, not
+    through one hand-off per join (minutes of set-up that is not what is measured)."""
+    counts = "UPDATE topic_metadata SET partition_count = $1 WHERE topic = ANY($2::text[])"
+    await database.execute(counts, config["partitions"], config["topics"])
+    rebalance = "UPDATE groups SET rebalance_requested = true, rebalance_reason = $1"
+    await database.execute(f"{rebalance} WHERE group_id = ANY($2)", "new", config["groups"])
 
 
 async def join_all(members: list[Member]) -> None:
@@ -428,9 +433,8 @@ class Generator:
         raise SystemExit(f"the load generator failed (exit {await self.process.wait()})")
 
     async def stop(self) -> None:
-        self.send({"stop": True})
-        assert self.process.stdin is not None
-        self.process.stdin.close()
+        if self.process.returncode is None:
+            self.send({"stop": True})
         await self.process.wait()
 
 
@@ -521,11 +525,13 @@ async def run_all(database_url: str, work_dir: Path, args: argparse.Namespace) -
     run_id = uuid.uuid4().hex[:8]
     groups = [f"bench-scale-{run_id}-{i:03d}" for i in range(args.groups)]
     topics = [f"bench-scale-{run_id}-topic-{i:03d}" for i in range(args.groups)]
-    await seed_topics(database_url, topics, args.partitions)
+    await seed_topics(database_url, topics, 0)
     generator = await Generator.start(
         {
             "groups": groups,
             "topics": topics,
+            "partitions": args.partitions,
+            "assignor": args.assignor,
             "members_per_group": args.members // args.groups,
             "duration_s": args.duration,
             "handoffs": args.handoffs,
@@ -579,6 +585,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--handoffs", type=int, default=20, help="joins timed per run")
     parser.add_argument("--replicas", default="1,2", help="the runs, by replica count")
+    parser.add_argument("--assignor", default="", help="the members' (default: the coordinator's)")
     headroom = "KEYRANGE_MAX_CONNECTIONS above the members per replica"
     parser.add_argument("--connection-headroom", type=int, default=1000, help=headroom)
     args = parser.parse_args()
