@@ -1,9 +1,7 @@
-"""Waiting members at scale: ``--members`` (10,000) simulated members in ``--groups`` (100)
-groups against one coordinator process, then the same over two processes sharing one
-Postgres. Every member keeps one keep-alive connection and one heartbeat open on it at all
-times, as the SDK does with prompt hand-offs: it offers ``wait_ms`` equal to its interval, the
-coordinator renews the session and holds the reply until the wait runs out, and the member
-heartbeats again at once (docs/membership.md, "Prompt hand-offs").
+"""Waiting members at scale: ``--members`` (10,000) in ``--groups`` (100) groups on one
+coordinator process, then on two sharing one Postgres. Each member keeps one heartbeat open at
+all times, as the SDK does with prompt hand-offs: it offers ``wait_ms`` (its interval), the
+coordinator holds the reply, and the member heartbeats again at once (docs/membership.md).
 
 Per run: ``heartbeat_p99_ms`` (a held reply's lateness past its wait), ``coordinator_rss_mb``
 (per replica), ``join_handoff_p99_s`` (from a newcomer's join to the reply granting its whole
@@ -60,8 +58,7 @@ JOIN_CONCURRENCY = 64
 # The coordinators start with this soft limit, as on many hosts, and must raise it.
 INHERITED_OPEN_FILES = 1024
 SAMPLE_S = 1.0
-# The members' assignor (the generator's ``--assignor``): none asks for the default.
-ASSIGNOR = b""
+ASSIGNOR = b""  # what joins add to ask for ``--assignor``; none: the coordinator's default
 
 
 # The load generator (its own process) ------------------------------------------------------
@@ -371,12 +368,9 @@ class Replica:
 
     def count_connections(self, port: int) -> None:
         with contextlib.suppress(psutil.Error):
-            served = sum(
-                1
-                for c in self.process.net_connections(kind="tcp")
-                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
-            )
-            self.connections_peak = max(self.connections_peak, served)
+            tcp = self.process.net_connections(kind="tcp")
+            served = [c for c in tcp if c.laddr and c.laddr.port == port and c.raddr]
+            self.connections_peak = max(self.connections_peak, len(served))
 
     def figures(self, max_connections: int) -> dict[str, Any]:
         return {
@@ -585,7 +579,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--handoffs", type=int, default=20, help="joins timed per run")
     parser.add_argument("--replicas", default="1,2", help="the runs, by replica count")
-    parser.add_argument("--assignor", default="", help="the members' (default: the coordinator's)")
+    parser.add_argument("--assignor", default="", help="the members' (default: coordinator's)")
     headroom = "KEYRANGE_MAX_CONNECTIONS above the members per replica"
     parser.add_argument("--connection-headroom", type=int, default=1000, help=headroom)
     args = parser.parse_args()
