@@ -581,7 +581,7 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,2", help="the runs, by replica count")
     parser.add_argument("--assignor", default="", help="the members' (default: coordinator's)")
     headroom = "KEYRANGE_MAX_CONNECTIONS above the members per replica"
-    parser.add_argument("--connection-headroom", type=int, default=1000, help=headroom)
+    parser.add_argument("--connection-headroom", type=int, default=2000, help=headroom)
     args = parser.parse_args()
     lower_open_files()
     work_dir = Path(tempfile.mkdtemp(prefix="keyrange-bench-scale-"))
