@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams bench chaos clean
+.PHONY: run demo test lint typecheck bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams bench-scale bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,7 +56,10 @@ bench-workers: $(STAMP)
 bench-streams: $(STAMP)
 	$(PY) -m bench.streams
 
-bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams
+bench-scale: $(STAMP)
+	$(PY) -m bench.scale
+
+bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-stall bench-workers bench-streams bench-scale
 
 # Fault injection (tests/chaos, docs/guarantees.md): SEED=7 DURATION=300 make chaos
 # Two runs of DURATION seconds per runtime, one runtime after another.

@@ -28,7 +28,9 @@ from coordinator.body_limit import BodySizeLimit
 from coordinator.cross_origin import refuse_cross_origin
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
+from coordinator.groups import fast_path as heartbeat_fast_path
 from coordinator.groups.repository import request_rebalances
+from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
@@ -196,11 +198,18 @@ class CoordinatorApp(FastAPI):
                 await _refuse(exc, scope, receive, send)
                 return
         group_id = fast_path.commit_group(scope)
-        if group_id is None:
-            await super().__call__(scope, receive, send)
+        if group_id is not None:
+            scope["app"] = self
+            await fast_path.serve_fast_path(scope, receive, send, group_id)
             return
-        scope["app"] = self
-        await fast_path.serve_fast_path(scope, receive, send, group_id)
+        group_id = heartbeat_fast_path.heartbeat_group(scope)
+        if group_id is not None:
+            scope["app"] = self
+            await heartbeat_fast_path.serve_fast_path(
+                scope, receive, send, group_id, super().__call__
+            )
+            return
+        await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
@@ -271,6 +280,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
+    app.state.group_turns = GroupTurns()
     app.state.scaling_histories = {}
     # The console's lag and throughput charts, per group (coordinator.core.trend).
     app.state.console_trends = {}

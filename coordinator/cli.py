@@ -125,7 +125,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     from coordinator import migrate
     from coordinator.app import create_app
     from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
-    from coordinator.serving import server_config
+    from coordinator.serving import raise_open_file_limit, server_config
     from coordinator.settings import load_settings
 
     overrides: dict[str, Any] = {}
@@ -143,6 +143,7 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     except (ValueError, TracingUnavailable) as exc:
         print(f"keyrange: {exc}", file=sys.stderr)
         return 2
+    raise_open_file_limit(settings)
     busy = _busy_ports(settings)
     for problem in busy:
         print(f"keyrange: {problem}", file=sys.stderr)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from typing import Any
 
 import uvicorn
@@ -101,9 +102,55 @@ def read_deadlines(settings: Settings) -> type[ReadDeadlines]:
     )
 
 
+# Files a coordinator holds besides its clients' connections: the database pool's and the
+# membership watch's connections, the Kafka client's, the embedded services' pipes, logs and
+# the libraries' files, with room to spare.
+OTHER_OPEN_FILES = 256
+
+
+def open_files_needed(settings: Settings) -> int:
+    """Descriptors the connection limit may use: one per client connection (a waiting
+    member holds one), plus the database pool and everything else the process opens."""
+    return (
+        settings.max_connections
+        + settings.db_pool_size
+        + settings.db_max_overflow
+        + OTHER_OPEN_FILES
+    )
+
+
+def raise_open_file_limit(settings: Settings) -> None:
+    """Raise the process's soft open-file limit to what the connection limit needs, within
+    the hard limit. Many hosts start processes at 1,024 open files: without this, the
+    1,025th waiting member would fail ``accept`` and never be answered, well before
+    ``KEYRANGE_MAX_CONNECTIONS`` turned anyone away with a 503."""
+    needed = open_files_needed(settings)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    limit = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if limit > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        log.info(
+            "raised the open-file limit",
+            extra={"previous": soft, "limit": limit, "needed": needed},
+        )
+    if limit < needed:
+        log.warning(
+            "the open-file limit is below what the connection limit needs: raise the hard "
+            "limit (ulimit -Hn, LimitNOFILE=) or lower KEYRANGE_MAX_CONNECTIONS",
+            extra={"limit": limit, "needed": needed, "max_connections": settings.max_connections},
+        )
+
+
 def server_config(app: Any, settings: Settings) -> uvicorn.Config:
     """How the coordinator is served: its listen address, the connection limits and
-    timeouts from the settings, and no access log (requests are counted in metrics)."""
+    timeouts from the settings, and no access log (requests are counted in metrics).
+
+    The listen backlog is the connection limit (the kernel caps it at
+    ``net.core.somaxconn``): when a replica restarts, every member it served reconnects at
+    once, and connections beyond uvicorn's default of 2,048 would wait for SYN retries, a
+    second and more each."""
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -111,6 +158,7 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
         http=read_deadlines(settings),
         timeout_keep_alive=settings.keep_alive_timeout_s,
         limit_concurrency=settings.max_connections,
+        backlog=settings.max_connections,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=30,

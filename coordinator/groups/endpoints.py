@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Path, Request, Response
+from starlette.types import Scope
 
 from coordinator import metrics
-from coordinator.auth import authenticate
+from coordinator.auth import admitted
 from coordinator.core.handoff import Hold
 from coordinator.groups import heartbeat as membership
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
+from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
 from coordinator.validation import GroupId
@@ -24,15 +26,6 @@ GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
 # A stable member's reply: it has nothing to do, so it may always wait for a change.
 _STABLE = Hold(short_of_target=False)
-
-
-async def _with_known_topics(request: Request, body: HeartbeatRequest) -> HeartbeatRequest:
-    """Learns partition counts of newly subscribed topics from Kafka before the request's
-    transaction opens, so no group lock is ever held across a Kafka call."""
-    await membership.learn_subscribed_topics(
-        request.app.state.engine, getattr(request.app.state, "cluster", None), body
-    )
-    return body
 
 
 def _may_wait(watch: MembershipWatch, body: HeartbeatRequest) -> bool:
@@ -50,18 +43,31 @@ def _may_wait(watch: MembershipWatch, body: HeartbeatRequest) -> bool:
     responses=problem_responses(400, 409, 503),
 )
 async def heartbeat(
-    request: Request,
-    group_id: GroupPath,
-    body: Annotated[HeartbeatRequest, Depends(_with_known_topics)],
+    request: Request, group_id: GroupPath, body: HeartbeatRequest
 ) -> HeartbeatReply | Response:
     """Join (epoch 0), leave (epoch -1) or heartbeat; the reply carries the assignment.
 
     A heartbeat that offers ``wait_ms`` and has nothing to do is answered when something
     changes for its member, or when the wait runs out, after its transaction has committed
-    (docs/membership.md, "Prompt hand-offs")."""
-    settings = request.app.state.settings
-    engine = request.app.state.engine
-    watch: MembershipWatch = request.app.state.membership_watch
+    (docs/membership.md, "Prompt hand-offs"). Served by ``coordinator/groups/fast_path.py``
+    ahead of FastAPI; declared here for OpenAPI and for requests under a root path."""
+    reply = await answer(request.app.state, request.scope, group_id, body)
+    if isinstance(reply, bytes):
+        return Response(reply, media_type="application/json")
+    return reply
+
+
+async def answer(
+    state: Any, scope: Scope, group_id: str, body: HeartbeatRequest
+) -> HeartbeatReply | bytes:
+    """The reply to a validated heartbeat request: a model, or the stable path's JSON bytes.
+
+    Partition counts of newly subscribed topics are learnt from Kafka first, before the
+    request's transaction opens, so no group lock is ever held across a Kafka call."""
+    settings = state.settings
+    engine = state.engine
+    await membership.learn_subscribed_topics(engine, getattr(state, "cluster", None), body)
+    watch: MembershipWatch = state.membership_watch
     with contextlib.ExitStack() as stack:
         held: HeldHeartbeat | None = None
         if _may_wait(watch, body):
@@ -74,15 +80,14 @@ async def heartbeat(
                 await _wait_for_change(held, _STABLE, body, interval_ms)
             # A reply that waited took the place of the member's sleep: it heartbeats again
             # at once, whether the wait ended on a change or ran out.
-            return Response(
-                membership.stable_reply(body, stable, settings, heartbeat_now=held is not None),
-                media_type="application/json",
-            )
-        client_host = request.client.host if request.client is not None else None
-        scope = authenticate(request).group_scope(group_id)
-        async with engine.begin() as connection:
+            return membership.stable_reply(body, stable, settings, heartbeat_now=held is not None)
+        client = scope.get("client")
+        client_host = client[0] if client else None
+        principal_scope = admitted(scope).group_scope(group_id)
+        turns: GroupTurns = state.group_turns
+        async with turns.turn(group_id), engine.begin() as connection:
             reply, hold = await membership.heartbeat(
-                connection, group_id, body, settings, client_host, scope
+                connection, group_id, body, settings, client_host, principal_scope
             )
         if held is not None and hold is not None:
             await _wait_for_change(held, hold, body, reply.heartbeat_interval_ms)
@@ -90,11 +95,18 @@ async def heartbeat(
         return reply
 
 
+_CHANGED = metrics.HELD_HEARTBEATS.labels("changed")
+_WAITED = metrics.HELD_HEARTBEATS.labels("waited")
+
+
 async def _wait_for_change(
     held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int
 ) -> None:
     """Wait as the member offered, at most its interval."""
     assert body.wait_ms is not None
-    with metrics.HEARTBEATS_WAITING.track_inprogress():
+    metrics.HEARTBEATS_WAITING.inc()
+    try:
         changed = await held.wait(hold, min(body.wait_ms, interval_ms) / 1000)
-    metrics.HELD_HEARTBEATS.labels("changed" if changed else "waited").inc()
+    finally:
+        metrics.HEARTBEATS_WAITING.dec()
+    (_CHANGED if changed else _WAITED).inc()

@@ -49,6 +49,7 @@ from coordinator.groups import (
     repository,
     stuck_repository,
 )
+from coordinator.groups.renewals import SessionRenewals
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleReply, SliceJson
 from coordinator.groups.settle import (
     announce,
@@ -128,18 +129,18 @@ async def learn_subscribed_topics(
 
 
 @lru_cache(maxsize=16)
-def _autocommit(engine: AsyncEngine) -> AsyncEngine:
-    """The engine's pool without transactions; made once, since deriving it costs more than
-    the statement it serves."""
-    return engine.execution_options(isolation_level="AUTOCOMMIT")
+def _renewals(engine: AsyncEngine) -> SessionRenewals:
+    """The engine's batched renewals, one per engine for the process's life."""
+    return SessionRenewals(engine)
 
 
 async def stable_heartbeat(
     engine: AsyncEngine, group_id: str, request: HeartbeatRequest, settings: Settings
 ) -> repository.StableHeartbeat | None:
     """Renew a stable member's session, or None when the request needs :func:`heartbeat`.
-    The common case by far, so it is one statement on its own (autocommit: no transaction to
-    begin and commit); :func:`stable_reply` answers without decoding the stored assignment.
+    The common case by far, so it takes no transaction and no lock of its own: concurrent
+    renewals share one statement (``coordinator/groups/renewals.py``), and
+    :func:`stable_reply` answers without decoding the stored assignment.
     A stable member has nothing to do, so its reply may always wait for a change.
     A report of stuck calls takes the full path, which stores it: reports are rare (a
     member sends one when its list changes), so the common heartbeat's statement stays as
@@ -157,9 +158,8 @@ async def stable_heartbeat(
     if request.session_timeout_ms is not None:
         sent["session_timeout_ms"] = session_limits(settings).clamp(request.session_timeout_ms)
     subscription = _requested_subscription(request)
-    async with _autocommit(engine).connect() as connection:
-        stable = await repository.extend_stable_session(
-            connection,
+    return await _renewals(engine).renew(
+        repository.Renewal(
             group_id,
             request.member_id,
             request.member_epoch,
@@ -167,7 +167,7 @@ async def stable_heartbeat(
             None if subscription is None else (list(subscription.topics), subscription.regex),
             sent,
         )
-    return stable
+    )
 
 
 def stable_reply(

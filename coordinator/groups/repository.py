@@ -3,7 +3,7 @@
 Serialisation: every change to a group's membership or assignments runs under that group's
 row lock (``lock_group``), taken first in the transaction, so coordinator replicas sharing
 one database take turns per group and never hold membership state of their own. The one
-exception is ``extend_stable_session``: a heartbeat of a member with nothing to reconcile
+exception is ``renew_stable_sessions``: a heartbeat of a member with nothing to reconcile
 only moves its own expiry, guarded so that it matches nothing the moment anything about the
 member or its group changed (the caller then takes the locked path). The guard restates a
 rule of the pure heartbeat step: its comparisons of the member's own fields are built from
@@ -19,7 +19,7 @@ relies on it).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlalchemy import bindparam, delete, func, literal_column, select, text, up
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import Boolean, Text
+from sqlalchemy.types import Boolean, Integer, Text
 
 from coordinator.core.assignment import Slice, slices_from_wire, slices_to_wire
 from coordinator.core.heartbeat import SENT_FIELDS
@@ -139,34 +139,52 @@ _REAP_AND_READ_MEMBER = text(
 # absent or equal to what is stored (``coordinator.core.heartbeat.SENT_FIELDS``).
 _SENT_COLUMNS = [(field.name, Member.__table__.c[field.name].type) for field in SENT_FIELDS]
 
-# The common heartbeat in one statement: every condition under which renewing the session is
-# all there is to do. A NULL parameter means "the request leaves this unchanged".
+# The common heartbeat, many members' at once: every condition under which renewing a
+# member's session is all there is to do, per request of the batch (a NULL means "the request
+# leaves this unchanged"). A member row another transaction has locked is skipped, not waited
+# for: its group is changing, so that request takes the locked path, and a statement
+# renewing several rows never waits for one lock while holding another.
+_SENT_NAMES = "".join(f", {name}" for name, _ in _SENT_COLUMNS)
+_SENT_ARRAYS = "".join(f", :{name}" for name, _ in _SENT_COLUMNS)
 _SENT_UNCHANGED = "".join(
-    f"      AND (CAST(:{name} AS {column_type.compile()}) IS NULL OR m.{name} = :{name})\n"
-    for name, column_type in _SENT_COLUMNS
+    f"          AND (s.{name} IS NULL OR m.{name} = s.{name})\n" for name, _ in _SENT_COLUMNS
 )
-_EXTEND_STABLE_SESSION = text(
+_RENEW_STABLE_SESSIONS = text(
     f"""
+    WITH renewable AS (
+        SELECT m.group_id, m.member_id, s.request
+        FROM unnest(:group_ids, :member_ids, :member_epochs, :owned, :check_subscription,
+                    :topics, :regex{_SENT_ARRAYS})
+             WITH ORDINALITY AS s(group_id, member_id, member_epoch, owned, check_subscription,
+                                  topics, regex{_SENT_NAMES}, request)
+        JOIN members m ON m.group_id = s.group_id AND m.member_id = s.member_id
+        JOIN groups g ON g.group_id = m.group_id
+        WHERE m.member_epoch = s.member_epoch AND m.expires_at > now()
+          AND NOT g.rebalance_requested
+          AND m.owned = m.assigned AND m.assigned = m.target
+          AND (s.owned IS NULL OR m.owned = CAST(s.owned AS jsonb))
+          AND (NOT s.check_subscription OR (
+                m.subscribed_topics
+                    = ARRAY(SELECT jsonb_array_elements_text(CAST(s.topics AS jsonb)))
+                AND m.subscribed_topic_regex IS NOT DISTINCT FROM s.regex))
+{_SENT_UNCHANGED}        FOR NO KEY UPDATE OF m SKIP LOCKED
+    )
     UPDATE members m
     SET last_heartbeat = now(),
         expires_at = now() + m.session_timeout_ms * interval '1 millisecond'
-    FROM groups g
-    WHERE m.group_id = :group_id AND m.member_id = :member_id AND g.group_id = m.group_id
-      AND m.member_epoch = :member_epoch AND m.expires_at > now()
-      AND NOT g.rebalance_requested
-      AND m.owned = m.assigned AND m.assigned = m.target
-      AND (CAST(:owned AS jsonb) IS NULL OR m.owned = CAST(:owned AS jsonb))
-      AND (NOT :check_subscription OR (
-            m.subscribed_topics = :topics
-            AND m.subscribed_topic_regex IS NOT DISTINCT FROM CAST(:regex AS text)))
-{_SENT_UNCHANGED}    RETURNING m.assigned::text, m.session_timeout_ms
+    FROM renewable r
+    WHERE m.group_id = r.group_id AND m.member_id = r.member_id
+    RETURNING r.request, m.assigned::text, m.session_timeout_ms
     """
 ).bindparams(
-    bindparam("owned", type_=Text),
+    bindparam("group_ids", type_=ARRAY(Text)),
+    bindparam("member_ids", type_=ARRAY(Text)),
+    bindparam("member_epochs", type_=ARRAY(Integer)),
+    bindparam("owned", type_=ARRAY(Text)),
+    bindparam("check_subscription", type_=ARRAY(Boolean)),
     bindparam("topics", type_=ARRAY(Text)),
-    bindparam("regex", type_=Text),
-    bindparam("check_subscription", type_=Boolean),
-    *(bindparam(name, type_=column_type) for name, column_type in _SENT_COLUMNS),
+    bindparam("regex", type_=ARRAY(Text)),
+    *(bindparam(name, type_=ARRAY(column_type)) for name, column_type in _SENT_COLUMNS),
 )
 
 
@@ -455,37 +473,47 @@ async def delete_member(connection: AsyncConnection, group_id: str, member_id: s
     return result.one_or_none() is not None
 
 
-async def extend_stable_session(
-    connection: AsyncConnection,
-    group_id: str,
-    member_id: str,
-    member_epoch: int,
-    owned_json: str | None,
-    subscription: tuple[list[str], str | None] | None,
-    sent: Mapping[str, Any],
-) -> StableHeartbeat | None:
-    """One statement for the common heartbeat: the member is live, at its epoch, owns exactly
-    its assignment, which is its target, its group has no pending rebalance, and the request
-    changes nothing. ``sent``: the request's value (None: absent) of each of
-    ``SENT_FIELDS``. Returns None when any of that is false."""
-    topics, regex = subscription if subscription is not None else ([], None)
+@dataclass(frozen=True)
+class Renewal:
+    """A heartbeat that may only renew its member's session, as the stable path reads it.
+    ``owned_json``: what it reports owning, as sent (None: absent); ``subscription``:
+    (topics, regex) when it carries one; ``sent``: its value (None: absent) of each of
+    ``SENT_FIELDS``."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    owned_json: str | None
+    subscription: tuple[list[str], str | None] | None
+    sent: Mapping[str, Any]
+
+
+async def renew_stable_sessions(
+    connection: AsyncConnection, renewals: Sequence[Renewal]
+) -> list[StableHeartbeat | None]:
+    """One statement for many common heartbeats: each renews its member's session when the
+    member is live, at its epoch, owns exactly its assignment, which is its target, its group
+    has no pending rebalance, and the request changes nothing. Answers in the order asked,
+    None where any of that is false (or the member's row is locked by a change)."""
     result = await connection.execute(
-        _EXTEND_STABLE_SESSION,
+        _RENEW_STABLE_SESSIONS,
         {
-            "group_id": group_id,
-            "member_id": member_id,
-            "member_epoch": member_epoch,
-            "owned": owned_json,
-            "check_subscription": subscription is not None,
-            "topics": topics,
-            "regex": regex,
-            **{field.name: sent[field.name] for field in SENT_FIELDS},
+            "group_ids": [r.group_id for r in renewals],
+            "member_ids": [r.member_id for r in renewals],
+            "member_epochs": [r.member_epoch for r in renewals],
+            "owned": [r.owned_json for r in renewals],
+            "check_subscription": [r.subscription is not None for r in renewals],
+            "topics": [
+                None if r.subscription is None else json.dumps(r.subscription[0]) for r in renewals
+            ],
+            "regex": [None if r.subscription is None else r.subscription[1] for r in renewals],
+            **{field.name: [r.sent[field.name] for r in renewals] for field in SENT_FIELDS},
         },
     )
-    row = result.one_or_none()
-    if row is None:
-        return None
-    return StableHeartbeat(str(row[0]), int(row[1]))
+    renewed: list[StableHeartbeat | None] = [None] * len(renewals)
+    for request, assigned, session_timeout_ms in result:
+        renewed[int(request) - 1] = StableHeartbeat(str(assigned), int(session_timeout_ms))
+    return renewed
 
 
 async def live_subscriptions(connection: AsyncConnection) -> list[Subscription]:
