@@ -233,6 +233,13 @@ class TaskWindowStore:
         found = self._backend.get_window(self._key(key, check=False), start, end)
         return None if found is None else self._spec.value_serde.deserialize(found[1])
 
+    def entry(self, key: Any, start: int, end: int) -> tuple[Any, bool] | None:
+        """``key``'s window as (value, whether its final result was emitted), if stored."""
+        found = self._backend.get_window(self._key(key, check=False), start, end)
+        if found is None:
+            return None
+        return self._spec.value_serde.deserialize(found[1]), bool(found[0] & FINAL)
+
     def is_final(self, key: Any, start: int, end: int) -> bool:
         found = self._backend.get_window(self._key(key, check=False), start, end)
         return found is not None and bool(found[0] & FINAL)
