@@ -9,9 +9,9 @@ so every record of a key reaches the task owning the key's range, as in Kafka St
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
+from client.streams.dsl.base import FIRST, Builder, checked, counted, reducing, summed
 from client.streams.dsl.processors import (
     Aggregate,
     Branch,
@@ -25,48 +25,11 @@ from client.streams.dsl.processors import (
     StreamTableJoin,
     TableTableJoinSide,
 )
-from client.streams.dsl.windowed import Emit, SessionAggregate, TimeWindowAggregate
-from client.streams.errors import TopologyError
+from client.streams.dsl.windowed import Emit, aggregate_supplier
 from client.streams.processor import Processor
 from client.streams.serde import INT64, JSON, Serde
-from client.streams.topology import StoreSpec, Topology
+from client.streams.topology import StoreSpec
 from client.streams.windows import SessionWindows, TimeWindows, WindowedSerde, Windows
-
-
-class Builder(Protocol):
-    topology: Topology
-
-    def step(self, operation: str, name: str | None) -> AbstractContextManager[str]: ...
-
-    def fail(self, operation: str, message: str) -> TopologyError: ...
-
-
-class _First:
-    """The aggregate of ``reduce`` before a key's first value (never stored)."""
-
-
-_FIRST = _First()
-
-
-def _reducing(reducer: Callable[[Any, Any], Any]) -> Callable[[Any, Any, Any], Any]:
-    def add(key: Any, value: Any, aggregate: Any) -> Any:
-        return value if aggregate is _FIRST else reducer(aggregate, value)
-
-    return add
-
-
-def _counted(key: Any, value: Any, count: int) -> int:
-    return count + 1
-
-
-def _summed(key: Any, left: int, right: int) -> int:
-    return left + right
-
-
-def _checked(builder: Builder, operation: str, **functions: object) -> None:
-    for what, function in functions.items():
-        if not callable(function):
-            raise builder.fail(operation, f"{what} is not callable: {function!r}")
 
 
 class Stream:
@@ -113,7 +76,7 @@ class Stream:
     # ------------------------------------------------------------ stateless
 
     def filter(self, predicate: Callable[[Any, Any], bool], *, name: str | None = None) -> Stream:
-        _checked(self._builder, "filter", predicate=predicate)
+        checked(self._builder, "filter", predicate=predicate)
         return self._then("filter", name, lambda: Filter(predicate))
 
     def map(
@@ -125,7 +88,7 @@ class Stream:
         name: str | None = None,
     ) -> Stream:
         """(key, value) -> (new key, new value)."""
-        _checked(self._builder, "map", mapper=mapper)
+        checked(self._builder, "map", mapper=mapper)
         return self._then(
             "map",
             name,
@@ -138,7 +101,7 @@ class Stream:
     def map_values(
         self, mapper: Callable[[Any], Any], *, value_serde: Serde = JSON, name: str | None = None
     ) -> Stream:
-        _checked(self._builder, "map_values", mapper=mapper)
+        checked(self._builder, "map_values", mapper=mapper)
         return self._then("map_values", name, lambda: MapValues(mapper), value_serde=value_serde)
 
     def flat_map(
@@ -150,7 +113,7 @@ class Stream:
         name: str | None = None,
     ) -> Stream:
         """(key, value) -> any number of (new key, new value)."""
-        _checked(self._builder, "flat_map", mapper=mapper)
+        checked(self._builder, "flat_map", mapper=mapper)
         return self._then(
             "flat_map",
             name,
@@ -167,13 +130,13 @@ class Stream:
         value_serde: Serde = JSON,
         name: str | None = None,
     ) -> Stream:
-        _checked(self._builder, "flat_map_values", mapper=mapper)
+        checked(self._builder, "flat_map_values", mapper=mapper)
         return self._then(
             "flat_map_values", name, lambda: FlatMapValues(mapper), value_serde=value_serde
         )
 
     def peek(self, action: Callable[[Any, Any], None], *, name: str | None = None) -> Stream:
-        _checked(self._builder, "peek", action=action)
+        checked(self._builder, "peek", action=action)
         return self._then("peek", name, lambda: Peek(action))
 
     def branch(
@@ -183,7 +146,7 @@ class Stream:
         (none: dropped; ``lambda key, value: True`` last catches the rest)."""
         if not predicates:
             raise self._builder.fail("branch", "needs at least one predicate")
-        _checked(self._builder, "branch", **{f"predicate {i}": p for i, p in enumerate(predicates)})
+        checked(self._builder, "branch", **{f"predicate {i}": p for i, p in enumerate(predicates)})
         topology = self._builder.topology
         with self._builder.step("branch", name) as node:
             children = [f"{node}-{index}" for index in range(len(predicates))]
@@ -261,7 +224,7 @@ class Stream:
     ) -> GroupedStream:
         """Group by a new key, ``selector(key, value)``: re-keyed through a repartition topic
         named after the step."""
-        _checked(self._builder, "group_by", selector=selector)
+        checked(self._builder, "group_by", selector=selector)
         with self._builder.step("group_by", name) as node:
             self._builder.topology.add_processor(
                 f"{node}-select", lambda: Map(lambda k, v: (selector(k, v), v)), self.node
@@ -302,7 +265,7 @@ class Stream:
         and the table's topic must be co-partitioned (same key bytes, same partitioner,
         same partition count)."""
         operation = "left_join" if left else "join"
-        _checked(self._builder, operation, joiner=joiner)
+        checked(self._builder, operation, joiner=joiner)
         store = table.require_store(operation)
         stream = self.repartition() if self.rekeyed else self
         with self._builder.step(operation, name) as node:
@@ -333,7 +296,7 @@ class GroupedStream:
     def count(
         self, *, store: str | None = None, persistent: bool = True, name: str | None = None
     ) -> Table:
-        return self._aggregate("count", lambda: 0, _counted, INT64, store, persistent, name)
+        return self._aggregate("count", lambda: 0, counted, INT64, store, persistent, name)
 
     def reduce(
         self,
@@ -344,11 +307,11 @@ class GroupedStream:
         name: str | None = None,
     ) -> Table:
         """``reducer(aggregate, value)``; a key's first value is its first aggregate."""
-        _checked(self._builder, "reduce", reducer=reducer)
+        checked(self._builder, "reduce", reducer=reducer)
         value_serde = self._stream.value_serde
-        initial: Callable[[], Any] = lambda: _FIRST  # noqa: E731
+        initial: Callable[[], Any] = lambda: FIRST  # noqa: E731
         return self._aggregate(
-            "reduce", initial, _reducing(reducer), value_serde, store, persistent, name
+            "reduce", initial, reducing(reducer), value_serde, store, persistent, name
         )
 
     def aggregate(
@@ -362,7 +325,7 @@ class GroupedStream:
         name: str | None = None,
     ) -> Table:
         """``aggregator(key, value, aggregate)``, starting from ``initializer()``."""
-        _checked(self._builder, "aggregate", initializer=initializer, aggregator=aggregator)
+        checked(self._builder, "aggregate", initializer=initializer, aggregator=aggregator)
         return self._aggregate(
             "aggregate", initializer, aggregator, value_serde, store, persistent, name
         )
@@ -406,9 +369,7 @@ class WindowedGroupedStream:
     def count(
         self, *, store: str | None = None, persistent: bool = True, name: str | None = None
     ) -> WindowedTable:
-        return self._aggregate(
-            "count", lambda: 0, _counted, _summed, INT64, store, persistent, name
-        )
+        return self._aggregate("count", lambda: 0, counted, summed, INT64, store, persistent, name)
 
     def reduce(
         self,
@@ -418,13 +379,13 @@ class WindowedGroupedStream:
         persistent: bool = True,
         name: str | None = None,
     ) -> WindowedTable:
-        _checked(self._builder, "reduce", reducer=reducer)
-        add = _reducing(reducer)
+        checked(self._builder, "reduce", reducer=reducer)
+        add = reducing(reducer)
 
         def merge(key: Any, aggregate: Any, other: Any) -> Any:
             return add(key, other, aggregate)
 
-        initial: Callable[[], Any] = lambda: _FIRST  # noqa: E731
+        initial: Callable[[], Any] = lambda: FIRST  # noqa: E731
         value_serde = self._stream.value_serde
         return self._aggregate("reduce", initial, add, merge, value_serde, store, persistent, name)
 
@@ -441,7 +402,7 @@ class WindowedGroupedStream:
     ) -> WindowedTable:
         """``aggregator(key, value, aggregate)`` per window; session windows also need
         ``merger(key, aggregate, other)`` to combine the sessions a record joins."""
-        _checked(self._builder, "aggregate", initializer=initializer, aggregator=aggregator)
+        checked(self._builder, "aggregate", initializer=initializer, aggregator=aggregator)
         if isinstance(self._windows, SessionWindows) and not callable(merger):
             raise self._builder.fail("aggregate", "session windows need a callable merger")
         return self._aggregate(
@@ -462,23 +423,10 @@ class WindowedGroupedStream:
         windows = self._windows
         key_serde = self._stream.key_serde
         emit = Emit()
-        supplier: Callable[[], Processor]
         topology = self._builder.topology
         with self._builder.step(f"{windows.kind}_{operation}", name) as node:
             store_name = store or f"{node}-store"
-            if isinstance(windows, SessionWindows):
-                assert merger is not None
-                session_merger = merger
-
-                def supplier() -> Processor:
-                    return SessionAggregate(
-                        store_name, windows, initializer, adder, session_merger, emit
-                    )
-            else:
-
-                def supplier() -> Processor:
-                    return TimeWindowAggregate(store_name, windows, initializer, adder, emit)
-
+            supplier = aggregate_supplier(store_name, windows, initializer, adder, merger, emit)
             topology.add_processor(node, supplier, self._stream.node)
             spec = StoreSpec(
                 store_name,
@@ -532,7 +480,7 @@ class Table:
         """A table of ``joiner(value, other_value)`` per key, updated on either side's
         change; inner unless ``left``. Both tables' topics must be co-partitioned."""
         operation = "table_left_join" if left else "table_join"
-        _checked(self._builder, operation, joiner=joiner)
+        checked(self._builder, operation, joiner=joiner)
         mine, theirs = self.require_store(operation), other.require_store(operation)
         topology = self._builder.topology
         with self._builder.step(operation, name) as node:

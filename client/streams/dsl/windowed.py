@@ -161,3 +161,20 @@ class SessionAggregate(_Windowed):
             self._emit_closed()
         else:
             self.context.forward(Windowed(key, start, end), aggregate)
+
+
+def aggregate_supplier(
+    store: str,
+    windows: TimeWindows | SessionWindows,
+    initializer: Callable[[], Any],
+    adder: Callable[[Any, Any, Any], Any],
+    merger: Callable[[Any, Any, Any], Any] | None,
+    emit: Emit,
+) -> Callable[[], Processor]:
+    """What makes a windowed aggregation's processor, once per task."""
+    if isinstance(windows, SessionWindows):
+        if merger is None:
+            raise ValueError("session windows need a merger")
+        session_merger = merger
+        return lambda: SessionAggregate(store, windows, initializer, adder, session_merger, emit)
+    return lambda: TimeWindowAggregate(store, windows, initializer, adder, emit)
