@@ -228,3 +228,11 @@ def test_window_rules() -> None:
     assert sessions.late(94, 100) and not sessions.late(95, 100)
     assert sessions.closed(44, 100) and not sessions.closed(45, 100)
     assert Windowed("k", 0, 1).key == "k"
+
+
+def test_a_jump_past_the_retention_still_emits_the_closed_windows(tmp_path: Path) -> None:
+    run = windowed_app(tumbling(100), final=True, tmp_path=tmp_path)
+    run.send("views", b"a", b"{}", 50)
+    # Ten minutes on: the store expires the first segment at this record's write.
+    run.send("views", b"b", b"{}", 10 * 60_000)
+    assert [(k, json.loads(v or b"")) for k, v in run.out["out"]] == [(b"a", [0, 100, 1])]

@@ -6,7 +6,9 @@ windows``); the task then forwards its aggregate once and marks it final in the 
 changelogged write), so the key range's next owner, whose stream time starts over, neither
 emits it again nor lets a replayed record change it. Closing is looked for only when stream
 time reaches the earliest end among the windows not yet emitted, which the processor keeps
-in memory (read from the store once at ``init``, after the restore).
+in memory (read from the store once at ``init``, after the restore), and before a record's
+own writes, which may expire the store's old segments: a window the store expires has
+closed (its retention is at least the grace period), so it was emitted first.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ class TimeWindowAggregate(_Windowed):
             return
         stream_time = self.context.stream_time
         final = self._emit.final
+        if final:
+            # Before this record's writes: they may expire old segments of the store.
+            self._emit_closed()
         for start, end in self._windows.windows_for(self.context.timestamp):
             if self._windows.closed(end, stream_time):
                 self.late += 1
@@ -107,8 +112,6 @@ class TimeWindowAggregate(_Windowed):
                 self._pend(end)
             else:
                 self.context.forward(Windowed(key, start, end), aggregate)
-        if final:
-            self._emit_closed()
 
 
 class SessionAggregate(_Windowed):
@@ -141,6 +144,8 @@ class SessionAggregate(_Windowed):
         if self._windows.late(timestamp, self.context.stream_time):
             self.late += 1
             return
+        if self._emit.final:
+            self._emit_closed()
         gap = self._windows.gap_ms
         merged = self._store.sessions(key, timestamp - gap, timestamp + gap)
         if any(final for _, _, _, final in merged):
@@ -158,7 +163,6 @@ class SessionAggregate(_Windowed):
         self._store.put(key, start, end, aggregate)
         if self._emit.final:
             self._pend(end)
-            self._emit_closed()
         else:
             self.context.forward(Windowed(key, start, end), aggregate)
 
