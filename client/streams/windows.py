@@ -48,12 +48,13 @@ class TimeWindows:
 
     def windows_for(self, timestamp: int) -> list[tuple[int, int]]:
         """Every window holding ``timestamp``, oldest first."""
-        last = timestamp - timestamp % self.advance_ms
-        first = max(0, last - self.size_ms + self.advance_ms)
+        advance = self.advance_ms
+        # Windows start at multiples of the advance: the first holding the timestamp starts
+        # after ``timestamp - size``, none before 0.
+        first = max(0, -(-(timestamp - self.size_ms + 1) // advance))
         return [
-            (start, start + self.size_ms)
-            for start in range(first, last + 1, self.advance_ms)
-            if start <= timestamp < start + self.size_ms
+            (index * advance, index * advance + self.size_ms)
+            for index in range(first, timestamp // advance + 1)
         ]
 
     def closed(self, end: int, stream_time: int) -> bool:

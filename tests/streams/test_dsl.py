@@ -133,7 +133,9 @@ def shuffled_events(seed: int) -> list[tuple[str, int]]:
     return [(f"u{rng.randrange(7)}", index * 10 + rng.randrange(-40, 40)) for index in range(400)]
 
 
-@pytest.mark.parametrize("windows", [tumbling(100, grace_ms=20), hopping(100, 25, grace_ms=30)])
+@pytest.mark.parametrize(
+    "windows", [tumbling(100, grace_ms=20), hopping(100, 25, grace_ms=30), hopping(100, 30)]
+)
 def test_final_windows_equal_the_reference_each_once(windows: Any, tmp_path: Path) -> None:
     events = [(key, max(0, stamp)) for key, stamp in shuffled_events(1)]
     run = windowed_app(windows, final=True, tmp_path=tmp_path)
@@ -221,6 +223,8 @@ def test_window_rules() -> None:
     assert tumbling(100).windows_for(250) == [(200, 300)]
     assert hopping(100, 50).windows_for(120) == [(50, 150), (100, 200)]
     assert hopping(100, 50).windows_for(10) == [(0, 100)]
+    assert hopping(100, 30).windows_for(95) == [(0, 100), (30, 130), (60, 160), (90, 190)]
+    assert hopping(100, 30).windows_for(100) == [(30, 130), (60, 160), (90, 190)]
     assert tumbling(100, grace_ms=10).closed(300, 310) and not tumbling(100, 10).closed(300, 309)
     with pytest.raises(ValueError):
         hopping(100, 200)
