@@ -5,7 +5,9 @@ Inside a segment an entry's key is the record key's bytes, then the window's sta
 (8 bytes each, big endian): a key's windows are adjacent and ordered by start, and a range
 scan by key and time is one scan per segment. A segment holds the windows ending in its
 ``segment_ms`` of time; once the latest window end written is more than the retention past
-a segment's last end, the segment goes.
+a segment's last end, the segment goes. The engine is shared by this process's tasks on the
+partition (each a key range): the latest end that counts is that of the task furthest
+behind, so a lagging task never loses a window it has yet to close.
 
 The changelog is keyed by the record key alone, the window and a flag going into the value
 (``encode_change``): the restore's key-range filter (and its C judge) read the key as they do
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,8 +71,19 @@ class WindowBackend:
         self._open_segment = open_segment
         self._drop_segment = drop_segment
         self._segments: dict[int, BytesStore] = {index: open_segment(index) for index in existing}
-        # The latest window end written: the store's stream time.
+        # The latest window end written, through any view or by a restore.
         self.observed = -1
+        # The live tasks' views: the engine is shared by this process's tasks on the
+        # partition, and expiry follows the one furthest behind, never dropping a window a
+        # lagging task has yet to close (its final result included).
+        self._views: weakref.WeakSet[TaskWindowStore] = weakref.WeakSet()
+
+    def register(self, view: TaskWindowStore) -> None:
+        self._views.add(view)
+
+    def _stream_time(self) -> int:
+        views = [view.observed for view in self._views]
+        return min(views) if views else self.observed
 
     # ---------------------------------------------------------------- windows
 
@@ -161,11 +175,13 @@ class WindowBackend:
             segment.close()
         self._segments.clear()
 
-    def _expired(self, index: int) -> bool:
-        return (index + 1) * self._segment_ms - 1 < self.observed - self._retention_ms
+    def _expired(self, index: int, stream_time: int | None = None) -> bool:
+        now = self._stream_time() if stream_time is None else stream_time
+        return (index + 1) * self._segment_ms - 1 < now - self._retention_ms
 
     def _expire(self) -> None:
-        for index in [index for index in self._segments if self._expired(index)]:
+        now = self._stream_time()
+        for index in [index for index in self._segments if self._expired(index, now)]:
             self._segments.pop(index).close()
             self._drop_segment(index)
 
@@ -205,6 +221,9 @@ class TaskWindowStore:
         self._backend = backend
         self._ranges = list(ranges)
         self._changelog = changelog
+        # The latest window end this task wrote: its share of the engine's stream time.
+        self.observed = -1
+        backend.register(self)
 
     @property
     def name(self) -> str:
@@ -222,6 +241,7 @@ class TaskWindowStore:
             if serialized is None:
                 raise StreamsError(f"store '{self.name}': the value serde gave no bytes")
             raw = serialized
+        self.observed = max(self.observed, end)
         self._backend.put_window(raw_key, start, end, flags, raw)
         self._changelog(raw_key, encode_change(start, end, flags, raw))
 

@@ -68,3 +68,22 @@ def test_a_changelog_restores_one_key_range(persistent: bool, tmp_path: Path) ->
     assert view.fetch_all() == []
     assert isinstance(restored, WindowBackend)
     restored.close()
+
+
+def test_expiry_waits_for_the_task_furthest_behind() -> None:
+    backend = open_window_backend(spec(False), None)
+    low, high = KeyRange(0, FULL.end // 2), KeyRange(FULL.end // 2 + 1, FULL.end)
+    keys = [f"k{index}" for index in range(20)]
+    slow_key = next(key for key in keys if low.contains(key_hash(key.encode(), 0)))
+    fast_key = next(key for key in keys if high.contains(key_hash(key.encode(), 0)))
+    slow = TaskWindowStore(spec(False), backend, [low], lambda k, v: None)
+    fast = TaskWindowStore(spec(False), backend, [high], lambda k, v: None)
+    slow.put(slow_key, 0, 10, 1)
+    fast.put(fast_key, 990, 1000, 1)
+    assert slow.fetch(slow_key) == [(0, 10, 1)]
+    slow.put(slow_key, 500, 510, 1)
+    assert slow.fetch(slow_key) == [(500, 510, 1)]
+    del slow
+    fast.put(fast_key, 1990, 2000, 1)
+    # Once the slow task is gone, the fast one alone sets the engine's stream time.
+    assert [row[:3] for row in backend.windows(None, None)] == [(fast_key.encode(), 1990, 2000)]
