@@ -235,7 +235,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dsl-lines", type=int, default=4_000)
     parser.add_argument("--dsl-rounds", type=int, default=3)
-    parser.add_argument("--windowed-records", type=int, default=4_000)
+    parser.add_argument("--windowed-records", type=int, default=8_000)
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),

@@ -61,7 +61,8 @@ class _Windowed(Processor):
         close_until = self._close_until(self.context.stream_time)
         if self._earliest > close_until:
             return
-        closed = [row for row in self._store.ended(0, close_until) if not row[4]]
+        # Every window ending before the earliest pending end was emitted already.
+        closed = [row for row in self._store.ended(self._earliest, close_until) if not row[4]]
         closed.sort(key=lambda row: (row[2], row[1]))
         for key, start, end, value, _ in closed:
             self._store.put(key, start, end, value, final=True)
