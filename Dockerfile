@@ -14,14 +14,16 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
 # Dependencies first, from pyproject.toml alone: a source change then reuses this layer.
-# The image runs the coordinator: the base dependencies and the `server` extra.
+# The image runs the coordinator: the base dependencies, the `server` extra, and `otel`, so
+# tracing is switched on by OTEL_* variables alone (docs/operations.md, "Tracing").
 COPY pyproject.toml ./
-RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(project['dependencies'] + project['optional-dependencies']['server']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = project['optional-dependencies']; print('\n'.join(project['dependencies'] + extras['server'] + extras['otel']))" > /tmp/requirements.txt \
     && pip install --no-cache-dir --requirement /tmp/requirements.txt
 
 # The package itself, without dependencies: they are all in the layer above. The slim base
-# has no C compiler, so the optional C extension of streams restores (client.streams.
-# _keyfilter) is not built: the image runs the coordinator, which restores no state.
+# has no C compiler, so the optional C key filter (client.protocol._keyfilter, for members'
+# fetches and streams restores) is not built: the image runs the coordinator, which reads no
+# records; workers built on it judge keys in Python (docs/architecture.md, "The raw filter").
 COPY README.m[d] ./
 COPY coordinator ./coordinator
 COPY client ./client

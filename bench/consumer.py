@@ -25,6 +25,13 @@ run, so the numbers do not depend on how fast the machine is.
    is reported apart as ``filter_startup_extra_s``). ``filter_ratio`` is the median of the
    rounds' keyrange / raw rate ratios: the machine's speed drifts by tens of percent within
    a minute, and a ratio of two readers run back to back cancels most of it.
+   The same rounds also run a member owning a quarter of the key space and one owning an
+   eighth, each reading the whole partition: ``filter_ratio_quarter`` is the quarter member's
+   rate in partition records/s (the records it got through, kept or skipped) over raw
+   aiokafka's in the same round, median of the rounds; ``member_cpu_ms_per_1m`` is the eighth
+   member's process CPU time per 1,000,000 partition records (``raw_cpu_ms_per_1m`` the raw
+   reader's, ``filter_cpu_ms_per_1m`` the whole-range member's), from its first batch to its
+   last record: unlike the rates, CPU time hardly moves with the machine's other load.
 4. Member RSS: the peak resident memory of any Keyrange member process while consuming.
 
 Prints one line per phase, then one JSON object on the last line.
@@ -36,6 +43,7 @@ import argparse
 import asyncio
 import cProfile
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -241,17 +249,20 @@ async def skewed(stack: Stack, args: argparse.Namespace, baseline_rate: float) -
 
 class ReadClock:
     """When a reader got its first batch and its last record, and how many records came
-    after the first batch: the steady consuming rate, apart from connecting."""
+    after the first batch: the steady consuming rate, apart from connecting; and the
+    process's CPU time over the same span."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.first_batch_at = 0.0
+        self.first_batch_cpu = 0.0
         self.first_batch = 0
         self.seen = 0
 
     def count(self, records: int) -> None:
         if not self.seen:
             self.first_batch_at = time.perf_counter()
+            self.first_batch_cpu = time.process_time()
             self.first_batch = records
         self.seen += records
 
@@ -261,6 +272,8 @@ class ReadClock:
             "records": self.seen,
             "startup_s": self.first_batch_at - self.started,
             "rate": (self.seen - self.first_batch) / (ended - self.first_batch_at),
+            "cpu_s": time.process_time() - self.first_batch_cpu,
+            "steady": self.seen - self.first_batch,
         }
 
 
@@ -280,8 +293,14 @@ async def read_raw(bootstrap: str, topic: str, records: int) -> dict[str, float]
         await consumer.stop()
 
 
+def owned_keys(share: int) -> KeyRange:
+    """The key range of a member owning 1/``share`` of the key space (not the first piece,
+    so both of its edges are inner ones)."""
+    return FULL.split(share)[min(1, share - 1)]
+
+
 async def read_keyrange(
-    bootstrap: str, coordinator: str, topic: str, records: int
+    bootstrap: str, coordinator: str, topic: str, records: int, share: int
 ) -> dict[str, float]:
     clock = ReadClock()
     async with KeyrangeConsumer(
@@ -289,7 +308,7 @@ async def read_keyrange(
         coordinator_url=coordinator,
         group_id=f"bench-filter-{uuid.uuid4().hex[:6]}",
     ) as consumer:
-        consumer.assign({TopicPartition(topic, 0): [FULL]})
+        consumer.assign({TopicPartition(topic, 0): [owned_keys(share)]})
         while clock.seen < records:
             for batch in (await consumer.getmany(timeout_ms=500)).values():
                 consumer.mark_all_processed(batch)
@@ -304,7 +323,7 @@ def filter_child(args: argparse.Namespace) -> None:
         if args.filter_child == "raw":
             return await read_raw(args.bootstrap, args.topic, args.filter_records)
         return await read_keyrange(
-            args.bootstrap, args.coordinator, args.topic, args.filter_records
+            args.bootstrap, args.coordinator, args.topic, args.filter_records, args.filter_share
         )
 
     profiler = cProfile.Profile() if args.profile else None
@@ -319,7 +338,14 @@ def filter_child(args: argparse.Namespace) -> None:
 
 
 async def run_filter_child(
-    stack: Stack, args: argparse.Namespace, topic: str, kind: str, profile: Path | None = None
+    stack: Stack,
+    args: argparse.Namespace,
+    topic: str,
+    kind: str,
+    profile: Path | None = None,
+    *,
+    records: int | None = None,
+    share: int = 1,
 ) -> dict[str, float]:
     command = [
         sys.executable,
@@ -334,7 +360,9 @@ async def run_filter_child(
         "--topic",
         topic,
         "--filter-records",
-        str(args.filter_records),
+        str(args.filter_records if records is None else records),
+        "--filter-share",
+        str(share),
     ]
     if profile is not None:
         command += ["--profile", str(profile)]
@@ -362,33 +390,61 @@ async def filter_overhead(stack: Stack, args: argparse.Namespace) -> dict[str, A
     topic = f"bench-filter-{uuid.uuid4().hex[:6]}"
     await create_topic(stack, topic)
     started = time.perf_counter()
-    await produce(stack.bootstrap, topic, uniform_keys(args.filter_records, 100_000, seed=3))
+    keys = uniform_keys(args.filter_records, 100_000, seed=3)
+    await produce(stack.bootstrap, topic, keys)
     log(f"produced {args.filter_records} records in {time.perf_counter() - started:.1f} s")
+    owned = {share: owned_keys(share) for share in (4, 8)}
+    kept = {
+        share: sum(1 for offset, key in enumerate(keys) if keys_.contains(key_hash(key, offset)))
+        for share, keys_ in owned.items()
+    }
     raw_rates: list[float] = []
     keyrange_rates: list[float] = []
     ratios: list[float] = []
+    quarter_ratios: list[float] = []
+    member_cpu: list[float] = []
+    raw_cpu: list[float] = []
+    whole_cpu: list[float] = []
     startup_extra: list[float] = []
     peak_rss = raw_peak_rss = 0.0
     for _ in range(args.filter_rounds):
         raw = await run_filter_child(stack, args, topic, "raw")
         ours = await run_filter_child(stack, args, topic, "keyrange")
+        quarter = await run_filter_child(stack, args, topic, "keyrange", records=kept[4], share=4)
+        eighth = await run_filter_child(stack, args, topic, "keyrange", records=kept[8], share=8)
+        # The partition records a member got through: what it kept, over its share of them.
+        quarter_rate = quarter["rate"] * args.filter_records / kept[4]
+        eighth_partition = eighth["steady"] * args.filter_records / kept[8]
         raw_rates.append(raw["rate"])
         keyrange_rates.append(ours["rate"])
         ratios.append(ours["rate"] / raw["rate"])
+        quarter_ratios.append(quarter_rate / raw["rate"])
+        member_cpu.append(1000 * eighth["cpu_s"] * 1_000_000 / eighth_partition)
+        raw_cpu.append(1000 * raw["cpu_s"] * 1_000_000 / raw["steady"])
+        whole_cpu.append(1000 * ours["cpu_s"] * 1_000_000 / ours["steady"])
         startup_extra.append(ours["startup_s"] - raw["startup_s"])
-        peak_rss = max(peak_rss, ours["peak_rss_mb"])
+        peak_rss = max(peak_rss, ours["peak_rss_mb"], quarter["peak_rss_mb"])
         raw_peak_rss = max(raw_peak_rss, raw["peak_rss_mb"])
         log(
             f"filter: raw aiokafka {raw['rate']:9.0f} records/s, keyrange "
-            f"{ours['rate']:9.0f} records/s, ratio {ratios[-1]:.2f}, start-up raw "
+            f"{ours['rate']:9.0f} records/s, ratio {ratios[-1]:.2f}; a quarter "
+            f"{quarter_rate:9.0f} partition records/s, ratio {quarter_ratios[-1]:.2f}; an "
+            f"eighth {member_cpu[-1]:.0f} CPU ms per 1M (whole {whole_cpu[-1]:.0f}, raw "
+            f"{raw_cpu[-1]:.0f}); start-up raw "
             f"{raw['startup_s']:.2f} s, keyrange {ours['startup_s']:.2f} s, reader RSS raw "
-            f"{raw['peak_rss_mb']:.0f} MB, keyrange {ours['peak_rss_mb']:.0f} MB"
+            f"{raw['peak_rss_mb']:.0f} MB, keyrange {ours['peak_rss_mb']:.0f} MB, load "
+            f"{os.getloadavg()[0]:.2f}"
         )
     result: dict[str, Any] = {
         "raw_rate": statistics.median(raw_rates),
         "keyrange_rate": statistics.median(keyrange_rates),
         "ratio": statistics.median(ratios),
         "ratios": ratios,
+        "quarter_ratio": statistics.median(quarter_ratios),
+        "quarter_ratios": quarter_ratios,
+        "member_cpu_ms_per_1m": statistics.median(member_cpu),
+        "raw_cpu_ms_per_1m": statistics.median(raw_cpu),
+        "whole_cpu_ms_per_1m": statistics.median(whole_cpu),
         "startup_extra_s": statistics.median(startup_extra),
         "peak_rss_mb": peak_rss,
         "raw_peak_rss_mb": raw_peak_rss,
@@ -433,6 +489,12 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             filter_keyrange_rate=round(overhead["keyrange_rate"]),
             filter_ratio=round(overhead["ratio"], 3),
             filter_round_ratios=[round(ratio, 3) for ratio in overhead["ratios"]],
+            filter_ratio_quarter=round(overhead["quarter_ratio"], 3),
+            filter_quarter_round_ratios=[round(r, 3) for r in overhead["quarter_ratios"]],
+            member_cpu_ms_per_1m=round(overhead["member_cpu_ms_per_1m"]),
+            raw_cpu_ms_per_1m=round(overhead["raw_cpu_ms_per_1m"]),
+            filter_cpu_ms_per_1m=round(overhead["whole_cpu_ms_per_1m"]),
+            load_average=round(os.getloadavg()[0], 2),
             filter_startup_extra_s=round(overhead["startup_extra_s"], 3),
             filter_reader_rss_mb=round(overhead["peak_rss_mb"], 1),
             filter_raw_reader_rss_mb=round(overhead["raw_peak_rss_mb"], 1),
@@ -471,6 +533,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--coordinator", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--profile", help=argparse.SUPPRESS)
+    parser.add_argument("--filter-share", type=int, default=1, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 

@@ -37,6 +37,10 @@ process); every ratio is against a baseline measured in the same run.
    100 keys, once plain and once with one hot key (10% of the records) whose every record
    fails twice before succeeding (policy retry, 10-50 ms backoff); ``retry_cost = 1 - the
    other keys' rate with the retries / without``, the median of ``--rounds`` (5) pairs.
+5. Tracing's cost: Parallel Consumer's workload (handler form, 100 and Zipf keys) with
+   OpenTelemetry tracing on (a span per record, exported through a batch processor to the
+   SDK's in-memory exporter) and off (``OTEL_SDK_DISABLED``), alternated ``--rounds`` times;
+   ``traced_efficiency_ratio_<keys>`` is the median of traced efficiency / untraced.
 
 Prints one line per phase, then one JSON object on the last line.
 """
@@ -47,6 +51,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -472,6 +477,48 @@ async def _other_keys_rate(
 
 
 # --------------------------------------------------------------------------------------------
+# phase 5: what tracing costs
+
+
+async def tracing_cost(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    summary: dict[str, Any] = {}
+    for name, keys in (
+        ("100", uniform_keys(args.records, 100, seed=100)),
+        ("zipf", zipf_keys(args.records, 1_000, 1.0, seed=7)),
+    ):
+        topic = await new_topic(stack, keys)
+        ratios: list[float] = []
+        for round_ in range(args.rounds):
+            efficiency: dict[bool, float] = {}
+            for traced in (False, True) if round_ % 2 == 0 else (True, False):
+                # Read when the runtime starts: the off switch every runtime honours.
+                os.environ["OTEL_SDK_DISABLED"] = "false" if traced else "true"
+                clock = Clock(args.records)
+                settings = config(stack, topic, max_concurrency=args.concurrency)
+                await run_until(Worker(settings, handler=clock.handle), clock.done)
+                efficiency[traced] = clock.figures(args.concurrency)["efficiency"]
+                provider.force_flush()
+                exporter.clear()
+            ratios.append(efficiency[True] / efficiency[False])
+            log(
+                f"tracing, {name} keys: efficiency {efficiency[False]:.3f} off, "
+                f"{efficiency[True]:.3f} on"
+            )
+        summary[f"traced_efficiency_ratio_{name}"] = round(statistics.median(ratios), 3)
+    os.environ.pop("OTEL_SDK_DISABLED", None)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
 
 
 async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
@@ -484,6 +531,8 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         summary.update(await memory(stack, args))
     if "retry" in args.phases:
         summary.update(await retry_cost(stack, args))
+    if "tracing" in args.phases:
+        summary.update(await tracing_cost(stack, args))
     return summary
 
 
@@ -503,8 +552,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),
-        default={"pc", "cpu", "memory", "retry"},
-        help="comma-separated subset of pc,cpu,memory,retry",
+        default={"pc", "cpu", "memory", "retry", "tracing"},
+        help="comma-separated subset of pc,cpu,memory,retry,tracing",
     )
     return parser.parse_args()
 

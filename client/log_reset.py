@@ -37,7 +37,9 @@ Identity = Callable[[], tuple[str | None, int | None]]
 
 class OutsideLogReset:
     """Applies one consumer's reset policy; ``identity`` is its member id and epoch (both None
-    when standalone), ``withdraw`` takes buffered records of restarted slices back."""
+    when standalone); ``revoking`` (the lifecycle hooks' fan-out) drops what the consumer's
+    parts hold of restarted slices, as for a revocation, before they are read again from the
+    reset position."""
 
     def __init__(
         self,
@@ -48,7 +50,7 @@ class OutsideLogReset:
         policy: OffsetReset,
         *,
         identity: Identity,
-        withdraw: Callable[[Slices], None],
+        revoking: Callable[[Slices], None],
     ) -> None:
         self._client = client
         self._group_id = group_id
@@ -56,7 +58,7 @@ class OutsideLogReset:
         self._fetcher = fetcher
         self._policy = policy
         self._identity = identity
-        self._withdraw = withdraw
+        self._revoking = revoking
         # (partition, position, high watermark) already reported: a retried reset or a policy
         # of "none" raising at every poll does not repeat the warning.
         self._warned: set[tuple[TopicPartition, int, int]] = set()
@@ -112,7 +114,7 @@ class OutsideLogReset:
                     ),
                     states.get(found.tp),
                 )
-            self._withdraw(restarted)
+            self._revoking(restarted)
             self._fetcher.sync(seek=restarted)
 
     def _warn(self, found: OutsideLog, log_start: int) -> None:

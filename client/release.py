@@ -2,12 +2,14 @@
 of its keys runs, in any runtime on the consumer.
 
 A revocation first ends the slices' leases in the ownership gate, so nothing of them starts
-any more, and withdraws what is queued. Records in processing get ``revoke_timeout_s`` to
-finish; past it, the runtimes stop what can be stopped (``Runtime.stop_calls``: a loop call
-cancelled, a process killed) and the gate shows what still runs: calls on threads, which
-nothing can stop. Their keys stay with this member as single-hash slices, reported as owned,
-so the heir gets the rest of the range at once; they are named in a WARNING now and then,
-counted for metrics, reported to the coordinator, and released once their calls end.
+any more, and tells every part ``revoking`` (``client.runtime.hooks``), which gives back what
+is queued. Records in processing get ``revoke_timeout_s`` to finish; past it, the parts stop
+what can be stopped (``stop_calls``: a loop call cancelled, a process killed) and the gate
+shows what still runs: calls on threads, which nothing can stop. Their keys stay with this
+member as single-hash slices, reported as owned, so the heir gets the rest of the range at
+once; they are named in a WARNING now and then, counted for metrics, reported to the
+coordinator, and released once their calls end. Once nothing of a slice runs and its
+progress is committed, the parts hear ``revoked`` and the slice is released.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Callable
 
 from client.committer import Committer
 from client.fetcher import Fetcher
@@ -24,7 +26,7 @@ from client.http import Slices, StuckCall
 from client.membership import slices_minus
 from client.protocol.keyspace import HASH_SPACE, normalize
 from client.runtime.gate import OwnershipGate, Running, pieces_of
-from client.runtime.seams import Runtime
+from client.runtime.hooks import Hooks
 from client.tracker import OffsetTracker
 
 logger = logging.getLogger("client.consumer")
@@ -48,10 +50,8 @@ class SliceRelease:
         handed: HandedOut,
         gate: OwnershipGate,
         committer: Committer,
+        hooks: Hooks,
         *,
-        runtimes: Set[Runtime],
-        withdraw: Callable[[Slices], None],
-        revoked_listener: Callable[[Slices], Awaitable[None]],
         wake: Callable[[], None],
         revoke_timeout_s: float,
     ) -> None:
@@ -61,9 +61,7 @@ class SliceRelease:
         self._handed = handed
         self._gate = gate
         self._committer = committer
-        self._runtimes = runtimes
-        self._withdraw = withdraw
-        self._revoked_listener = revoked_listener
+        self._hooks = hooks
         self._wake = wake
         self._revoke_timeout_s = revoke_timeout_s
         # Keys kept for calls that could not be stopped, and the tasks releasing them.
@@ -80,11 +78,10 @@ class SliceRelease:
             for tp, ranges in revoked.items():
                 self._tracker.deactivate(tp, ranges)
             self._gate.revoke(revoked)
-            self._withdraw(revoked)
+            self._hooks.revoking(revoked)
         held: Slices = {}
         if not await self._handed.drain(revoked, self._revoke_timeout_s):
-            for runtime in list(self._runtimes):
-                await runtime.stop_calls(revoked)
+            await self._hooks.stop_calls(revoked)
             await self._gate.until_ended(revoked, STOPPED_CALLS_GRACE_S)
             held = pieces_of(self._gate.running_in(revoked))
             if not held and self._handed.any_in(revoked):
@@ -97,7 +94,7 @@ class SliceRelease:
         await self._committer.commit(raise_errors=False)
         released = slices_minus(revoked, held)
         if released:
-            await self._revoked_listener(released)
+            await self._hooks.revoked(released)
         async with self._fetcher.lock:
             self._held = _union(self._held, held)
             self._tracker.remove_inactive(revoked, keep=self._held)
@@ -118,7 +115,7 @@ class SliceRelease:
         if not await self.hold(held):
             return
         await self._committer.commit(raise_errors=False)
-        await self._revoked_listener(held)
+        await self._hooks.revoked(held)
         async with self._fetcher.lock:
             self._held = slices_minus(self._held, held)
             self._tracker.remove_inactive(held, keep=self._held)

@@ -49,6 +49,12 @@ class ConsumerStatus:
         """The member id and epoch commits carry; none for a standalone consumer."""
         return (None, None) if self.membership is None else self.membership.identity()
 
+    def wake(self) -> None:
+        """Heartbeat now rather than at the next interval: what the member reports changed
+        (held keys released, a call that cannot be stopped is stuck)."""
+        if self.membership is not None:
+            self.membership.wake()
+
     def change_future(self) -> asyncio.Future[None]:
         """Resolved by the next ``notify``."""
         if self._changed is None or self._changed.done():

@@ -86,6 +86,33 @@ class SliceProgress:
     def watermark(self) -> int:
         return self.pending_offsets[0] if self.pending_offsets else self.position
 
+    def bounds(self) -> list[tuple[int, int, int]]:
+        """``(hash start, hash end, first offset)`` pieces of this slice for the raw filter
+        (``client.raw_filter``): below its first offset a record of a piece needs no look,
+        as the slice saw it already or a committed watermark covers it. IC ranges are left to
+        ``accept``, which sees the records kept."""
+        floor = self.position
+        committed = self._committed
+        start, end = self.keys.start, self.keys.end
+        if committed is None:
+            return [(start, end, floor)]
+        floor = max(floor, committed.stable_offset)
+        pieces: list[tuple[int, int, int]] = []
+        cursor = start
+        for piece_start, piece_end, offset in committed.pieces:
+            if piece_end < cursor:
+                continue
+            if piece_start > end:
+                break
+            low, high = max(piece_start, cursor), min(piece_end, end)
+            if low > cursor:
+                pieces.append((cursor, low - 1, floor))
+            pieces.append((low, high, max(floor, offset)))
+            cursor = high + 1
+        if cursor <= end:
+            pieces.append((cursor, end, floor))
+        return pieces
+
     def accept(self, offset: int, key_hash: int) -> bool:
         """Register a record of this slice met in the stream; False when it needs no
         processing (seen before by this slice, or already committed by the group)."""
@@ -284,6 +311,15 @@ class OffsetTracker:
         """The furthest ``SliceProgress.reach`` of the partition's active slices."""
         reaches = [progress.reach for progress in self._slices.get(tp, ()) if progress.active]
         return max(reaches) if reaches else None
+
+    def bounds(self, tp: TopicPartition) -> list[tuple[int, int, int]]:
+        """The raw filter's bounds of the partition's active slices (``SliceProgress.bounds``)."""
+        return [
+            piece
+            for progress in self._slices.get(tp, ())
+            if progress.active
+            for piece in progress.bounds()
+        ]
 
     def accept(self, tp: TopicPartition, offset: int, key_hash: int) -> bool:
         """Register a fetched record; True when it is ours and still needs processing."""

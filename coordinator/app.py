@@ -21,6 +21,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from client.tracing import tracing_enabled
 from coordinator import metrics
 from coordinator.auth import admit
 from coordinator.body_limit import BodySizeLimit
@@ -32,6 +33,7 @@ from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
+from coordinator.offsets.commit_tracing import commit_tracer
 from coordinator.problems import database_gone, declare_problems, error_response
 from coordinator.settings import Settings
 
@@ -272,6 +274,8 @@ def create_app(
     app.state.scaling_histories = {}
     # The console's lag and throughput charts, per group (coordinator.core.trend).
     app.state.console_trends = {}
+    # Spans of commit requests, which are served ahead of FastAPI; None when tracing is off.
+    app.state.commit_tracer = commit_tracer()
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)
@@ -285,4 +289,19 @@ def create_app(
     app.include_router(ui_router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(RouteMetrics)
+    _trace_routes(app)
     return app
+
+
+def _trace_routes(app: FastAPI) -> None:
+    """A span per request (OpenTelemetry's FastAPI instrumentation, from ``keyrange[otel]``)
+    when a tracer provider is set up: a slow commit then shows where its time went, with the
+    commit path's own spans under it (``coordinator.offsets``). Nothing without the extra."""
+    if not tracing_enabled():
+        return
+    try:
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    except ImportError:
+        return
+    # Health probes and scrapes every few seconds would be most of the traces.
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="livez,readyz,metrics")

@@ -121,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_with_services(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from client.tracing import TracingUnavailable, configure_from_environment
     from coordinator import migrate
     from coordinator.app import create_app
     from coordinator.embedded import EmbeddedBroker, EmbeddedPostgres
@@ -138,7 +139,8 @@ def _serve_with_services(args: argparse.Namespace) -> int:
     output = logs.configure(settings.log_level, settings.log_format)
     try:
         settings.check_bind_address()
-    except ValueError as exc:
+        configure_from_environment()
+    except (ValueError, TracingUnavailable) as exc:
         print(f"keyrange: {exc}", file=sys.stderr)
         return 2
     busy = _busy_ports(settings)

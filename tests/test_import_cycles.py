@@ -13,7 +13,7 @@ import client
 
 def _client_graph() -> grimp.ImportGraph:
     """The graph of ``client``, with its compiled modules in it: grimp reads Python sources
-    only, so ``from client.streams import _keyfilter`` (C, stubbed by a ``.pyi``) would show
+    only, so ``from client.protocol import _keyfilter`` (C, stubbed by a ``.pyi``) would show
     as an import of the package ``client.streams`` itself, a cycle that is not there."""
     graph = grimp.build_graph("client")
     root = Path(client.__file__).parent

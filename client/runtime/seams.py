@@ -1,6 +1,7 @@
 """The seams between the consumer and the runtimes that drive it (``run()``'s dispatcher,
 ``client.worker``, ``client.streams``): what a runtime may ask of the consumer's records
-(``RecordSource``, ``WorkerSource``) and what the consumer asks of a runtime (``Runtime``).
+(``RecordSource``, ``WorkerSource``) and what the consumer asks of a runtime (``Runtime``: to
+run, and the lifecycle hooks).
 
 They live in the kernel, apart from any one implementation, so a runtime and the consumer
 depend on the seam and not on each other: the consumer builds the one implementation of the
@@ -16,9 +17,9 @@ from typing import Protocol
 from aiokafka.structs import TopicPartition
 
 from client.fetcher import Item, Record
-from client.http import Slices
 from client.protocol.keyspace import KeyRange
 from client.runtime.gate import Lease, OwnershipGate
+from client.runtime.hooks import LifecycleHooks
 
 
 class RecordSource(Protocol):
@@ -64,23 +65,10 @@ class WorkerSource(RecordSource, Protocol):
     def slice_watermarks(self) -> list[tuple[TopicPartition, KeyRange, int]]: ...
 
 
-class Runtime(Protocol):
+class Runtime(LifecycleHooks, Protocol):
     """What the consumer drives: ``run()``'s dispatcher, or another runtime over the same
-    source (``KeyrangeConsumer.drive``)."""
+    source (``KeyrangeConsumer.drive``). It hears ownership changes and the stop through the
+    lifecycle hooks (``client.runtime.hooks``), once its composition root registered it."""
 
     async def run(self) -> None:
-        """Take records from the source and process them until ``finish`` or a failure."""
-
-    def withdraw(self, slices: Slices | None) -> None:
-        """Drop queued records of ``slices`` (all with None) that no handler started."""
-
-    def lose(self) -> None:
-        """The membership is lost: drop what is queued; running work is not ours any more."""
-
-    async def stop_calls(self, slices: Slices) -> None:
-        """A revocation of ``slices`` timed out: stop the calls of their keys that can be
-        stopped (cancel them, kill their process) and give their records back; calls that
-        cannot be stopped run on, and the gate shows them holding their keys."""
-
-    async def finish(self, timeout_s: float | None) -> None:
-        """Stop taking records; let started work end (up to ``timeout_s``), drop the rest."""
+        """Take records from the source and process them until ``stopping`` or a failure."""

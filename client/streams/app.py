@@ -3,9 +3,12 @@
 One ``KeyrangeConsumer`` per process (one Kafka consumer, one membership with the sticky
 stream-join assignor, so every co-partitioned topic's partition ``p`` comes with the same key
 ranges), one producer for sinks and changelogs, one restorer with a Kafka connection of its
-own, and the runtime (``client.streams.runtime``) driving the tasks. Shut down gracefully: the
-runtime finishes and runs the commit protocol, the consumer commits and leaves, the tasks
-close and checkpoint.
+own, and the runtime (``client.streams.runtime``) driving the tasks. ``StreamsApp`` is the
+composition root: it registers the runtime with the consumer's lifecycle hooks
+(``client.runtime.hooks``), through which the runtime opens the tasks of assigned slices,
+closes those of revoked ones and drops those of lost ones. Shut down gracefully: the runtime
+finishes and runs the commit protocol, the consumer commits and leaves, the tasks close and
+checkpoint.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from aiokafka.partitioner import DefaultPartitioner
 
-from client.consumer import KeyrangeConsumer, RebalanceListener
+from client.consumer import KeyrangeConsumer
 from client.consumer_source import ConsumerSource
 from client.errors import KeyrangeClientError
 from client.graceful import GracefulStop
-from client.http import CoordinatorClient, Slices
+from client.http import CoordinatorClient
 from client.metrics_server import MetricsServer
 from client.protocol.keyspace import key_hash
 from client.streams.config import StreamsConfig
@@ -44,6 +47,7 @@ from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from client.streams.task import TaskState
 from client.streams.topology import BuiltTopology, Topology
+from client.tracing import record_tracer
 
 ASSIGNOR = "sticky-join"
 logger = logging.getLogger(__name__)
@@ -81,7 +85,6 @@ class StreamsApp:
             session_timeout_ms=config.session_timeout_ms,
             auto_commit_interval_ms=None,
             instance_id=config.instance_id,
-            rebalance_listener=_Listener(self),
             revoke_timeout_s=config.revoke_timeout_s,
             coordinator=self._coordinator,
             **{**security, **config.consumer_options},
@@ -130,6 +133,8 @@ class StreamsApp:
                         if self.runtime is not None and self.runtime.failure is not None:
                             raise self.runtime.failure
                 finally:
+                    if self.runtime is not None:
+                        self._consumer.hooks.unregister(self.runtime)
                     await self._restorer.stop()
                     await self._producer.stop()
                     self._state.close()
@@ -155,8 +160,13 @@ class StreamsApp:
             processing_threads=self.config.processing_threads,
             max_buffered_records=self.config.max_buffered_records,
             on_restore=self._restore_progress,
+            tracer=record_tracer(
+                "streams", self.config.application_id, lambda: self._consumer.member_id
+            ),
         )
-        self.runtime.assigned()
+        self._consumer.hooks.register(self.runtime)
+        # What was granted before the runtime existed, as if granted now.
+        self.runtime.assigned(self._consumer.assignment())
         return self.runtime
 
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
@@ -299,26 +309,3 @@ class StreamsApp:
             f"{progress.fraction:6.1%} read {progress.read} restored {progress.restored}{end}"
         )
         sys.stderr.flush()
-
-
-class _Listener(RebalanceListener):
-    """Opens the tasks of assigned slices (restoring their stores) and closes those of
-    revoked slices once the consumer committed them."""
-
-    def __init__(self, app: StreamsApp) -> None:
-        self._app = app
-
-    async def on_slices_assigned(self, slices: Slices) -> None:
-        runtime = self._app.runtime
-        if runtime is not None:
-            runtime.assigned()
-
-    async def on_slices_revoked(self, slices: Slices) -> None:
-        runtime = self._app.runtime
-        if runtime is not None:
-            await runtime.revoked(slices)
-
-    async def on_slices_lost(self, slices: Slices) -> None:
-        runtime = self._app.runtime
-        if runtime is not None:
-            await runtime.drop_lost()

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
     from client.streams.app import StreamsApp
     from client.streams.config import StreamsConfig
     from client.streams.topology import Topology
+    from client.tracing import TracingUnavailable, configure_from_environment
 
     try:
         spec = args.target or environ.get(f"{ENV_PREFIX}TARGET")
@@ -106,7 +107,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         if not isinstance(topology, Topology):
             raise UsageError(f"{spec} returned {type(topology).__name__}, not a Topology")
         app = StreamsApp(topology, StreamsConfig(**settings(args, environ)))
-    except (UsageError, ValueError) as error:
+        configure_from_environment()
+    except (UsageError, ValueError, TracingUnavailable) as error:
         print(f"keyrange streams: {error}", file=sys.stderr)
         return 2
     try:

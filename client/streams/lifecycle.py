@@ -19,6 +19,7 @@ from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskId, TaskState
 from client.streams.tasks import Tasks
 from client.streams.topology import BuiltTopology
+from client.tracing import RecordTracer
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ class Lifecycle:
         on_restore: Callable[[RestoreProgress], None],
         max_idle_ms: int,
         on_ready: Callable[[], None],
+        tracer: RecordTracer | None = None,
     ) -> None:
+        self._tracer = tracer
         self._tasks = tasks
         self._topology = topology
         self._application_id = application_id
@@ -56,6 +59,7 @@ class Lifecycle:
         task = StreamTask(
             task_id, self._topology, sub, backends, self._application_id, self._max_idle_ms
         )
+        task.tracer = self._tracer
         self._gate.grant(task, sub.source_topics[0])
         self._tasks.add(task)
         self._restorations[task_id] = asyncio.create_task(

@@ -46,7 +46,7 @@ from client.streams.stores import BytesStore
 
 _native: ModuleType | None
 try:
-    from client.streams import _keyfilter as _native
+    from client.protocol import _keyfilter as _native
 except ImportError:  # installed without a C compiler: the Python loop judges every batch
     _native = None
 
@@ -148,7 +148,7 @@ class Restorer:
     async def start(self) -> None:
         if _native is None:
             logger.warning(
-                "the restore's C key filter is not installed (client.streams._keyfilter: "
+                "the restore's C key filter is not installed (client.protocol._keyfilter: "
                 "keyrange was installed without a C compiler); restores judge keys in Python, "
                 "about ten times slower per record fetched"
             )

@@ -11,7 +11,8 @@ Restorations run as their own tasks on a restore consumer of their own: only the
 task waits, the others go on.
 
 Records start in user code, and outputs go to the producer, only through the ownership gate
-(``client.streams.gate``).
+(``client.streams.gate``). Ownership changes and the stop arrive through the lifecycle hooks
+(``client.runtime.hooks``), with which ``StreamsApp`` registers the runtime.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aiokafka.structs import TopicPartition
 
 from client.http import Slices
 from client.protocol.keyspace import KeyRange, in_ranges, key_hash, subtract
+from client.runtime.hooks import LifecycleHooks
 from client.runtime.intake import Intake
 from client.streams.backpressure import InputBudget
 from client.streams.commits import Commits
@@ -42,6 +44,7 @@ from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskId, TaskState
 from client.streams.tasks import Tasks
 from client.streams.topology import BuiltTopology
+from client.tracing import RecordTracer
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ logger = logging.getLogger(__name__)
 _TICK_S = 0.05
 
 
-class StreamsRuntime:
+class StreamsRuntime(LifecycleHooks):
     def __init__(
         self,
         source: StreamSource,
@@ -67,6 +70,7 @@ class StreamsRuntime:
         processing_threads: int,
         max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
+        tracer: RecordTracer | None = None,
     ) -> None:
         self._source = source
         self._topology = topology
@@ -87,6 +91,7 @@ class StreamsRuntime:
             on_restore=on_restore,
             max_idle_ms=max_idle_ms,
             on_ready=self._work.set,
+            tracer=tracer,
         )
         self.restores = self._life.restores
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
@@ -97,6 +102,10 @@ class StreamsRuntime:
         self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
+        # Once ``run`` ended by itself (a failed processor or send), ``revoking``, ``lost`` and
+        # ``stopping`` do nothing: nothing past the last commit is flushed or marked, and the
+        # consumer's final ``revoked`` drops the tasks and their keys.
+        self._ended = False
         self._commits = Commits(
             tasks=self.tasks,
             state=state,
@@ -126,16 +135,22 @@ class StreamsRuntime:
                 await intake
             self._life.stop_all()
             self._rounds.shutdown()
+            self._ended = True
 
-    def withdraw(self, slices: Slices | None) -> None:
+    def revoking(self, slices: Slices) -> None:
+        """Start closing the slices' tasks: nothing of them starts any more, their buffered
+        records go back (``_start_closing``)."""
+        if self._ended:
+            return
         for task in self.tasks.in_slices(slices):
-            revoked = None if slices is None else self.tasks.revoked_keys(task, slices)
-            self._start_closing(task, revoked)
+            self._start_closing(task, self.tasks.revoked_keys(task, slices))
 
-    def lose(self) -> None:
+    def lost(self, slices: Slices) -> None:
         """The membership is lost: no task takes another record (a pool thread inside one
         finishes the record it is on; a thread cannot be interrupted) and nothing held back
-        is ours. ``drop_lost`` drops the tasks once the round under way has ended."""
+        is ours. ``dropped`` drops the tasks once the round under way has ended."""
+        if self._ended:
+            return
         held_back, self._held_back = self._held_back, []
         for tp, record, _ in held_back:
             self._inputs.refund(tp, record)
@@ -146,15 +161,17 @@ class StreamsRuntime:
         """Processing runs under the round lock, on the loop or on a pool thread, and a
         thread cannot be stopped: the revocation waits for the round (``revoked``)."""
 
-    async def drop_lost(self) -> None:
-        """Drop the tasks halted by ``lose``, without a commit, after the round under way:
+    async def dropped(self, slices: Slices) -> None:
+        """Drop the tasks halted by ``lost``, without a commit, after the round under way:
         closing a task's processors or deleting its keys while a pool thread is inside it
         would race with that thread."""
         async with self._round_lock:
             for task in [task for task in self.tasks if task.state is TaskState.HALTED]:
                 self._drop(task, processed_count=False)
 
-    async def finish(self, timeout_s: float | None) -> None:
+    async def stopping(self, timeout_s: float | None) -> None:
+        if self._ended:
+            return
         self._finishing = True
         self._work.set()
         if not self._stop.done():
@@ -165,10 +182,13 @@ class StreamsRuntime:
             async with asyncio.timeout(timeout_s), self._round_lock:
                 await self._commits.flush_and_mark()
 
-    def assigned(self) -> None:
+    def assigned(self, slices: Slices) -> None:
         """Create the tasks of every owned slice that has none, so their restoration starts
         at the assignment rather than with the slice's first record; the owned partitions
         share the byte budget."""
+        self._open_owned()
+
+    def _open_owned(self) -> None:
         owned = self._owned()
         self._inputs.owned(owned)
         for tp, keys, _ in owned:
@@ -219,7 +239,7 @@ class StreamsRuntime:
         if self._finishing:
             self._commits.write_checkpoints()
             return
-        self.assigned()
+        self._open_owned()
         held_back, self._held_back = self._held_back, []
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
@@ -292,7 +312,7 @@ class StreamsRuntime:
 
     # ------------------------------------------------------------------ revocation
 
-    def _start_closing(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
+    def _start_closing(self, task: StreamTask, revoked: list[KeyRange]) -> None:
         """Stop the task; its buffered records of revoked keys go back to the consumer, those
         of kept keys (a partial revocation) wait for the task that takes the rest over."""
         if task.id in self._closings:
@@ -303,7 +323,7 @@ class StreamsRuntime:
             task.state = TaskState.CLOSING
         self._closings[task.id] = asyncio.ensure_future(self._close(task, revoked))
 
-    async def _close(self, task: StreamTask, revoked: list[KeyRange] | None) -> None:
+    async def _close(self, task: StreamTask, revoked: list[KeyRange]) -> None:
         """After the round under way (a pool thread may be running the task). When the
         flush fails, the task's processed records are given back unmarked, so the
         revocation commits none of them and does not wait for them."""
@@ -312,7 +332,7 @@ class StreamsRuntime:
                 for record in task.inputs.drop(lambda _: False):
                     tp = TopicPartition(record.topic, record.partition)
                     hashed = key_hash(record.key, record.offset)
-                    if revoked is None or in_ranges(revoked, hashed):
+                    if in_ranges(revoked, hashed):
                         self._inputs.give_back(tp, record)
                     else:
                         self._held_back.append((tp, record, hashed))

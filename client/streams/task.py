@@ -38,6 +38,7 @@ from client.streams.punctuation import Punctuations
 from client.streams.stores import BytesStore, ChangelogWrite, TaskStore
 from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
 from client.streams.window_store import TaskWindowStore, WindowBackend
+from client.tracing import RecordSpan, RecordTracer
 
 if TYPE_CHECKING:
     from client.runtime.gate import Lease
@@ -137,6 +138,8 @@ class StreamTask:
         self._node: str | None = None
         self._headers: Headers = ()
         self.context = TaskContext(self)
+        # Spans per record while tracing is on (``client.tracing``).
+        self.tracer: RecordTracer | None = None
 
     def init(self) -> None:
         """Create and ``init`` the processors, parents first (their schedules come first)."""
@@ -192,21 +195,39 @@ class StreamTask:
         source = self._topology.source_of_topic(str(topic))
         self._current = record
         self.metrics.last_record_timestamp = buffered.timestamp
+        span = None if self.tracer is None else self._span(record)
+        token = None if span is None else span.current()
         try:
             key = source.key_serde.deserialize(record.key)
             value = source.value_serde.deserialize(record.value)
             self._node = source.name
-            self._headers = tuple(record.headers or ())
+            headers = tuple(record.headers or ())
+            # What the sinks produce carries this record's span on, not its producer's.
+            self._headers = headers if span is None else span.headers(headers)
             self._forward_from(source.name, key, value, None)
+        except BaseException as error:
+            if span is not None:
+                span.failed(error, "stopped")
+                span.end("failed")
+            raise
         finally:
             # Reset before the stream-time punctuations below: theirs forward no headers.
             self._node = None
             self._headers = ()
+            if token is not None:
+                RecordSpan.restore(token)
+        if span is not None:
+            span.end("processed")
         self.processed.append(record)
         self.metrics.records += 1
         self.punctuate(STREAM_TIME, self.inputs.stream_time)
         self._current = None
         return True
+
+    def _span(self, record: Record) -> RecordSpan:
+        assert self.tracer is not None
+        hashed = key_hash(record.key, record.offset)
+        return self.tracer.start(record.topic, record.partition, record, hashed)
 
     def punctuate(self, kind: PunctuationType, now_ms: int) -> int:
         fired = 0

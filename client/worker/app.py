@@ -2,22 +2,24 @@
 membership) and one dead-letter producer per process, the runtime processing on its own
 workers and pools apart from the fetch and heartbeat tasks, and the shutdown a container
 platform expects: on SIGTERM or SIGINT stop fetching, let records in processing finish (up
-to ``drain_timeout_s``), commit, leave the group; a second signal exits at once."""
+to ``drain_timeout_s``), commit, leave the group; a second signal exits at once.
+
+``Worker`` is the composition root: it builds the consumer, the pools and the runtime, and
+registers the runtime with the consumer's lifecycle hooks (``client.runtime.hooks``), through
+which it hears every ownership change and the stop until the consumer has stopped."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiokafka.structs import TopicPartition
-
-from client.consumer import KeyrangeConsumer, RebalanceListener
+from client.consumer import KeyrangeConsumer
 from client.graceful import GracefulStop
-from client.http import Slices
 from client.metrics_server import MetricsServer
 from client.runtime.pools.pool import is_async
 from client.runtime.seams import WorkerSource
+from client.tracing import record_tracer
 from client.worker.calls import Calls, Handler
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -86,7 +88,6 @@ class Worker:
             coordinator_start_timeout_ms=config.coordinator_start_timeout_ms,
             auto_commit_interval_ms=config.commit_interval_ms,
             revoke_timeout_s=config.drain_timeout_s,
-            rebalance_listener=_Listener(self._slices_changed),
             **{**security, **config.consumer_options},
         )
         self._calls = Calls(config.threads, config.processes, self._consumer.gate)
@@ -133,6 +134,8 @@ class Worker:
                         stopping="finishing records in processing, then committing",
                     )
         finally:
+            if self.runtime is not None:
+                self._consumer.hooks.unregister(self.runtime)
             if metrics is not None:
                 metrics.close()
             self._calls.close()
@@ -151,35 +154,10 @@ class Worker:
             handler_process=handler_process,
             partitioner=self._partitioner,
             dead_letters=self._dead_letters,
+            tracer=record_tracer("worker", self.config.group_id, lambda: self._consumer.member_id),
         )
         self.runtime = runtime
-        owned = list(self._consumer.assignment())
-        runtime.set_owned_partitions(len(owned))
-        runtime.open_partitions(owned)
+        self._consumer.hooks.register(runtime)
+        # What was granted before the runtime existed, as if granted now.
+        runtime.assigned(self._consumer.assignment())
         return runtime
-
-    async def _slices_changed(self, revoked: Slices | None) -> None:
-        runtime = self.runtime
-        if runtime is None:
-            return
-        owned = set(self._consumer.assignment())
-        runtime.set_owned_partitions(len(owned))
-        if revoked is None:
-            runtime.open_partitions(sorted(owned))
-            return
-        gone: set[TopicPartition] = {tp for tp in revoked if tp not in owned}
-        await runtime.close_partitions(gone)
-
-
-class _Listener(RebalanceListener):
-    """Creates tasks when partitions are first owned, closes them when the last slice of a
-    partition was revoked (after its records in processing finished and were committed)."""
-
-    def __init__(self, slices_changed: Callable[[Slices | None], Awaitable[None]]) -> None:
-        self._slices_changed = slices_changed
-
-    async def on_slices_assigned(self, slices: Slices) -> None:
-        await self._slices_changed(None)
-
-    async def on_slices_revoked(self, slices: Slices) -> None:
-        await self._slices_changed(slices)

@@ -52,8 +52,13 @@ class Calls:
         lets it (``NotStarted`` else), stoppable through ``attempt.stop`` while it runs
         (``Stopped`` when a loop call was). The pool's own coroutine, so a record's call
         costs no frame of its own here."""
-        pool: Pool = self._loop if is_async(function) else self._threads
-        return pool.run(attempt, attempt, function, *args)
+        if is_async(function):
+            if attempt.trace is not None:
+                function = attempt.trace.around_async(function)
+            return self._loop.run(attempt, attempt, function, *args)
+        if attempt.trace is not None:
+            function = attempt.trace.around(function)
+        return self._threads.run(attempt, attempt, function, *args)
 
     def handler_process(
         self, handler: Handler

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
 
     from client.errors import KeyrangeClientError
     from client.metrics_server import MetricsUnavailable
+    from client.tracing import TracingUnavailable, configure_from_environment
     from client.worker.app import Worker
     from client.worker.config import WorkerConfig
     from client.worker.failures import WorkerFailed
@@ -123,7 +124,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
             raise UsageError(f"{spec} is neither a WorkerTask subclass nor a function")
         config = WorkerConfig(**settings(args, environ))
         worker = Worker(config, task=target) if is_task else Worker(config, handler=target)
-    except (UsageError, ValueError) as error:
+        configure_from_environment()
+    except (UsageError, ValueError, TracingUnavailable) as error:
         print(f"keyrange worker: {error}", file=sys.stderr)
         return 2
     try:

@@ -14,6 +14,7 @@ from aiokafka.structs import TopicPartition
 
 from client.fetcher import Item
 from client.runtime.gate import Lease, OwnershipGate, Running
+from client.tracing import RecordSpan
 from client.worker.task import WorkerTask
 
 # A lane is a sub-partition: (partition, index); in the handler form, (partition, key hash).
@@ -79,6 +80,7 @@ class Attempt:
         "overdue",
         "stop",
         "timer",
+        "trace",
         "weight",
         "withdrawn",
     )
@@ -107,6 +109,8 @@ class Attempt:
         self.dead_lettering = False
         # Its slice was revoked or lost: a failure gives it back instead of retrying.
         self.withdrawn = False
+        # Its span while tracing is on (``client.tracing``).
+        self.trace: RecordSpan | None = None
 
     @property
     def key(self) -> KeyId:

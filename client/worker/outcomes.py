@@ -90,21 +90,34 @@ class Failures:
             self._config.max_attempts,
             still_ours=not (attempt.withdrawn or self._lifecycle.stopping),
         )
+        trace = attempt.trace
         if step is Next.GIVE_BACK:
+            if trace is not None:
+                trace.failed(error, "given_back", attempt=attempt.number)
             self._settles.settle(attempt, processed=False)
         elif step is Next.SKIP:
             logger.warning("record failed; skipped", extra=where)
             self._stats.skipped += 1
+            if trace is not None:
+                trace.failed(error, "skipped", attempt=attempt.number)
+                trace.end("skipped")
             self._settles.settle(attempt, processed=True)
         elif step is Next.RETRY:
             delay = self._backoff.delay(attempt.number, self._rng)
             logger.warning("record failed; trying again", extra={**where, "delay_s": delay})
             self._stats.retried += 1
+            if trace is not None:
+                trace.failed(error, "retry", attempt=attempt.number, delay_s=delay)
             attempt.timer = self._loop.call_later(delay, self._retry_due, attempt)
         elif step is Next.DEAD_LETTER:
             attempt.dead_lettering = True
+            if trace is not None:
+                trace.failed(error, "dead_letter", attempt=attempt.number)
             self._spawn(self._dead_letter(attempt, error))
         else:
+            if trace is not None:
+                trace.failed(error, "stopped", attempt=attempt.number)
+                trace.end("failed")
             logger.error("record failed; stopping (failure policy at_least_once)", extra=where)
             # The key stays open: no later record of it runs, so none is committed past it.
             self._stop(
@@ -137,6 +150,9 @@ class Failures:
                 raise WorkerFailed("no dead-letter topic is configured")
             await self._dead_letters.send(record, hashed, history)
         except Exception as send_error:
+            if attempt.trace is not None:
+                attempt.trace.failed(send_error, "dead_letter_failed")
+                attempt.trace.end("failed")
             logger.error(
                 "dead letter not acknowledged; stopping",
                 extra={"offset": record.offset, "error": repr(send_error)},
@@ -147,6 +163,8 @@ class Failures:
             )
             return
         self._stats.dead_lettered += 1
+        if attempt.trace is not None:
+            attempt.trace.end("dead_lettered")
         self._settles.settle(attempt, processed=True)
 
     def _stop(self, attempt: Attempt, error: WorkerFailed) -> None:

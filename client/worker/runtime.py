@@ -22,8 +22,9 @@ The other parts are modules of their own: the calls' processing timeouts
 (``client.worker.timeouts``), the tasks' opening, punctuation and closing
 (``client.worker.partitions``), the runtime's phase (``client.worker.lifecycle``), and below
 them lanes and attempts, pools and dead letters; the intake and the byte budget are the
-kernel's (``client.runtime``). ``WorkerRuntime`` is what the consumer drives: the fetch,
-ownership changes and the shutdown.
+kernel's (``client.runtime``). ``WorkerRuntime`` is what the consumer drives: the fetch, and
+the lifecycle hooks (``client.runtime.hooks``) through which it hears ownership changes and
+the shutdown.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ from aiokafka.structs import TopicPartition
 from client.fetcher import Item, in_slices
 from client.http import Slices
 from client.runtime.budget import ByteBudget, weight
+from client.runtime.hooks import LifecycleHooks
 from client.runtime.intake import Intake
 from client.runtime.pools.pool import NotStarted, Stopped
 from client.runtime.seams import WorkerSource
+from client.tracing import RecordTracer
 from client.worker.calls import Calls
 from client.worker.config import WorkerConfig
 from client.worker.deadletter import DeadLetters
@@ -72,8 +75,10 @@ class Scheduler:
         budget: ByteBudget,
         stats: Stats,
         dead_letters: DeadLetters | None,
+        tracer: RecordTracer | None = None,
     ) -> None:
         self._source = source
+        self._tracer = tracer
         self._form = form
         self._lifecycle = lifecycle
         self._budget = budget
@@ -180,10 +185,12 @@ class Scheduler:
             lane.refused = True
             return
         if not self._source.may_hand_out():
-            return  # the membership is lost; ``lose`` withdraws what is queued
+            return  # the membership is lost; ``lost`` drops what is queued
         lane.queue.popleft()
         lease = self._source.hand_out(tp, record, hashed)
         attempt = Attempt(item, lane, weight(record), lease)
+        if self._tracer is not None:
+            attempt.trace = self._tracer.start(tp.topic, tp.partition, record, hashed)
         self.open[(tp, hashed)] = attempt
         self.attempts.add(attempt)
         self.settled.clear()
@@ -197,6 +204,8 @@ class Scheduler:
         its slice must go (``Attempt.stop``); a call running on a thread cannot be, and the
         record's outcome waits for it."""
         attempt.number += 1
+        if attempt.trace is not None:
+            attempt.trace.attempt(attempt.number)
         observer = Observer(attempt, self.resolve, self._loop)
         attempt.observer = observer
         self.timeouts.start(observer)
@@ -267,6 +276,9 @@ class Scheduler:
         if attempt not in self.attempts:
             return
         self.forget(attempt)
+        if attempt.trace is not None:
+            # A failure policy's outcome (skipped, dead-lettered) ended the span already.
+            attempt.trace.end("processed" if processed else "given_back")
         tp, record, hashed = attempt.item
         if processed:
             self._source.mark_processed(record)
@@ -295,7 +307,7 @@ class Scheduler:
         self.settle(attempt, processed=False)
 
 
-class WorkerRuntime:
+class WorkerRuntime(LifecycleHooks):
     """Processes one consumer's records with tasks (``task_factory``) or, in the handler
     form, with ``process`` on lanes of one key each. User code starts a record only when
     the source's ownership gate lets it (``calls``)."""
@@ -310,6 +322,7 @@ class WorkerRuntime:
         handler_process: Process | None = None,
         partitioner: Partitioner | None = None,
         dead_letters: DeadLetters | None = None,
+        tracer: RecordTracer | None = None,
     ) -> None:
         if (task_factory is None) == (handler_process is None):
             raise ValueError("give exactly one of task_factory and handler_process")
@@ -331,10 +344,10 @@ class WorkerRuntime:
         self._intake = Intake(source, self._enqueue, self._budget)
         self.stats = Stats()
         self._scheduler = Scheduler(
-            source, config, form, self._lifecycle, self._budget, self.stats, dead_letters
+            source, config, form, self._lifecycle, self._budget, self.stats, dead_letters, tracer
         )
         self._workers: set[asyncio.Task[None]] = set()
-        # The one shutdown every ``finish`` waits for.
+        # The one shutdown every ``stopping`` waits for.
         self._shutdown: asyncio.Future[None] | None = None
 
     # ----------------------------------------------------------------- the fetch side
@@ -353,7 +366,7 @@ class WorkerRuntime:
         try:
             await self._intake.run(ended)
         finally:
-            await self.finish(self._config.drain_timeout_s)
+            await self.stopping(self._config.drain_timeout_s)
             for periodic in (punctuator, expiry):
                 periodic.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -379,9 +392,6 @@ class WorkerRuntime:
 
     # ----------------------------------------------------------------- state
 
-    def set_owned_partitions(self, count: int) -> None:
-        self._budget.set_partitions(count)
-
     @property
     def buffered_bytes(self) -> int:
         return self._budget.total
@@ -401,13 +411,32 @@ class WorkerRuntime:
 
     # ----------------------------------------------------------------- ownership changes
 
-    def open_partitions(self, partitions: list[TopicPartition]) -> None:
-        self._scheduler.tasks.open_partitions(partitions)
+    def assigned(self, slices: Slices) -> None:
+        """Create the tasks of owned partitions that have none now, so they punctuate before
+        their first record arrives; the byte budget is shared by the owned partitions."""
+        owned = self._owned_partitions()
+        self._budget.set_partitions(len(owned))
+        self._scheduler.tasks.open_partitions(sorted(owned))
 
-    async def close_partitions(self, partitions: set[TopicPartition]) -> None:
-        await self._scheduler.tasks.close_partitions(partitions)
+    async def revoked(self, slices: Slices) -> None:
+        """Close the tasks of partitions no slice of which is owned any more, now that their
+        records in processing finished and were committed."""
+        await self._close_unowned(slices)
 
-    def withdraw(self, slices: Slices | None) -> None:
+    async def dropped(self, slices: Slices) -> None:
+        """Lost partitions' tasks are closed as revoked ones are (their records' outcomes
+        are not committed)."""
+        await self._close_unowned(slices)
+
+    async def _close_unowned(self, slices: Slices) -> None:
+        owned = self._owned_partitions()
+        self._budget.set_partitions(len(owned))
+        await self._scheduler.tasks.close_partitions({tp for tp in slices if tp not in owned})
+
+    def _owned_partitions(self) -> set[TopicPartition]:
+        return {tp for tp, _, _ in self._source.slice_watermarks()}
+
+    def revoking(self, slices: Slices | None) -> None:
         """Drop queued records of ``slices`` (all with None); attempts waiting to be tried
         again are given back, attempts in processing get until the drain's end and are
         not tried again."""
@@ -438,12 +467,12 @@ class WorkerRuntime:
             if slices is None or in_slices(slices, *key):
                 del open_keys[key]
 
-    def lose(self) -> None:
+    def lost(self, slices: Slices) -> None:
         """The membership is lost: nothing queued is ours; calls on the loop are cancelled
         and calls in a process killed (their keys may be another member's already), calls
         waiting in a pool do not start (the gate ended with the membership), and thread
         calls run out with their outcome ignored."""
-        self.withdraw(None)
+        self.revoking(None)
         self._stop_attempts(None)
         self._scheduler.waiting.clear()
 
@@ -470,18 +499,18 @@ class WorkerRuntime:
 
     # ----------------------------------------------------------------- shutdown
 
-    async def finish(self, timeout_s: float | None) -> None:
+    async def stopping(self, timeout_s: float | None) -> None:
         """Stop taking records, give back what no task started, let records in processing
         (and dead letters on their way) end up to ``timeout_s``, close every task. Every
         caller waits for the one shutdown."""
         if self._shutdown is None:
-            self._shutdown = asyncio.ensure_future(self._finish(timeout_s))
+            self._shutdown = asyncio.ensure_future(self._shut_down(timeout_s))
         await asyncio.shield(self._shutdown)
 
-    async def _finish(self, timeout_s: float | None) -> None:
+    async def _shut_down(self, timeout_s: float | None) -> None:
         self._lifecycle.advance(Phase.STOPPING)
         self._lifecycle.end_fetch()
-        self.withdraw(None)
+        self.revoking(None)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             await asyncio.wait_for(self._scheduler.settled.wait(), timeout_s)

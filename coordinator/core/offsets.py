@@ -206,8 +206,11 @@ def _raise_watermarks(
     Validates each raise although the HTTP layer already did: defence in depth for any caller.
     """
     for start, end, offset in raises:
-        check_key_range(start, end, "watermark key range")
-        _check_offset(offset, "watermark offset")
+        # The checks' own calls only when a value is out of range, for their messages.
+        if not HASH_MIN <= start <= end <= HASH_MAX:
+            check_key_range(start, end, "watermark key range")
+        if not 0 <= offset <= OFFSET_MAX:
+            _check_offset(offset, "watermark offset")
     effective = [piece for piece in raises if piece[2] > floor]
     if not effective:
         return stored
@@ -225,39 +228,46 @@ def _raise_watermarks(
 
 
 def _raise_one(pieces: Sequence[Piece], lift: Piece) -> list[Piece]:
-    """``_upper_envelope`` of sorted, disjoint ``pieces`` and one more piece, in one pass."""
+    """``_upper_envelope`` of sorted, disjoint ``pieces`` and one more piece, in one pass.
+
+    Every piece goes through ``_emit``, which merges it into the last one when they touch
+    and have the same offset."""
     low, high, level = lift
     envelope: list[Piece] = []
-
-    def emit(start: int, end: int, offset: int) -> None:
-        if envelope and envelope[-1][1] == start - 1 and envelope[-1][2] == offset:
-            envelope[-1] = (envelope[-1][0], end, offset)
-        else:
-            envelope.append((start, end, offset))
-
     cursor = low  # the first hash of the lift not emitted yet
     for start, end, offset in pieces:
         if end < low:
-            emit(start, end, offset)
+            _emit(envelope, start, end, offset)
             continue
         if start > high:
             if cursor <= high:
-                emit(cursor, high, level)
+                _emit(envelope, cursor, high, level)
                 cursor = high + 1
-            emit(start, end, offset)
+            _emit(envelope, start, end, offset)
             continue
         if start < low:
-            emit(start, low - 1, offset)
+            _emit(envelope, start, low - 1, offset)
         elif start > cursor:
-            emit(cursor, start - 1, level)
-        inner_end = min(end, high)
-        emit(max(start, low), inner_end, max(offset, level))
+            _emit(envelope, cursor, start - 1, level)
+        inner_end = end if end < high else high
+        _emit(
+            envelope, start if start > low else low, inner_end, offset if offset > level else level
+        )
         cursor = inner_end + 1
         if end > high:
-            emit(high + 1, end, offset)
+            _emit(envelope, high + 1, end, offset)
     if cursor <= high:
-        emit(cursor, high, level)
+        _emit(envelope, cursor, high, level)
     return envelope
+
+
+def _emit(envelope: list[Piece], start: int, end: int, offset: int) -> None:
+    if envelope:
+        last = envelope[-1]
+        if last[1] == start - 1 and last[2] == offset:
+            envelope[-1] = (last[0], end, offset)
+            return
+    envelope.append((start, end, offset))
 
 
 def _upper_envelope(pieces: Sequence[Piece]) -> list[Piece]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
@@ -41,8 +42,9 @@ from coordinator.db import quotas as quota_store
 from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
+from coordinator.offsets.commit_tracing import CommitTrace
 from coordinator.offsets.schemas import CommitRequest
-from coordinator.offsets.service import CommitResult, apply_request
+from coordinator.offsets.service import CommitResult, CommitTally, apply_request
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class _Pending:
     request: CommitRequest
     # The tenant whose group cap the group counts against, should this commit create it.
     scope: str
+    # Its spans while tracing is on (``coordinator.offsets.commit_tracing``).
+    trace: CommitTrace | None = None
     reply: asyncio.Future[CommitResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -116,9 +120,13 @@ class CommitBatcher:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     async def submit(
-        self, group_id: str, request: CommitRequest, scope: str = WHOLE_COORDINATOR
+        self,
+        group_id: str,
+        request: CommitRequest,
+        scope: str = WHOLE_COORDINATOR,
+        trace: CommitTrace | None = None,
     ) -> CommitResult:
-        pending = _Pending(group_id, request, scope)
+        pending = _Pending(group_id, request, scope, trace)
         self._queue.put_nowait(pending)
         return await pending.reply
 
@@ -222,8 +230,18 @@ class CommitBatcher:
     async def _transaction(
         self, batch: list[_Pending], connection: asyncpg.Connection
     ) -> list[Outcome]:
+        tally = CommitTally()
+        started_ns = time.time_ns()
         async with connection.transaction():
-            return await self._decide_and_apply(connection, batch)
+            outcomes = await self._decide_and_apply(connection, batch, tally)
+        # Counted once the transaction committed: a failed batch's requests are re-run.
+        tally.add_to_metrics()
+        traced = [pending.trace for pending in batch if pending.trace is not None]
+        if traced:
+            ended_ns = time.time_ns()
+            for trace in traced:
+                trace.applied(started_ns, ended_ns, len(batch))
+        return outcomes
 
     async def _run(self, batch: list[_Pending], connection: asyncpg.Connection) -> list[_Pending]:
         """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
@@ -265,7 +283,7 @@ class CommitBatcher:
             _settle(pending, exception=exc)
 
     async def _decide_and_apply(
-        self, connection: asyncpg.Connection, batch: list[_Pending]
+        self, connection: asyncpg.Connection, batch: list[_Pending], tally: CommitTally
     ) -> list[Outcome]:
         standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
         committing_members = {
@@ -280,7 +298,9 @@ class CommitBatcher:
         ]
         new_groups = [p for p, r in zip(batch, refusals, strict=True) if r is _NEW_GROUP]
         if new_groups:
-            created = await self._create_groups(connection, new_groups)
+            created = await _create_groups(
+                connection, new_groups, self._settings.max_groups_per_prefix
+            )
             refusals = [
                 created[p.group_id] if r is _NEW_GROUP else r
                 for p, r in zip(batch, refusals, strict=True)
@@ -301,34 +321,17 @@ class CommitBatcher:
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
         changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
+        tally.requests = len(admitted)
         for index, pending in admitted:
             group_states = states[pending.group_id]
             applied = await apply_request(
-                pending.group_id, pending.request, group_states, self._settings
+                pending.group_id, pending.request, group_states, self._settings, tally
             )
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result
         await repository.write_partitions(connection, changed)
         return outcomes
-
-    async def _create_groups(
-        self, connection: asyncpg.Connection, pending: list[_Pending]
-    ) -> dict[str, KeyrangeError | _Undecided | None]:
-        """Create the groups of admissible standalone commits, within their tenants' caps:
-        None for a group this transaction created (its commits are admitted: it has no
-        members), the refusal for one past its cap, undecided for one another transaction is
-        creating."""
-        wanted = [(p.group_id, p.scope) for p in pending]
-        stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
-        decided = group_refusals(wanted, stored, self._settings.max_groups_per_prefix)
-        created = await quota_store.create_groups(
-            connection, [group_id for group_id, refused in decided.items() if refused is None]
-        )
-        return {
-            group_id: refused if refused is not None or group_id in created else _UNDECIDED
-            for group_id, refused in decided.items()
-        }
 
     async def _add_partitions(
         self,
@@ -382,6 +385,24 @@ class CommitBatcher:
         return still
 
 
+async def _create_groups(
+    connection: asyncpg.Connection, pending: list[_Pending], max_groups_per_prefix: int
+) -> dict[str, KeyrangeError | _Undecided | None]:
+    """Create the groups of admissible standalone commits, within their tenants' caps: None
+    for a group this transaction created (its commits are admitted: it has no members), the
+    refusal for one past its cap, undecided for one another transaction is creating."""
+    wanted = [(p.group_id, p.scope) for p in pending]
+    stored = await quota_store.lock_scopes(connection, {scope for _, scope in wanted})
+    decided = group_refusals(wanted, stored, max_groups_per_prefix)
+    created = await quota_store.create_groups(
+        connection, [group_id for group_id, refused in decided.items() if refused is None]
+    )
+    return {
+        group_id: refused if refused is not None or group_id in created else _UNDECIDED
+        for group_id, refused in decided.items()
+    }
+
+
 class _NoConnection(Exception):
     """The pool could not give a connection; the cause says why."""
 
@@ -433,7 +454,6 @@ def _answer(pending: _Pending, outcome: Outcome) -> bool:
     if isinstance(outcome, KeyrangeError):
         _settle(pending, exception=outcome)
     else:
-        metrics.COMMITS.inc()
         _settle(pending, result=outcome)
     return True
 

@@ -28,6 +28,7 @@ from coordinator import metrics
 from coordinator.auth import admitted
 from coordinator.body_limit import ClientGone, declares_too_much, read_body, too_large
 from coordinator.offsets import service
+from coordinator.offsets.commit_tracing import CommitTrace
 from coordinator.offsets.schemas import CommitReply, CommitRequest
 from coordinator.problems import error_response
 from coordinator.settings import Settings
@@ -47,7 +48,11 @@ _VALIDATE_IN_THREAD_BYTES = 256 * 1024
 async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
     """Answer a commit that ``commit_group`` picked, and record the route metrics."""
     started = time.perf_counter()
-    status = await serve_commit(scope, receive, send, raw_group_id)
+    tracer = scope["app"].state.commit_tracer
+    trace = None if tracer is None else CommitTrace(tracer, scope, raw_group_id)
+    status = await serve_commit(scope, receive, send, raw_group_id, trace)
+    if trace is not None:
+        trace.end(status)
     if status is None:
         return
     served = _SERVED if status == 200 else metrics.HTTP_REQUESTS.labels("POST", ROUTE, str(status))
@@ -59,11 +64,17 @@ _SERVED = metrics.HTTP_REQUESTS.labels("POST", ROUTE, "200")
 _LATENCY = metrics.HTTP_LATENCY.labels("POST", ROUTE)
 
 
-async def serve_commit(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> int | None:
+async def serve_commit(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    raw_group_id: str,
+    trace: CommitTrace | None = None,
+) -> int | None:
     """Answer one commit request, errors included; its status, or None when the client left
     before sending its whole body."""
     try:
-        reply = await _commit(scope, receive, raw_group_id)
+        reply = await _commit(scope, receive, raw_group_id, trace)
     except ClientGone:
         return None
     except Exception as exc:
@@ -95,7 +106,9 @@ def commit_group(scope: Scope) -> str | None:
     return group_id
 
 
-async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitReply:
+async def _commit(
+    scope: Scope, receive: Receive, raw_group_id: str, trace: CommitTrace | None
+) -> CommitReply:
     state = scope["app"].state
     settings: Settings = state.settings
     content_type = ""
@@ -132,7 +145,9 @@ async def _commit(scope: Scope, receive: Receive, raw_group_id: str) -> CommitRe
         raise RequestValidationError(_located(exc, ("body",))) from None
     principal = admitted(scope)
     service.check_limits(request, settings)
-    result = await state.commits.submit(group_id, request, principal.group_scope(group_id))
+    if trace is not None:
+        trace.admitted()
+    result = await state.commits.submit(group_id, request, principal.group_scope(group_id), trace)
     if result.rebalance_needed:
         # Flagged only once the commit's transaction is over: committers hold the group row
         # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.

@@ -10,15 +10,17 @@ committer adds a statement, a group's or a partition's first commit adds the sta
 cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them), and a batch
 whose committers were all not found reads the switch alone. Rows are always locked in sorted
 order, groups, then members, then partitions, so concurrent commits cannot deadlock with each
-other or with heartbeats.
+other or with heartbeats. ``tests/offsets/test_commit_statements.py`` counts them
+(docs/offsets.md, "Statements per batch").
 
-Every stored state is decoded by ``_state_of``, whichever way it was read.
+A stored state is decoded by ``_locked_state_of`` when the commit path read it (the IC ranges
+as text) and by ``_state_of`` when SQLAlchemy did (the reads and admin changes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,7 +68,7 @@ class _Row(Protocol):
 
 
 def _state_of(row: _Row) -> CommittedOffsets:
-    """A stored row, read by the driver or by SQLAlchemy, as the algebra's value."""
+    """A stored row, read by SQLAlchemy (the reads and admin changes), as the algebra's value."""
     return CommittedOffsets.of_pieces(
         row["stable_offset"],
         _ranges_from_db(row["ic_ranges"]),
@@ -75,36 +77,86 @@ def _state_of(row: _Row) -> CommittedOffsets:
     )
 
 
-def _bigint_array(values: Sequence[int]) -> str:
+def _locked_state_of(row: asyncpg.Record) -> CommittedOffsets:
+    """A row of ``_LOCK_PARTITIONS`` (columns by position) as the algebra's value."""
+    return CommittedOffsets.of_pieces(
+        row[3], _ranges_from_text(row[4]), tuple(zip(row[5], row[6], row[7], strict=True)), row[8]
+    )
+
+
+def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
+    """An ``int8multirange`` in Postgres' text form, which is canonical: ``{}`` or
+    ``{[a,b),[c,d)}``; an unbounded range, which no commit stores, is skipped as
+    ``_ranges_from_db`` skips it."""
+    ranges = []
+    if len(text) > 2:
+        for part in text[2:-2].split("),["):
+            lower, _, upper = part.partition(",")
+            if lower and upper:
+                ranges.append((int(lower), int(upper) - 1))
+    return tuple(ranges)
+
+
+def _text_array(values: Sequence[str | None]) -> str:
+    """A ``text[]`` literal: every element quoted, so none can be read as NULL or split.
+
+    Each distinct value is quoted once: a batch's keys repeat a few group ids and topics."""
+    quoted = {
+        value: "NULL"
+        if value is None
+        else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for value in set(values)
+    }
+    return "{" + ",".join(map(quoted.__getitem__, values)) + "}"
+
+
+def _int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def _multirange_literal(ranges: Sequence[tuple[int, int]]) -> str:
-    return "{" + ",".join(f"[{start},{end}]" for start, end in ranges) + "}"
-
-
-def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[Any], ...]:
-    """New states as one flat array per column, in the write statement's parameter order."""
+def _key_arrays(ordered: Sequence[GroupPartitionKey]) -> tuple[str, str, str]:
+    """(group, topic, partition) keys as the three array literals the statements unnest."""
     return (
-        [state.stable_offset for state in states],
-        [_multirange_literal(state.ranges) for state in states],
-        [_bigint_array([start for start, _, _ in state.pieces]) for state in states],
-        [_bigint_array([end for _, end, _ in state.pieces]) for state in states],
-        [_bigint_array([offset for _, _, offset in state.pieces]) for state in states],
-        [state.metadata for state in states],
+        _text_array([key[0] for key in ordered]),
+        _text_array([key[1] for key in ordered]),
+        _int_array([key[2] for key in ordered]),
     )
+
+
+def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[str], ...]:
+    """New states as the elements of one array literal per column, in the write statement's
+    parameter order (the stable offsets' and the metadata's literals are built by the caller)."""
+    ranges, starts, ends, offsets = [], [], [], []
+    for state in states:
+        ranges.append('"{' + ",".join([f"[{start},{end}]" for start, end in state.ranges]) + '}"')
+        pieces = state.pieces
+        if pieces:
+            starts.append('"{' + ",".join([str(piece[0]) for piece in pieces]) + '}"')
+            ends.append('"{' + ",".join([str(piece[1]) for piece in pieces]) + '}"')
+            offsets.append('"{' + ",".join([str(piece[2]) for piece in pieces]) + '}"')
+        else:  # a slice's watermarks are dropped once the stable offset passes them
+            starts.append('"{}"')
+            ends.append('"{}"')
+            offsets.append('"{}"')
+    return ranges, starts, ends, offsets
 
 
 # The commit statements run on the driver connection: at the rates commits come, SQLAlchemy's
 # per-statement work would cost more than the statements. Every statement takes its rows in
 # sorted order, and they run groups, then members, then partitions: the order every other
 # transaction locks them in.
+#
+# Arrays travel as one text literal each (``$1::text::text[]``): asyncpg checks every element
+# of an array parameter against three abstract base classes, which cost more client CPU than
+# the rest of the statement, while Postgres parses a literal in C. For the same reason the IC
+# ranges come back in their (canonical) text form: binary decoding builds an asyncpg ``Range``
+# per range.
 
 # The switch is read along with the fence rows, to save a round trip per batch. Groups are
 # only locked here: a commit creates its group once it is admitted (coordinator.db.quotas).
 _LOCK_GROUPS = f"""
     WITH locked AS (
-        SELECT group_id FROM groups WHERE group_id = ANY($1::text[])
+        SELECT group_id FROM groups WHERE group_id = ANY($1::text::text[])
         ORDER BY group_id FOR SHARE
     )
     SELECT locked.group_id,
@@ -118,7 +170,7 @@ _LOCK_MEMBERS = f"""
     SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
            m.expires_at > now() AS alive, ({STORED_SWITCH}) AS stored_switch
     FROM members m
-    JOIN unnest($1::text[], $2::text[]) AS requested(group_id, member_id)
+    JOIN unnest($1::text::text[], $2::text::text[]) AS requested(group_id, member_id)
       ON m.group_id = requested.group_id AND m.member_id = requested.member_id
     ORDER BY m.group_id, m.member_id
     FOR SHARE OF m
@@ -126,9 +178,11 @@ _LOCK_MEMBERS = f"""
 
 _LOCK_PARTITIONS = """
     SELECT stored.group_id, stored.topic, stored.partition, stored.stable_offset,
-           stored.ic_ranges, stored.wm_starts, stored.wm_ends, stored.wm_offsets, stored.metadata
+           stored.ic_ranges::text, stored.wm_starts, stored.wm_ends, stored.wm_offsets,
+           stored.metadata
     FROM partition_offsets stored
-    JOIN unnest($1::text[], $2::text[], $3::int[]) AS requested(group_id, topic, partition)
+    JOIN unnest($1::text::text[], $2::text::text[], $3::text::int[])
+        AS requested(group_id, topic, partition)
       ON stored.group_id = requested.group_id AND stored.topic = requested.topic
          AND stored.partition = requested.partition
     ORDER BY stored.group_id, stored.topic, stored.partition
@@ -137,13 +191,14 @@ _LOCK_PARTITIONS = """
 
 _CREATE_PARTITIONS = """
     INSERT INTO partition_offsets (group_id, topic, partition)
-    SELECT g, t, p FROM unnest($1::text[], $2::text[], $3::int[]) AS requested(g, t, p)
+    SELECT g, t, p FROM unnest($1::text::text[], $2::text::text[], $3::text::int[])
+        AS requested(g, t, p)
     ORDER BY g, t, p
     ON CONFLICT (group_id, topic, partition) DO NOTHING
 """
 
-# New states travel as text literals of their column types: one flat array per column keeps
-# the whole write one statement, and formatting integers is cheaper than per-element binding.
+# New states travel as text literals of their column types, one array literal per column:
+# one statement for the whole write, and no per-element binding (above).
 _WRITE_PARTITIONS = """
     UPDATE partition_offsets AS stored
     SET stable_offset = new.stable_offset,
@@ -153,8 +208,9 @@ _WRITE_PARTITIONS = """
         wm_offsets = new.wm_offsets::bigint[],
         metadata = new.metadata,
         updated_at = now()
-    FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[],
-                $7::text[], $8::text[], $9::text[])
+    FROM unnest($1::text::text[], $2::text::text[], $3::text::int[], $4::text::bigint[],
+                $5::text::text[], $6::text::text[], $7::text::text[], $8::text::text[],
+                $9::text::text[])
         AS new(group_id, topic, partition, stable_offset, ic_ranges, wm_starts, wm_ends,
                wm_offsets, metadata)
     WHERE stored.group_id = new.group_id
@@ -190,13 +246,15 @@ async def lock_committers(
     standings: dict[tuple[str, str], MemberStanding] = {}
     switch_rows: list[asyncpg.Record] = []
     if standalone_groups:
-        rows = await connection.fetch(_LOCK_GROUPS, sorted(standalone_groups))
+        rows = await connection.fetch(_LOCK_GROUPS, _text_array(sorted(standalone_groups)))
         live_members = {row["group_id"]: int(row["live_members"]) for row in rows}
         switch_rows += rows[:1]
     if members:
         ordered = sorted(members)
         rows = await connection.fetch(
-            _LOCK_MEMBERS, [group for group, _ in ordered], [member for _, member in ordered]
+            _LOCK_MEMBERS,
+            _text_array([group for group, _ in ordered]),
+            _text_array([member for _, member in ordered]),
         )
         standings = {
             (row["group_id"], row["member_id"]): MemberStanding(
@@ -217,19 +275,13 @@ async def lock_existing(
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
     """Lock the rows of ``keys`` that exist FOR UPDATE, without writing them (no new row
     versions), and read their state, decoded a turn at a time (``coordinator.offsets.pacing``)."""
-    ordered = sorted(set(keys))
-    rows = await connection.fetch(
-        _LOCK_PARTITIONS,
-        [key[0] for key in ordered],
-        [key[1] for key in ordered],
-        [key[2] for key in ordered],
-    )
+    rows = await connection.fetch(_LOCK_PARTITIONS, *_key_arrays(sorted(set(keys))))
     states: dict[GroupPartitionKey, CommittedOffsets] = {}
     for start in range(0, len(rows), PARTITIONS_PER_TURN):
         if start:
             await asyncio.sleep(0)
         for row in rows[start : start + PARTITIONS_PER_TURN]:
-            states[(row["group_id"], row["topic"], row["partition"])] = _state_of(row)
+            states[(row[0], row[1], row[2])] = _locked_state_of(row)
     return states
 
 
@@ -251,12 +303,7 @@ async def create_partitions(
     """Insert the rows of ``keys`` that are missing, which only a partition's first commits
     meet, then lock and read them all."""
     ordered = sorted(set(keys))
-    await connection.execute(
-        _CREATE_PARTITIONS,
-        [key[0] for key in ordered],
-        [key[1] for key in ordered],
-        [key[2] for key in ordered],
-    )
+    await connection.execute(_CREATE_PARTITIONS, *_key_arrays(ordered))
     return await lock_existing(connection, ordered)
 
 
@@ -267,20 +314,21 @@ async def write_partitions(
     at a time (``coordinator.offsets.pacing``)."""
     if not states:
         return
-    ordered = sorted(states.items())
-    columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+    ordered = sorted(states)
+    columns: tuple[list[str], ...] = ([], [], [], [])
     for start in range(0, len(ordered), PARTITIONS_PER_TURN):
         if start:
             await asyncio.sleep(0)
-        part = _state_columns([state for _, state in ordered[start : start + PARTITIONS_PER_TURN]])
+        part = _state_columns([states[key] for key in ordered[start : start + PARTITIONS_PER_TURN]])
         for column, values in zip(columns, part, strict=True):
             column.extend(values)
+    written = [states[key] for key in ordered]
     await connection.execute(
         _WRITE_PARTITIONS,
-        [key[0] for key, _ in ordered],
-        [key[1] for key, _ in ordered],
-        [key[2] for key, _ in ordered],
-        *columns,
+        *_key_arrays(ordered),
+        _int_array([state.stable_offset for state in written]),
+        *["{" + ",".join(column) + "}" for column in columns],
+        _text_array([state.metadata for state in written]),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
@@ -97,14 +97,34 @@ class AppliedRequest:
     changed: frozenset[tuple[str, int]]
 
 
+@dataclass
+class CommitTally:
+    """What the requests of one batch did to the metrics, added to them once per batch: a
+    metric update takes a lock, and a batch carries many requests of several partitions."""
+
+    requests: int = 0
+    advanced: int = 0
+    outcomes: dict[CommitOutcome, int] = field(default_factory=dict)
+
+    def add_to_metrics(self) -> None:
+        if self.requests:
+            metrics.COMMITS.inc(self.requests)
+        if self.advanced:
+            metrics.STABLE_OFFSET_ADVANCES.inc(self.advanced)
+        for outcome, count in self.outcomes.items():
+            _COMMITTED_BY_OUTCOME[outcome].inc(count)
+
+
 async def apply_request(
     group_id: str,
     request: CommitRequest,
     states: dict[tuple[str, int], CommittedOffsets],
     settings: Settings,
+    tally: CommitTally,
 ) -> AppliedRequest:
     """Apply an admitted request to the locked ``states`` in place, giving other requests a
-    turn now and then (``coordinator.offsets.pacing``).
+    turn now and then (``coordinator.offsets.pacing``), and count its partitions' outcomes
+    in ``tally``.
 
     In place, so that several requests applied in one transaction each see the state the
     previous one left; the caller writes the keys in ``changed`` back.
@@ -112,10 +132,10 @@ async def apply_request(
     replies: list[dict[str, object]] = []
     changed: set[tuple[str, int]] = set()
     rebalance_needed = False
-    # Counted here and added once per request: a metric update takes a lock, and a request
-    # carries several partitions.
     advanced = 0
-    outcomes: dict[CommitOutcome, int] = {}
+    # An enum member hashes in Python: the common outcome is counted without a dict.
+    ok = 0
+    outcomes = tally.outcomes
     for index, entry in enumerate(request.partitions):
         if index and not index % PARTITIONS_PER_TURN:
             await asyncio.sleep(0)
@@ -136,21 +156,24 @@ async def apply_request(
                 extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
             )
         advanced += result.stable_offset_advanced
-        outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
+        outcome = result.outcome
+        if outcome is CommitOutcome.OK:
+            ok += 1
+        else:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
         replies.append(
             {
                 "topic": entry.topic,
                 "partition": entry.partition,
-                "error": result.outcome.error_name,
+                "error": None if outcome is CommitOutcome.OK else outcome.value,
                 "last_stable_offset": result.state.stable_offset,
             }
         )
     if len(replies) > PARTITIONS_PER_TURN:
         await asyncio.sleep(0)
-    if advanced:
-        metrics.STABLE_OFFSET_ADVANCES.inc(advanced)
-    for outcome, count in outcomes.items():
-        _COMMITTED_BY_OUTCOME[outcome].inc(count)
+    tally.advanced += advanced
+    if ok:
+        outcomes[CommitOutcome.OK] = outcomes.get(CommitOutcome.OK, 0) + ok
     return AppliedRequest(
         # One validation of the whole reply runs in pydantic's core, cheaper than a model
         # per partition built in Python.

@@ -41,7 +41,7 @@ class Source(InMemorySource):
             self.gate.end()
             self.gate.grant({TP: [KeyRange.full()]})
             for dispatcher in self.on_loss:
-                dispatcher.lose()
+                dispatcher.lost({})
         return self.allowed
 
 
@@ -62,7 +62,7 @@ async def test_records_of_one_key_run_one_at_a_time_in_offset_order() -> None:
         source.put(offset, offset % 3)
     task = asyncio.create_task(dispatcher.run())
     await until(lambda: len(source.marked) == 40, 30, "every record marked")
-    await dispatcher.finish(5)
+    await dispatcher.stopping(5)
     await task
     for key in range(3):
         offsets = [offset for k, offset in order if k == key]
@@ -87,14 +87,14 @@ async def test_a_lost_membership_cancels_running_handlers_and_marks_nothing_of_t
     source.put(0, 1)
     task = asyncio.create_task(dispatcher.run())
     await asyncio.wait_for(started.wait(), 30)
-    dispatcher.lose()
+    dispatcher.lost({})
     await until(lambda: outcomes == ["cancelled 0"], 30, "the running handler to be cancelled")
     assert source.marked == []
     # The worker lives on: the next record (after the member rejoined) is processed.
     started.clear()
     source.put(1, 2)
     await until(started.is_set, 30, "the next record to start")
-    await dispatcher.finish(0.1)
+    await dispatcher.stopping(0.1)
     await task
 
 
@@ -118,7 +118,7 @@ async def test_a_handler_that_notices_the_loss_itself_leaves_its_worker_alive() 
     source.put(1, 2)
     await until(lambda: source.marked == [1], 30, "the one worker to process the next record")
     source.stopped = True
-    await dispatcher.finish(5)
+    await dispatcher.stopping(5)
     await task
     assert not isinstance(task.exception(), ConsumerStopped)
 
@@ -141,7 +141,7 @@ async def test_a_handler_that_swallows_its_cancellation_at_shutdown_is_not_marke
     task = asyncio.create_task(dispatcher.run())
     await asyncio.wait_for(started.wait(), 30)
     source.stopped = True
-    await dispatcher.finish(0.1)
+    await dispatcher.stopping(0.1)
     await task
     assert source.marked == []
     assert source.given_back == [0]

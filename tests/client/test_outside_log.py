@@ -166,7 +166,7 @@ async def test_none_without_a_committed_offset_raises(
         with pytest.raises(NoOffsetForPartition, match=topic):
             await take(consumer, 1)
     # Said once, as one line: retrying cannot help, so the reconciler does not loop on it.
-    refusals = [r for r in caplog.records if r.name == "client.membership"]
+    refusals = [r for r in caplog.records if r.name == "client.membership.reconcile"]
     assert [r.levelno for r in refusals] == [logging.ERROR], refusals
     assert refusals[0].exc_info is None
 

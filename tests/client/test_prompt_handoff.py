@@ -57,8 +57,8 @@ async def test_a_joiner_and_then_an_heir_take_over_key_ranges_well_within_an_int
         await until(lambda: covered(first) == whole, 30, "the first member to own it all")
         # A wake cuts the waiting heartbeat short and a fresh one answers at once; the
         # membership goes on working after it.
-        assert first._membership is not None
-        assert await asyncio.wait_for(first._membership.refresh(), PROMPTLY_S)
+        assert first._lifespan.membership is not None
+        assert await asyncio.wait_for(first._lifespan.membership.refresh(), PROMPTLY_S)
 
         joined_at = time.monotonic()
         async with KeyrangeConsumer(topic, **options) as second:  # type: ignore[arg-type]

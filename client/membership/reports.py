@@ -1,0 +1,67 @@
+"""What a member tells beyond what it owns: the calls it cannot stop, to the coordinator, and
+why it gets nothing, to its log (docs/api.md "Stuck calls", docs/membership.md "Idle members
+are told why").
+
+Both are said once per change: the coordinator ages a stuck-call report itself, and an idle
+member's reason repeats on every reply.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from client.http import HeartbeatReply, IdleNotice, StuckCall
+
+logger = logging.getLogger(__name__)
+
+
+class Reports:
+    """The stuck calls last reported and the idle reason last logged, for one member."""
+
+    def __init__(self, group_id: str, stuck_calls: Callable[[], list[StuckCall]]) -> None:
+        self._group_id = group_id
+        self._stuck_calls = stuck_calls
+        # The stuck calls last reported (which calls, not how long they ran): a heartbeat
+        # reports them again only when they change, an empty list clearing them.
+        self._stuck_reported: frozenset[tuple[str, int, int, int]] = frozenset()
+        # Why this member gets nothing, as last logged; forgotten once it gets something.
+        self._idle_logged: IdleNotice | None = None
+
+    def stuck(self) -> list[StuckCall] | None:
+        """The stuck calls when they changed since the last report (an empty list once they
+        have all ended), else nothing: the coordinator ages a report itself, and an older
+        coordinator never sees the field from a member with nothing stuck."""
+        stuck = self._stuck_calls()
+        calls = frozenset((c.topic, c.partition, c.key_hash, c.offset) for c in stuck)
+        if calls == self._stuck_reported:
+            return None
+        self._stuck_reported = calls
+        return stuck
+
+    def log_idle(self, reply: HeartbeatReply) -> None:
+        """Once per reason: a member left idle by a switch is otherwise silent, and looks
+        like a member that is simply waiting for records."""
+        if reply.assignment:
+            self._idle_logged = None
+            return
+        if reply.idle is None or reply.idle == self._idle_logged:
+            return
+        self._idle_logged = reply.idle
+        hint = ""
+        if reply.idle.switch == "accept.range.fetch":
+            hint = (
+                "; or from Python, with an admin token: "
+                "await CoordinatorClient(url, token=...).set_accept_range_fetch(topic)"
+            )
+        logger.warning(
+            "this member gets no records: %s%s",
+            reply.idle.message,
+            hint,
+            extra={
+                "group_id": self._group_id,
+                "member_id": reply.member_id,
+                "switch": reply.idle.switch,
+                "topics": list(reply.idle.topics),
+            },
+        )

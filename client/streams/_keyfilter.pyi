@@ -1,6 +1,0 @@
-from collections.abc import Sequence
-
-def select(
-    batch: bytes | memoryview, position: int, bounds: Sequence[tuple[int, int]]
-) -> tuple[int, list[bytes | None], list[bytes | None]] | None: ...
-def key_hash(key: bytes | memoryview) -> int: ...
