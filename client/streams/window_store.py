@@ -5,7 +5,8 @@ Inside a segment an entry's key is the record key's bytes, then the window's sta
 (8 bytes each, big endian): a key's windows are adjacent and ordered by start, and a range
 scan by key and time is one scan per segment. A segment holds the windows ending in its
 ``segment_ms`` of time; once the latest window end written is more than the retention past
-a segment's last end, the segment goes. The engine is shared by this process's tasks on the
+a segment's last end, the segment goes (looked at whenever a write starts a new segment).
+The engine is shared by this process's tasks on the
 partition (each a key range): the latest end that counts is that of the task furthest
 behind, so a lagging task never loses a window it has yet to close.
 
@@ -77,6 +78,9 @@ class WindowBackend:
         # partition, and expiry follows the one furthest behind, never dropping a window a
         # lagging task has yet to close (its final result included).
         self._views: weakref.WeakSet[TaskWindowStore] = weakref.WeakSet()
+        # The highest segment written, and the lowest one not expired.
+        self._top = max(self._segments, default=-1)
+        self._floor = -1
 
     def register(self, view: TaskWindowStore) -> None:
         self._views.add(view)
@@ -90,8 +94,12 @@ class WindowBackend:
     def put_window(self, key: bytes, start: int, end: int, flags: int, value: bytes) -> None:
         self.observed = max(self.observed, end)
         index = end // self._segment_ms
-        if self._expired(index):
+        if index < self._floor:
             return
+        if index > self._top:
+            # Stream time moves on by segments: expiry is looked at when a new one starts.
+            self._top = index
+            self._expire()
         segment = self._segments.get(index)
         if segment is None:
             segment = self._segments[index] = self._open_segment(index)
@@ -100,7 +108,6 @@ class WindowBackend:
             segment.delete(entry)
         else:
             segment.put(entry, bytes([flags]) + value)
-        self._expire()
 
     def get_window(self, key: bytes, start: int, end: int) -> tuple[int, bytes] | None:
         segment = self._segments.get(end // self._segment_ms)
@@ -175,13 +182,11 @@ class WindowBackend:
             segment.close()
         self._segments.clear()
 
-    def _expired(self, index: int, stream_time: int | None = None) -> bool:
-        now = self._stream_time() if stream_time is None else stream_time
-        return (index + 1) * self._segment_ms - 1 < now - self._retention_ms
-
     def _expire(self) -> None:
-        now = self._stream_time()
-        for index in [index for index in self._segments if self._expired(index, now)]:
+        """Drop the segments whose every window ended more than the retention before the
+        stream time of the task furthest behind."""
+        self._floor = (self._stream_time() - self._retention_ms) // self._segment_ms
+        for index in [index for index in self._segments if index < self._floor]:
             self._segments.pop(index).close()
             self._drop_segment(index)
 

@@ -82,8 +82,10 @@ def test_expiry_waits_for_the_task_furthest_behind() -> None:
     fast.put(fast_key, 990, 1000, 1)
     assert slow.fetch(slow_key) == [(0, 10, 1)]
     slow.put(slow_key, 500, 510, 1)
+    # Expiry is looked at as a new segment starts, by the slow task's stream time (510).
+    fast.put(fast_key, 1990, 2000, 1)
     assert slow.fetch(slow_key) == [(500, 510, 1)]
     del slow
-    fast.put(fast_key, 1990, 2000, 1)
     # Once the slow task is gone, the fast one alone sets the engine's stream time.
-    assert [row[:3] for row in backend.windows(None, None)] == [(fast_key.encode(), 1990, 2000)]
+    fast.put(fast_key, 2990, 3000, 1)
+    assert [row[:3] for row in backend.windows(None, None)] == [(fast_key.encode(), 2990, 3000)]
