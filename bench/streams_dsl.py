@@ -155,8 +155,13 @@ async def windowed_speedup(
     count = args.windowed_records
     # Spread over ten minutes of event time: ten windows per user.
     step = 10 * MINUTE_MS // count
-    views = [(USERS[(index * 7) % 500].encode(), b"{}", index * step) for index in range(count)]
-    end = count * step + 10 * MINUTE_MS
+    # Event time starts at this minute, as live records would (a broker's time-based
+    # retention may drop records stamped in 1970).
+    base = int(time.time() * 1000) // MINUTE_MS * MINUTE_MS
+    views = [
+        (USERS[(index * 7) % 500].encode(), b"{}", base + index * step) for index in range(count)
+    ]
+    end = base + count * step + 10 * MINUTE_MS
     closers = [(key.encode(), b"{}", end) for key in CLOSERS]
     windows = {(key, stamp // MINUTE_MS) for key, _, stamp in views}
     seconds: dict[int, float] = {}
