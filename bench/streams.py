@@ -7,8 +7,9 @@ process); each ratio is against a baseline measured in the same run.
    a RocksDB store, a changelog write and an output record per word) over ``--records``
    (8,000) words of ``--keys`` (500) distinct words on ONE partition, each count costing
    ``--lookup-ms`` (1) of simulated I/O (an external lookup), run by 1, 2 and 4
-   `keyrange streams` processes. The instances join first; the clock runs from the first
-   word produced to the last count out. ``speedup_2`` and ``speedup_4`` are rates against 1
+   `keyrange streams` processes. The instances join first and the clock starts once the group
+   has settled (every instance owns its final share), from the first word produced to the
+   last count out. ``speedup_2`` and ``speedup_4`` are rates against 1
    instance; a partition-bound library stays at 1.
 2. Restoration by key range: a changelog partition of ``--changelog-records`` (200,000)
    distinct keys restored into a RocksDB store, once for the whole key space and once for a
@@ -20,8 +21,12 @@ process); each ratio is against a baseline measured in the same run.
    keys; the same restores judged by the Python loop (an install without a C compiler) give
    ``restore_ratio_python``.
 
-``--phases scale,restore`` picks the phases (both by default). Prints one line per phase,
-then one JSON object on the last line.
+3. The DSL (``bench/streams_dsl.py``): ``dsl_overhead``, the DSL word count's time over the
+   hand-written processors', and ``windowed_speedup_4``, the page-views example with final
+   results and ``--lookup-ms`` of I/O per view on 4 instances against 1, on one partition.
+
+``--phases scale,restore,dsl,windowed`` picks the phases (all by default). Prints one line
+per phase, then one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from bench.commit import free_port
+from bench.streams_dsl import dsl_overhead, windowed_speedup
 from client.http import CoordinatorClient
 from client.protocol.keyspace import KeyRange
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.stores import RocksStore
 from coordinator.kafka import ClusterMetadata
 from examples.demo_stack import Stack, produce
-from tests.streams.harness import StreamsProcess, TopicReader, group_owners, start_streams
+from tests.streams.harness import StreamsProcess, TopicReader, group_settled, start_streams
 
 COORDINATOR_SETTINGS = {"log_format": "text", "metadata_refresh_ms": "1000"}
 TARGET = "examples.streams_wordcount:build_topology"
@@ -95,14 +101,7 @@ async def word_count_seconds(
             )
         )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            owners = await group_owners(stack.coordinator_url, app_id)
-            if len(owners) == instances and all(owners):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{instances} instances did not settle")
-            await asyncio.sleep(0.2)
+        await settled(stack, app_id, instances)
         keys = [b"word-%d" % (index % args.keys) for index in range(args.records)]
         async with TopicReader(stack.bootstrap, counts) as reader:
             started = time.monotonic()
@@ -114,6 +113,17 @@ async def word_count_seconds(
     finally:
         for process in processes:
             await process.stop(signal.SIGTERM)
+
+
+async def settled(stack: Stack, app_id: str, instances: int) -> None:
+    """Until every instance owns its final share (what the assignor targets for it): a run
+    timed from the first moment each owned something started with a quarter of the key
+    space still being handed over."""
+    deadline = time.monotonic() + 120
+    while not await group_settled(stack.coordinator_url, app_id, instances):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{instances} instances did not settle")
+        await asyncio.sleep(0.2)
 
 
 async def produce_counts(bootstrap: str, topic: str, keys: list[bytes]) -> None:
@@ -209,6 +219,10 @@ async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, A
         summary.update(await scale_out(stack, args, work))
     if "restore" in args.phases:
         summary.update(await restoration(stack, args, work))
+    if "dsl" in args.phases:
+        summary.update(await dsl_overhead(stack, args, work, new_topics))
+    if "windowed" in args.phases:
+        summary.update(await windowed_speedup(stack, args, work, new_topics))
     return summary
 
 
@@ -219,11 +233,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lookup-ms", type=float, default=1.0)
     parser.add_argument("--changelog-records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dsl-lines", type=int, default=4_000)
+    parser.add_argument("--dsl-rounds", type=int, default=3)
+    parser.add_argument("--windowed-records", type=int, default=8_000)
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),
-        default={"scale", "restore"},
-        help="comma-separated subset of scale,restore",
+        default={"scale", "restore", "dsl", "windowed"},
+        help="comma-separated subset of scale,restore,dsl,windowed",
     )
     return parser.parse_args()
 

@@ -14,6 +14,7 @@ checkpoint.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from typing import Any
@@ -24,11 +25,18 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from client.consumer import KeyrangeConsumer
 from client.consumer_source import ConsumerSource
+from client.errors import KeyrangeClientError
 from client.graceful import GracefulStop
 from client.http import CoordinatorClient
 from client.metrics_server import MetricsServer
 from client.streams.config import StreamsConfig
 from client.streams.errors import StreamsError
+from client.streams.internal import (
+    changelog_configs,
+    external_topics,
+    for_application,
+    plan_internal_topics,
+)
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
 from client.streams.queries import QueryAnswer, StoreQueries
@@ -41,11 +49,13 @@ from client.streams.topology import BuiltTopology, Topology
 from client.tracing import record_tracer
 
 ASSIGNOR = "sticky-join"
+logger = logging.getLogger(__name__)
 
 
 class StreamsApp:
     def __init__(self, topology: Topology | BuiltTopology, config: StreamsConfig) -> None:
-        self.topology = topology.build() if isinstance(topology, Topology) else topology
+        built = topology.build() if isinstance(topology, Topology) else topology
+        self.topology = for_application(built, config.application_id)
         self.config = config
         # One set of aiokafka arguments (secrets in clear: passed on, never logged) for the
         # consumer, the producer, the restorer and the admin client alike.
@@ -184,39 +194,61 @@ class StreamsApp:
         return AIOKafkaAdminClient(**self._kafka)
 
     async def _create_changelogs(self) -> None:
-        """Each store's changelog: compacted, with its sub-topology's partition count."""
+        """The internal topics (sized by ``plan_internal_topics``), then each store's
+        changelog with its sub-topology's partition count and ``changelog_configs``."""
         admin = self._admin()
         await admin.start()
         try:
-            described = await admin.describe_topics(self.topology.source_topics)
+            external = external_topics(self.topology)
+            described = await admin.describe_topics(external)
             for entry in described:
                 if entry.get("partitions"):
                     self._partitions[entry["topic"]] = len(entry["partitions"])
-            missing = [
-                topic for topic in self.topology.source_topics if topic not in self._partitions
-            ]
+            missing = [topic for topic in external if topic not in self._partitions]
             if missing:
                 raise StreamsError(f"source topics do not exist: {', '.join(missing)}")
-            wanted = []
+            internal = plan_internal_topics(self.topology, self._partitions)
+            wanted = [
+                NewTopic(topic, count, self.config.changelog_replication_factor)
+                for topic, count in internal.items()
+            ]
             for sub in self.topology.subtopologies:
                 count = min(self._partitions[topic] for topic in sub.source_topics)
                 for store in sub.stores:
-                    name = self.topology.stores[store].changelog_topic(self.config.application_id)
-                    wanted.append(
-                        NewTopic(
-                            name,
-                            count,
-                            self.config.changelog_replication_factor,
-                            topic_configs={"cleanup.policy": "compact"},
+                    spec = self.topology.stores[store]
+                    configs = changelog_configs(spec)
+                    if configs is not None:
+                        name = spec.changelog_topic(self.config.application_id)
+                        wanted.append(
+                            NewTopic(
+                                name,
+                                count,
+                                self.config.changelog_replication_factor,
+                                topic_configs=configs,
+                            )
                         )
-                    )
             if wanted:
                 reply = await admin.create_topics(wanted)
                 for topic, code, *_ in getattr(reply, "topic_errors", ()):
                     if code not in (0, TopicAlreadyExistsError.errno):
-                        raise StreamsError(f"cannot create changelog topic {topic}: error {code}")
+                        raise StreamsError(f"cannot create topic {topic}: error {code}")
         finally:
             await admin.close()
+        await self._split_internal_topics(internal)
+
+    async def _split_internal_topics(self, internal: dict[str, int]) -> None:
+        """Let the coordinator split the internal topics by key, as the application owns them;
+        a token without the admin scope leaves that to an operator, and the topics are then
+        handed out by whole partitions."""
+        for topic in internal:
+            try:
+                await self._coordinator.set_accept_range_fetch(topic)
+            except KeyrangeClientError as error:
+                logger.warning(
+                    "internal topic not split by key: run keyrange admin topic-config "
+                    "--accept-range-fetch true on it",
+                    extra={"topic": topic, "error": str(error)},
+                )
 
     # ------------------------------------------------------------------ queries and metrics
 

@@ -42,6 +42,10 @@ class NotAWindowStore(StreamsError):
     """A time-range read asked of a key-value store."""
 
 
+class NotAKeyValueStore(StreamsError):
+    """A key-range scan asked of a window store, whose reads take a time range."""
+
+
 @dataclass(frozen=True)
 class QueryAnswer:
     """``value`` when this instance owns the key (``local``; None when the store has no
@@ -58,14 +62,15 @@ class QueryAnswer:
 @runtime_checkable
 class WindowReads(Protocol):
     """What a window store offers to queries, as Kafka Streams' ``ReadOnlyWindowStore``:
-    one key's windows that start in ``[time_from, time_to]`` (ms) as ``(start, value)``, and
-    every key's in a key range as ``(key, start, value)``, both in key then start order."""
+    one key's windows that start in ``[time_from, time_to]`` (ms) as ``(start, end, value)``,
+    and every key's in a key range as ``(key, start, end, value)``, both in key then start
+    order (``client.streams.window_store.TaskWindowStore``)."""
 
-    def fetch(self, key: Any, time_from: int, time_to: int) -> list[tuple[int, Any]]: ...
+    def fetch(self, key: Any, time_from: int, time_to: int) -> list[tuple[int, int, Any]]: ...
 
     def fetch_range(
         self, low: Any, high: Any, time_from: int, time_to: int
-    ) -> list[tuple[Any, int, Any]]: ...
+    ) -> list[tuple[Any, int, int, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,10 @@ class StoreQueries:
         pairs: list[tuple[Any, Any]] = []
         for task in self._active_tasks(store):
             view = task.stores[store]
+            if isinstance(view, WindowReads):
+                raise NotAKeyValueStore(
+                    f"store '{store}' is a window store: scan it with /windows and a time range"
+                )
             pairs.extend(view.all() if low is None and high is None else view.range(low, high))
         return sorted(pairs, key=lambda pair: spec.key_serde.serialize(pair[0]) or b"")
 
@@ -184,10 +193,10 @@ class StoreQueries:
 
     def local_window_range(
         self, store: str, low: Any, high: Any, time_from: int, time_to: int
-    ) -> list[tuple[Any, int, Any]]:
+    ) -> list[tuple[Any, int, int, Any]]:
         """This instance's windows of keys in ``[low, high]`` starting in the time range."""
         spec = self.spec(store)
-        found: list[tuple[Any, int, Any]] = []
+        found: list[tuple[Any, int, int, Any]] = []
         for task in self._active_tasks(store):
             found.extend(_window_reads(task, store).fetch_range(low, high, time_from, time_to))
         return sorted(

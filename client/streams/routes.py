@@ -30,7 +30,7 @@ import httpx
 
 from client.http import KeyOwner
 from client.streams.errors import StreamsError, UnknownStore
-from client.streams.queries import Located, NotAWindowStore, StoreQueries
+from client.streams.queries import Located, NotAKeyValueStore, NotAWindowStore, StoreQueries
 from client.streams.serde import Serde
 
 DEFAULT_LIMIT = 1_000
@@ -101,6 +101,8 @@ class Routes:
             return Answer.problem(404, "UNKNOWN_STORE", str(error).strip("'\""))
         except NotAWindowStore as error:
             return Answer.problem(400, "NOT_A_WINDOW_STORE", str(error))
+        except NotAKeyValueStore as error:
+            return Answer.problem(400, "NOT_A_KEY_VALUE_STORE", str(error))
         except (_BadRequest, StreamsError) as error:
             return Answer.problem(400, "INVALID_REQUEST", str(error))
 
@@ -116,8 +118,12 @@ class Routes:
             time_from, time_to = _times(params)
             found = self._queries.windows(located, key, time_from, time_to)
             served["windows"] = [
-                {"start": start, **_rendered("value", value, located.spec.value_serde)}
-                for start, value in found
+                {
+                    "start": start,
+                    "end": end,
+                    **_rendered("value", value, located.spec.value_serde),
+                }
+                for start, end, value in found
             ]
             return Answer(200, served)
         value = located.task.stores[store].get(key)
@@ -211,9 +217,10 @@ class Routes:
             {
                 **_rendered("key", key, serde),
                 "start": start,
+                "end": end,
                 **_rendered("value", value, self._values(store)),
             }
-            for key, start, value in found[:limit]
+            for key, start, end, value in found[:limit]
         ]
         return Answer(200, self._listing(store, entries, len(found) > limit))
 

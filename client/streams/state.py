@@ -17,6 +17,7 @@ from client.protocol.keyspace import KeyRange
 from client.streams.checkpoint import Checkpoint, read_checkpoint, start_offset, write_checkpoint
 from client.streams.stores import BytesStore, delete_ranges, open_backend
 from client.streams.topology import BuiltTopology
+from client.streams.window_store import open_window_backend
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,11 @@ class StateManager:
         if backend is None:
             spec = self._topology.stores[store]
             directory = self._directory(store, partition)
-            backend = open_backend(spec, directory)
+            backend = (
+                open_window_backend(spec, directory)
+                if spec.windowed
+                else open_backend(spec, directory)
+            )
             self._backends[key] = backend
             if spec.persistent and directory is not None:
                 self._loaded[key] = read_checkpoint(directory / "checkpoint")

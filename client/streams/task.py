@@ -32,10 +32,12 @@ from client.streams.processor import (
     Processor,
     PunctuationType,
     Punctuator,
+    WindowStore,
 )
 from client.streams.punctuation import Punctuations
-from client.streams.stores import BytesStore, TaskStore
-from client.streams.topology import BuiltTopology, SubTopology
+from client.streams.stores import BytesStore, ChangelogWrite, TaskStore
+from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
+from client.streams.window_store import TaskWindowStore, WindowBackend
 from client.tracing import RecordSpan, RecordTracer
 
 if TYPE_CHECKING:
@@ -125,12 +127,9 @@ class StreamTask:
         self.state = TaskState.RESTORING
         # The right to start its records: its slice's lease in the ownership gate.
         self.lease: Lease | None = None
-        self.stores: dict[str, TaskStore] = {
-            name: TaskStore(
-                topology.stores[name],
-                backends[name],
-                [task_id.keys],
-                self._changelog_writer(name),
+        self.stores: dict[str, TaskStore | TaskWindowStore] = {
+            name: _task_store(
+                topology.stores[name], backends[name], task_id.keys, self._changelog_writer(name)
             )
             for name in subtopology.stores
         }
@@ -311,13 +310,31 @@ class StreamTask:
         return ProcessorFailed(f"task {self.id}: {where} failed{at}: {error!r}")
 
     def _changelog_writer(self, store: str) -> Any:
-        topic = self._topology.stores[store].changelog_topic(self.application_id)
+        spec = self._topology.stores[store]
+        topic = spec.changelog_topic(self.application_id)
         partition = self.id.partition
+        if spec.source_topic is not None:
+            # The store's changelog is its source topic, which holds these writes already.
+            return _unlogged
 
         def write(key: bytes, value: bytes | None) -> None:
             self.outgoing.append(Outgoing(topic, partition, key, value, changelog_of=store))
 
         return write
+
+
+def _unlogged(key: bytes, value: bytes | None) -> None:
+    return None
+
+
+def _task_store(
+    spec: StoreSpec, backend: BytesStore, keys: KeyRange, changelog: ChangelogWrite
+) -> TaskStore | TaskWindowStore:
+    if spec.windowed:
+        if not isinstance(backend, WindowBackend):
+            raise StreamsError(f"store '{spec.name}' is a window store on a key-value backend")
+        return TaskWindowStore(spec, backend, [keys], changelog)
+    return TaskStore(spec, backend, [keys], changelog)
 
 
 def _checked(headers: Sequence[tuple[str, bytes]]) -> Headers:
@@ -411,4 +428,14 @@ class TaskContext:
         store = self._task.stores.get(name)
         if store is None:
             raise UnknownStore(f"store '{name}' is not connected to task {self._task.id}")
+        if isinstance(store, TaskWindowStore):
+            raise UnknownStore(f"store '{name}' is a window store: ask window_store() for it")
+        return store
+
+    def window_store(self, name: str) -> WindowStore:
+        store = self._task.stores.get(name)
+        if store is None:
+            raise UnknownStore(f"store '{name}' is not connected to task {self._task.id}")
+        if not isinstance(store, TaskWindowStore):
+            raise UnknownStore(f"store '{name}' is a key-value store: ask state_store() for it")
         return store

@@ -58,14 +58,30 @@ class SinkNode:
 @dataclass(frozen=True)
 class StoreSpec:
     """A key-value store: ``persistent`` keeps it on disk (RocksDB, the ``streams`` extra),
-    otherwise in memory; either way every write goes to its changelog topic."""
+    otherwise in memory; either way every write goes to its changelog topic.
+
+    ``retention_ms`` makes it a window store (``client.streams.windows``): windows kept by
+    stream time for that long after their end, in segments of ``segment_ms`` (default half
+    the retention, at least a minute). ``source_topic`` makes a compacted source topic the
+    store's changelog (a table read from a topic): restoration reads that topic and nothing
+    is written to it.
+    """
 
     name: str
     key_serde: Serde = BYTES
     value_serde: Serde = BYTES
     persistent: bool = False
+    retention_ms: int | None = None
+    segment_ms: int | None = None
+    source_topic: str | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.retention_ms is not None
 
     def changelog_topic(self, application_id: str) -> str:
+        if self.source_topic is not None:
+            return self.source_topic
         return f"{application_id}-{self.name}-changelog"
 
 
@@ -90,6 +106,11 @@ class BuiltTopology:
     store_users: dict[str, tuple[str, ...]]
     children: dict[str, tuple[str, ...]]
     subtopologies: tuple[SubTopology, ...]
+    # Topics the application creates and owns (a re-keying's repartition topic), by the name
+    # the topology gives them, with their partition count (None: as many as the
+    # sub-topology writing them reads); ``client.streams.internal`` prefixes the names with
+    # the application id.
+    internal_topics: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def source_topics(self) -> list[str]:
@@ -122,6 +143,7 @@ class Topology:
     _stores: dict[str, StoreSpec] = field(default_factory=dict)
     _store_users: dict[str, list[str]] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)
+    _internal: dict[str, int | None] = field(default_factory=dict)
 
     def add_source(
         self,
@@ -177,12 +199,28 @@ class Topology:
         self._order.append(name)
         return self
 
+    def add_internal_topic(self, topic: str, partitions: int | None = None) -> Topology:
+        """Declare a topic the application creates and owns (named ``<application id>-<topic>``
+        when it runs), for sinks and sources of this topology to use by ``topic``."""
+        if not _NAME.match(topic):
+            raise TopologyError(f"internal topic '{topic}' is not a valid topic name")
+        if topic in self._internal:
+            raise TopologyError(f"internal topic '{topic}' is declared twice")
+        if partitions is not None and partitions < 1:
+            raise TopologyError(f"internal topic '{topic}': partitions must be at least 1")
+        self._internal[topic] = partitions
+        return self
+
     def add_state_store(self, spec: StoreSpec, *processor_names: str) -> Topology:
         if not _NAME.match(spec.name):
             raise TopologyError(f"store '{spec.name}': names use letters, digits, '.', '_', '-'")
         if spec.name in self._stores:
             raise TopologyError(f"store '{spec.name}' is added twice")
         _check_serdes(f"store '{spec.name}'", spec.key_serde, spec.value_serde)
+        if spec.retention_ms is not None and spec.retention_ms < 1:
+            raise TopologyError(f"store '{spec.name}': retention_ms must be at least 1")
+        if spec.source_topic is not None and spec.windowed:
+            raise TopologyError(f"store '{spec.name}': a window store cannot be a source topic's")
         for processor in processor_names:
             if processor not in self._processors:
                 raise TopologyError(
@@ -218,6 +256,13 @@ class Topology:
         for source in self._sources.values():
             if not children[source.name]:
                 raise TopologyError(f"source '{source.name}' has no child: its records go nowhere")
+        for spec in self._stores.values():
+            if spec.source_topic is not None and not any(
+                spec.source_topic in source.topics for source in self._sources.values()
+            ):
+                raise TopologyError(
+                    f"store '{spec.name}': its changelog '{spec.source_topic}' is no source's topic"
+                )
         return BuiltTopology(
             sources=dict(self._sources),
             processors=dict(self._processors),
@@ -226,6 +271,7 @@ class Topology:
             store_users={name: tuple(users) for name, users in self._store_users.items()},
             children={name: tuple(kids) for name, kids in children.items()},
             subtopologies=self._subtopologies(children),
+            internal_topics=dict(self._internal),
         )
 
     def _subtopologies(self, children: dict[str, list[str]]) -> tuple[SubTopology, ...]:

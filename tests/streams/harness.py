@@ -188,6 +188,28 @@ async def group_owners(coordinator: str, group_id: str) -> list[list[Any]]:
     return [member["owned"] for member in await group_members(coordinator, group_id)]
 
 
+async def group_settled(
+    coordinator: str, group_id: str, members: int, topics: Sequence[str] = ()
+) -> bool:
+    """Whether ``members`` live members each own their final share: something, and exactly
+    what the assignor targets for them (no hand-off still under way), and ``topics`` (say,
+    the internal topics an application creates as it starts) are owned too."""
+
+    def pieces(slices: list[Any]) -> list[str]:
+        return sorted(json.dumps(piece, sort_keys=True) for piece in slices)
+
+    described = await group_members(coordinator, group_id)
+    owned = {piece["topic"] for member in described for piece in member["owned"]}
+    return (
+        len(described) == members
+        and all(
+            member["owned"] and pieces(member["owned"]) == pieces(member["target"])
+            for member in described
+        )
+        and owned.issuperset(topics)
+    )
+
+
 # ------------------------------------------------------------------ the word count
 
 WORDS = [f"w{index}" for index in range(40)]

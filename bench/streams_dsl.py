@@ -1,0 +1,195 @@
+"""The streams DSL's phases of ``make bench-streams`` (issue 30).
+
+``dsl_overhead``: the DSL word count (``examples.streams_dsl_wordcount``) against the
+hand-written processors (``examples.streams_wordcount``), both fed the same ``--dsl-lines``
+lines (5 words each) on one instance with no simulated I/O, so the difference is the DSL's
+own cost (its extra re-keying node); the ratio is of median times over ``--dsl-rounds``
+alternating runs (goal <= 1.15).
+
+``windowed_speedup_4``: the page-views example (1-minute tumbling windows, final results)
+with ``--lookup-ms`` of simulated I/O per view, ``--windowed-records`` views of 500 users on
+ONE partition, run by 1 and by 4 instances (goal >= 3). The clock runs from the first view
+produced to the last final window out (records far in the future close every window).
+
+Every clock starts once the group has settled: each instance owns its final share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from examples.demo_stack import Stack
+from tests.streams.harness import StreamsProcess, TopicReader, group_settled, start_streams
+
+WORDS = [f"word{index}" for index in range(500)]
+USERS = [f"user{index}" for index in range(500)]
+CLOSERS = [f"zz{index}" for index in range(64)]
+MINUTE_MS = 60_000
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, int]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        for key, value, stamp in records:
+            await producer.send(topic, key=key, value=value, partition=0, timestamp_ms=stamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _timed(
+    stack: Stack,
+    target: str,
+    app_id: str,
+    instances: int,
+    env: dict[str, str],
+    work: Path,
+    feed: Callable[[], Any],
+    output: str,
+    done: Callable[[list[Any]], bool],
+    topics: tuple[str, ...] = (),
+) -> float:
+    """Start ``instances`` processes, wait until the group settled (``topics`` owned too),
+    then time ``feed`` to ``done(output records)``."""
+    processes: list[StreamsProcess] = []
+    env = {**env, "KEYRANGE_STREAMS_LOG_LEVEL": "WARNING"}
+    for index in range(instances):
+        processes.append(
+            await start_streams(
+                target,
+                app_id,
+                stack.bootstrap,
+                stack.coordinator_url,
+                work / f"{app_id}-{index}",
+                env,
+            )
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not await group_settled(stack.coordinator_url, app_id, instances, topics):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{instances} instances of {target} did not settle")
+            await asyncio.sleep(0.2)
+        async with TopicReader(stack.bootstrap, output) as reader:
+            started = time.monotonic()
+            await feed()
+            while not done(await reader.poll()):
+                if time.monotonic() - started > 600:
+                    raise RuntimeError(f"{target} did not finish")
+            return time.monotonic() - started
+    finally:
+        for process in processes:
+            await process.stop(signal.SIGTERM)
+
+
+async def dsl_overhead(
+    stack: Stack, args: argparse.Namespace, work: Path, new_topics: Any
+) -> dict[str, Any]:
+    lines = [
+        (b"%d" % index, " ".join(WORDS[(index * 7 + step) % 500] for step in range(5)).encode(), 0)
+        for index in range(args.dsl_lines)
+    ]
+    expected = 5 * len(lines)
+    times: dict[str, list[float]] = {"dsl": [], "processor": []}
+    for _ in range(args.dsl_rounds):
+        for kind in ("processor", "dsl"):
+            source, words, counts = await new_topics(stack, "lines", "words", "counts")
+            env = {
+                "WORDCOUNT_LINES": source,
+                "WORDCOUNT_WORDS": words,
+                "WORDCOUNT_COUNTS": counts,
+            }
+            target = (
+                "examples.streams_dsl_wordcount:build_topology"
+                if kind == "dsl"
+                else "examples.streams_wordcount:build_topology"
+            )
+
+            async def feed(topic: str = source) -> None:
+                await _produce(stack.bootstrap, topic, lines)
+
+            app_id = f"bench-{kind}-{source}"
+            # The DSL's repartition topic is created as the app starts: owned before timing.
+            internal = (f"{app_id}-words-repartition",) if kind == "dsl" else (words,)
+            seconds = await _timed(
+                stack,
+                target,
+                app_id,
+                1,
+                env,
+                work,
+                feed,
+                counts,
+                lambda records: len(records) >= expected,
+                internal,
+            )
+            times[kind].append(seconds)
+            log(f"word count ({kind}): {expected / seconds:.0f} words/s")
+    dsl, processor = statistics.median(times["dsl"]), statistics.median(times["processor"])
+    return {
+        "dsl_words": expected,
+        "dsl_rate": round(expected / dsl, 1),
+        "processor_rate": round(expected / processor, 1),
+        "dsl_overhead": round(dsl / processor, 3),
+    }
+
+
+async def windowed_speedup(
+    stack: Stack, args: argparse.Namespace, work: Path, new_topics: Any
+) -> dict[str, Any]:
+    count = args.windowed_records
+    # Spread over ten minutes of event time: ten windows per user.
+    step = 10 * MINUTE_MS // count
+    # Event time starts at this minute, as live records would (a broker's time-based
+    # retention may drop records stamped in 1970).
+    base = int(time.time() * 1000) // MINUTE_MS * MINUTE_MS
+    views = [
+        (USERS[(index * 7) % 500].encode(), b"{}", base + index * step) for index in range(count)
+    ]
+    end = base + count * step + 10 * MINUTE_MS
+    closers = [(key.encode(), b"{}", end) for key in CLOSERS]
+    windows = {(key, stamp // MINUTE_MS) for key, _, stamp in views}
+    seconds: dict[int, float] = {}
+    for instances in (1, 4):
+        source, output = await new_topics(stack, "views", "windows")
+        env = {
+            "PAGEVIEWS_INPUT": source,
+            "PAGEVIEWS_OUTPUT": output,
+            "PAGEVIEWS_LOOKUP_MS": str(args.lookup_ms),
+        }
+
+        async def feed(topic: str = source) -> None:
+            await _produce(stack.bootstrap, topic, views + closers)
+
+        seconds[instances] = await _timed(
+            stack,
+            "examples.streams_dsl_pageviews:build_topology",
+            f"bench-pv-{source}",
+            instances,
+            env,
+            work,
+            feed,
+            output,
+            lambda records: len(records) >= len(windows),
+        )
+        log(f"page views, {instances} instance(s): {count / seconds[instances]:.0f} views/s")
+    return {
+        "windowed_records": count,
+        "windowed_rate_1": round(count / seconds[1], 1),
+        "windowed_speedup_4": round(seconds[1] / seconds[4], 2),
+    }
