@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
+import httpx
 import pytest
 
 from client.streams import StreamsApp
-from examples import streams_dsl_orders, streams_dsl_wordcount
+from examples import streams_dsl_orders, streams_dsl_pageviews, streams_dsl_wordcount
+from tests.fixtures.coordinator import free_port
 from tests.fixtures.services import MakeTopic
 from tests.streams.harness import (
     StreamsProcess,
@@ -275,3 +277,54 @@ async def test_after_a_sigkill_every_final_window_comes_out_and_repeats_are_meas
     # A repeat is a window emitted but not marked final in the changelog when the instance
     # died: at most what one commit interval closed.
     assert repeated < len(reference) // 2
+
+
+async def test_a_window_store_answers_the_query_routes_with_each_windows_start_and_end(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The HTTP queries' window routes over a DSL window store (docs/api.md, "Streams
+    instances"): one key's windows, a key range's, and a key-range scan refused."""
+    source, output = await make_topic(1), await make_topic(1)
+    await accept_range_fetch(coordinator_url, source)
+    environ = {
+        "PAGEVIEWS_INPUT": source,
+        "PAGEVIEWS_OUTPUT": output,
+        "PAGEVIEWS_WINDOW_MS": str(WINDOW_MS),
+    }
+    with mock.patch.dict(os.environ, environ):
+        topology = streams_dsl_pageviews.build_topology()
+    produced = views(0, 60)
+    await produce(kafka_bootstrap, source, produced)
+    truth = final_reference(produced)
+    port = free_port()
+    app = StreamsApp(
+        topology,
+        config(f"pv-{source}", kafka_bootstrap, coordinator_url, tmp_path, query_port=port),
+    )
+    user = USERS[0]
+    expected = sorted(
+        (start, start + WINDOW_MS, count) for (key, start), count in truth.items() if key == user
+    )
+    base = f"http://127.0.0.1:{port}/v1/stores/views-per-window"
+    async with running(app), httpx.AsyncClient(timeout=10) as http:
+
+        async def windows_of_user() -> list[tuple[int, int, int]]:
+            try:
+                reply = await http.get(f"{base}/keys/{user}/windows")
+            except httpx.TransportError:
+                return []  # the instance is not serving yet
+            if reply.status_code != 200:
+                return []
+            rows = reply.json()["windows"]
+            found = sorted((row["start"], row["end"], row["value"]) for row in rows)
+            return found if found == expected else []
+
+        await until(windows_of_user, 60, "the user's windows, counted")
+        # Key-byte order: "u0" to "u9" holds u0 ... u19.
+        scanned = await http.get(f"{base}/windows", params={"from": "u0", "to": "u9"})
+        refused = await http.get(f"{base}/range")
+    entries = scanned.json()["entries"]
+    assert {(row["key"], row["start"], row["end"]) for row in entries} == {
+        (key, start, start + WINDOW_MS) for key, start in truth
+    }
+    assert (refused.status_code, refused.json()["error"]) == (400, "NOT_A_KEY_VALUE_STORE")
