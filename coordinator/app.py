@@ -35,8 +35,9 @@ from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.offsets import fast_path
 from coordinator.offsets.batching import CommitBatcher
-from coordinator.offsets.commit_tracing import commit_tracer
+from coordinator.offsets.commit_tracing import route_tracer
 from coordinator.problems import database_gone, declare_problems, error_response
+from coordinator.route_tracing import traced_route
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -205,9 +206,18 @@ class CoordinatorApp(FastAPI):
         group_id = heartbeat_fast_path.heartbeat_group(scope)
         if group_id is not None:
             scope["app"] = self
-            await heartbeat_fast_path.serve_fast_path(
-                scope, receive, send, group_id, super().__call__
-            )
+            routed = super().__call__
+            tracer = self.state.route_tracer
+            if tracer is None:
+                await heartbeat_fast_path.serve_fast_path(scope, receive, send, group_id, routed)
+                return
+
+            async def serve(answering: Send) -> None:
+                await heartbeat_fast_path.serve_fast_path(
+                    scope, receive, answering, group_id, routed
+                )
+
+            await traced_route(tracer, scope, heartbeat_fast_path.ROUTE, serve, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -284,8 +294,8 @@ def create_app(
     app.state.scaling_histories = {}
     # The console's lag and throughput charts, per group (coordinator.core.trend).
     app.state.console_trends = {}
-    # Spans of commit requests, which are served ahead of FastAPI; None when tracing is off.
-    app.state.commit_tracer = commit_tracer()
+    # Spans of the routes served ahead of FastAPI (commits, heartbeats); None when tracing is off.
+    app.state.route_tracer = route_tracer()
     app.state.on_max_ic_reached = _rebalance_on_max_ic(app)
     _install_error_handlers(app)
     app.include_router(offsets_router)

@@ -18,8 +18,9 @@ from client.tracing import tracing_enabled
 ROUTE = "/v1/groups/{group_id}/offsets/commit"
 
 
-def commit_tracer() -> Any | None:
-    """The tracer for commit requests, or None when tracing is off (checked at start)."""
+def route_tracer() -> Any | None:
+    """The tracer for the routes served ahead of FastAPI, or None when tracing is off
+    (checked at start)."""
     if not tracing_enabled():
         return None
     from opentelemetry import trace

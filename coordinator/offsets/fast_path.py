@@ -48,7 +48,7 @@ _VALIDATE_IN_THREAD_BYTES = 256 * 1024
 async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
     """Answer a commit that ``commit_group`` picked, and record the route metrics."""
     started = time.perf_counter()
-    tracer = scope["app"].state.commit_tracer
+    tracer = scope["app"].state.route_tracer
     trace = None if tracer is None else CommitTrace(tracer, scope, raw_group_id)
     status = await serve_commit(scope, receive, send, raw_group_id, trace)
     if trace is not None:
