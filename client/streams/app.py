@@ -111,7 +111,7 @@ class StreamsApp:
             if self.config.metrics_port is None
             else MetricsServer(
                 self.config.metrics_port,
-                lambda: streams_families(self.metrics()),
+                lambda: streams_families(self.metrics(), self.budget_figures()),
                 asyncio.get_running_loop(),
                 extra=METRICS_EXTRA,
             )
@@ -300,6 +300,17 @@ class StreamsApp:
                 ],
             }
         return result
+
+    def budget_figures(self) -> dict[str, float]:
+        """The byte budget of this instance's input: what is buffered, its bound, and how many
+        partitions are paused for it."""
+        runtime = self.runtime
+        budget = None if runtime is None else runtime.inputs.budget
+        return {
+            "buffered_bytes": 0 if budget is None else budget.total,
+            "buffered_bytes_bound": self.config.max_buffered_bytes,
+            "paused_partitions": 0 if budget is None else len(budget.paused),
+        }
 
     def _restore_progress(self, progress: RestoreProgress) -> None:
         if not self._show_progress:

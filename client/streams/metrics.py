@@ -1,6 +1,7 @@
 """What a streams application reports on its optional metrics port
 (``client.metrics_server``): ``StreamsApp.metrics()`` per task, as Prometheus families
-labelled by the task (``subtopology_partition[start-end]``) and, for restorations, the store.
+labelled by the task (``subtopology_partition[start-end]``) and, for restorations, the store;
+and the input's byte budget (``StreamsApp.budget_figures()``), unlabelled.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ _RESTORE_FIGURES = (
 )
 
 
-def streams_families(tasks: Mapping[str, Mapping[str, Any]]) -> list[Family]:
+_BUDGET_FIGURES = (
+    ("buffered_bytes", "Bytes of input records taken from Kafka and not processed yet."),
+    ("buffered_bytes_bound", "The bound of buffered bytes (max_buffered_bytes)."),
+    ("paused_partitions", "Partitions whose fetching is paused for the byte budget."),
+)
+
+
+def streams_families(
+    tasks: Mapping[str, Mapping[str, Any]], budget: Mapping[str, float] | None = None
+) -> list[Family]:
     families = [
         Family(
             f"keyrange_streams_task_{name}",
@@ -60,5 +70,10 @@ def streams_families(tasks: Mapping[str, Mapping[str, Any]]) -> list[Family]:
             ],
         )
         for name, text in _RESTORE_FIGURES
+    )
+    families.extend(
+        Family(f"keyrange_streams_{name}", text, samples=[((), float(budget[name]))])
+        for name, text in _BUDGET_FIGURES
+        if budget is not None
     )
     return families

@@ -77,8 +77,8 @@ class StreamsRuntime(LifecycleHooks):
         gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._gate = gate
         self._owned = owned
-        self._inputs = InputBudget(source, max_buffered_bytes, max_buffered_records)
-        self._intake = Intake(source, self._take, self._inputs.budget)
+        self.inputs = InputBudget(source, max_buffered_bytes, max_buffered_records)
+        self._intake = Intake(source, self._take, self.inputs.budget)
         self.tasks = Tasks(topology)
         self._work = asyncio.Event()
         self._life = Lifecycle(
@@ -153,7 +153,7 @@ class StreamsRuntime(LifecycleHooks):
             return
         held_back, self._held_back = self._held_back, []
         for tp, record, _ in held_back:
-            self._inputs.refund(tp, record)
+            self.inputs.refund(tp, record)
         for task in self.tasks:
             task.state = TaskState.HALTED
 
@@ -190,7 +190,7 @@ class StreamsRuntime(LifecycleHooks):
 
     def _open_owned(self) -> None:
         owned = self._owned()
-        self._inputs.owned(owned)
+        self.inputs.owned(owned)
         for tp, keys, _ in owned:
             sub = self._topology.subtopology_of_topic(tp.topic)
             task_id = TaskId(sub.index, tp.partition, keys)
@@ -226,7 +226,7 @@ class StreamsRuntime(LifecycleHooks):
                 continue
             if self._finishing:
                 self._closings.pop(task.id, None)
-                self._inputs.drop(task)
+                self.inputs.drop(task)
                 self._life.forget(task)
                 continue
             kept = subtract([task.id.keys], self.tasks.revoked_keys(task, slices))
@@ -234,7 +234,7 @@ class StreamsRuntime(LifecycleHooks):
         if stopping:
             held_back, self._held_back = self._held_back, []
             for tp, record, _ in held_back:
-                self._inputs.give_back(tp, record)
+                self.inputs.give_back(tp, record)
             return
         if self._finishing:
             self._commits.write_checkpoints()
@@ -244,7 +244,7 @@ class StreamsRuntime(LifecycleHooks):
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
             if heir is None:
-                self._inputs.give_back(tp, record)
+                self.inputs.give_back(tp, record)
             else:
                 heir.add(tp.topic, record)
         self._work.set()
@@ -257,7 +257,7 @@ class StreamsRuntime(LifecycleHooks):
         tp, record, hashed = item
         task = self._task_for(tp, hashed)
         if task is None:
-            self._inputs.refund(tp, record)
+            self.inputs.refund(tp, record)
             return
         self._source.hand_out(tp, record, hashed)
         if task.state is TaskState.CLOSING:
@@ -293,7 +293,7 @@ class StreamsRuntime(LifecycleHooks):
             await asyncio.sleep(0)
             async with self._round_lock:
                 await self._rounds.run()
-                self._inputs.processed(self.tasks)
+                self.inputs.processed(self.tasks)
                 await self._send()
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
@@ -333,7 +333,7 @@ class StreamsRuntime(LifecycleHooks):
                     tp = TopicPartition(record.topic, record.partition)
                     hashed = key_hash(record.key, record.offset)
                     if in_ranges(revoked, hashed):
-                        self._inputs.give_back(tp, record)
+                        self.inputs.give_back(tp, record)
                     else:
                         self._held_back.append((tp, record, hashed))
                 try:
@@ -350,5 +350,5 @@ class StreamsRuntime(LifecycleHooks):
         self, task: StreamTask, *, processed_count: bool, keep: list[KeyRange] | None = None
     ) -> None:
         self._closings.pop(task.id, None)
-        self._inputs.drop(task)
+        self.inputs.drop(task)
         self._life.drop(task, processed_count=processed_count, keep=keep)
