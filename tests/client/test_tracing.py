@@ -23,16 +23,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from client import KeyrangeConsumer
 from client.protocol.keyspace import KeyRange, key_hash
-from client.streams.runtime import StreamsRuntime
-from client.streams.state import StateManager
 from client.tracing import record_tracer, trace_headers
 from client.worker import Worker
 from tests.client.in_memory_source import InMemorySource
 from tests.client.test_worker import config, group, running
 from tests.fixtures.coordinator import MakeDatabase
 from tests.fixtures.services import MakeTopic
-from tests.streams.harness import count_topology, increments
-from tests.streams.test_runtime_offline import Producer, Restorer
+from tests.streams.harness import increments
+from tests.streams.test_runtime_offline import WORDS, Producer, word_count_runtime
 from tests.streams.test_task import Rec
 from tests.test_metrics import join_and_commit, serving
 from tests.waiting import until
@@ -223,30 +221,14 @@ async def test_streams_sinks_carry_the_trace_of_the_record_they_came_from(
 ) -> None:
     tracer = record_tracer("streams", "app", lambda: "member-1")
     assert tracer is not None
-    topology = count_topology("words", "counts").build()
     source = InMemorySource()
     producer = HeaderProducer()
-    words = TopicPartition("words", 0)
+    words = WORDS
 
     async def commit() -> None:
         return None
 
-    runtime = StreamsRuntime(
-        source,
-        topology=topology,
-        application_id="app",
-        producer=producer,
-        restorer=Restorer(),
-        state=StateManager(topology, None),
-        owned=lambda: [(words, KeyRange.full(), 0)],
-        commit=commit,
-        commit_interval_s=60,
-        max_idle_ms=0,
-        max_buffered_bytes=1 << 20,
-        processing_threads=1,
-        on_restore=lambda _: None,
-        tracer=tracer,
-    )
+    runtime = word_count_runtime(source, producer, commit, tracer)
     source.grant(words)
     runtime.assigned({words: [KeyRange.full()]})
     running_runtime = asyncio.create_task(runtime.run())

@@ -18,6 +18,7 @@ from client.streams.restore import RestoreProgress
 from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from client.streams.stores import BytesStore
+from client.tracing import RecordTracer
 from tests.client.in_memory_source import InMemorySource
 from tests.streams.harness import count_topology, increments
 from tests.streams.test_task import Rec
@@ -95,16 +96,15 @@ class HeldRestorer(Restorer):
         return await super().restore(topic, progress, runtime, on_progress)
 
 
-async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
+def word_count_runtime(
+    source: InMemorySource,
+    producer: Producer,
+    commit: Callable[[], Any],
+    tracer: RecordTracer | None = None,
+) -> StreamsRuntime:
+    """The word count's runtime over ``source`` owning all of WORDS, no broker anywhere."""
     topology = count_topology("words", "counts").build()
-    source = InMemorySource()
-    producer = Producer()
-    commits: list[int] = []
-
-    async def commit() -> None:
-        commits.append(len(source.marked))
-
-    runtime = StreamsRuntime(
+    return StreamsRuntime(
         source,
         topology=topology,
         application_id="app",
@@ -118,7 +118,19 @@ async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
         max_buffered_bytes=1 << 20,
         processing_threads=1,
         on_restore=lambda _: None,
+        tracer=tracer,
     )
+
+
+async def test_records_in_counts_out_and_a_commit_marks_them() -> None:
+    source = InMemorySource()
+    producer = Producer()
+    commits: list[int] = []
+
+    async def commit() -> None:
+        commits.append(len(source.marked))
+
+    runtime = word_count_runtime(source, producer, commit)
     source.grant(WORDS)
     runtime.assigned({WORDS: [KeyRange.full()]})
     running = asyncio.create_task(runtime.run())
