@@ -422,22 +422,21 @@ class CoordinatorClient:
 
     async def group_owners(self, group_id: str) -> GroupOwners:
         """Who owns which key ranges of the group's partitions in the coordinator's view of
-        it (nobody, for a group that does not exist); needs an admin-scope token when the
-        coordinator requires tokens."""
+        it (nobody, for a group that does not exist); any token that may use the group may
+        ask."""
         try:
-            document = await self._request("GET", f"/v1/admin/groups/{_checked_group(group_id)}")
+            document = await self._request("GET", f"/v1/groups/{_checked_group(group_id)}/owners")
         except GroupIdNotFound:
             return GroupOwners(())
         owned = []
-        for member in document.get("members", []):
+        for entry in document.get("owners", []):
             owner = KeyOwner(
-                name=str(member.get("instance_id") or member["member_id"]),
-                member_id=str(member["member_id"]),
-                endpoint=member.get("endpoint"),
+                name=str(entry.get("instance_id") or entry["member_id"]),
+                member_id=str(entry["member_id"]),
+                endpoint=entry.get("endpoint"),
             )
-            for entry in member.get("owned", []):
-                for start, end in entry["ranges"]:
-                    owned.append((str(entry["topic"]), int(entry["partition"]), start, end, owner))
+            for start, end in entry["ranges"]:
+                owned.append((str(entry["topic"]), int(entry["partition"]), start, end, owner))
         return GroupOwners(tuple(owned))
 
     async def heartbeat(self, group_id: str, request: HeartbeatRequest) -> HeartbeatReply:

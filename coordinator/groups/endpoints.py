@@ -11,8 +11,10 @@ from starlette.types import Scope
 from coordinator import metrics
 from coordinator.auth import admitted
 from coordinator.core.handoff import Hold
+from coordinator.db.engine import Transaction
 from coordinator.groups import heartbeat as membership
-from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
+from coordinator.groups import operations
+from coordinator.groups.schemas import GroupOwnersReply, HeartbeatReply, HeartbeatRequest
 from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
@@ -55,6 +57,20 @@ async def heartbeat(
     if isinstance(reply, bytes):
         return Response(reply, media_type="application/json")
     return reply
+
+
+@router.get(
+    "/{group_id}/owners",
+    response_model=GroupOwnersReply,
+    responses=problem_responses(400, 404, 503),
+)
+async def group_owners(group_id: GroupPath, connection: Transaction) -> GroupOwnersReply:
+    """Which live member owns which key ranges now, with the address it serves queries on.
+
+    What a streams instance asks to route a query to a key's owner; any token that may use
+    the group may read it, where the whole description (client hosts, stuck calls, lag)
+    needs an admin token."""
+    return await operations.owners(connection, group_id)
 
 
 async def answer(

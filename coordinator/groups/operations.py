@@ -13,7 +13,9 @@ from coordinator.errors import GroupIdNotFound, UnknownMemberId
 from coordinator.groups import endpoint_repository, repository, stuck_repository
 from coordinator.groups.schemas import (
     GroupDescription,
+    GroupOwnersReply,
     MemberDescription,
+    OwnedRanges,
     RebalanceReply,
     RemovedMemberReply,
     SliceJson,
@@ -93,6 +95,31 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
                 endpoint=endpoints.get(m.member_id),
             )
             for m in members
+        ],
+    )
+
+
+async def owners(connection: AsyncConnection, group_id: str) -> GroupOwnersReply:
+    """The owned slices of the group's live members, read as ``describe`` reads them."""
+    group = await repository.find_group(connection, group_id, lock=False)
+    if group is None:
+        raise GroupIdNotFound(f"group '{group_id}' does not exist")
+    members = await repository.read_members(connection, group_id, live_only=True)
+    endpoints = await endpoint_repository.read_endpoints(connection, group_id)
+    return GroupOwnersReply(
+        group_id=group_id,
+        group_epoch=group.group_epoch,
+        owners=[
+            OwnedRanges(
+                topic=owned.topic,
+                partition=owned.partition,
+                ranges=owned.ranges,
+                member_id=m.member_id,
+                instance_id=m.instance_id,
+                endpoint=endpoints.get(m.member_id),
+            )
+            for m in members
+            for owned in _slices_json(m.owned)
         ],
     )
 

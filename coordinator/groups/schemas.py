@@ -198,6 +198,26 @@ class GroupDescription(BaseModel):
     members: list[MemberDescription]
 
 
+class OwnedRanges(BaseModel):
+    """Key ranges of one partition that one live member owns now."""
+
+    topic: str
+    partition: int
+    ranges: list[KeyRangeJson]
+    member_id: str
+    instance_id: str | None
+    endpoint: str | None
+
+
+class GroupOwnersReply(BaseModel):
+    """Who owns what in a group: what a member needs to route a query to a key's owner
+    (docs/api.md, "Key owners"), and nothing else of its group-mates."""
+
+    group_id: str
+    group_epoch: int
+    owners: list[OwnedRanges]
+
+
 class RebalanceReply(BaseModel):
     group_id: str
     group_epoch: int

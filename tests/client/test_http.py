@@ -295,19 +295,26 @@ async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> No
     """What ``StreamsApp.query`` asks for a key it does not hold (issue 28: before, its own
     HTTP client, with no retries, no error mapping)."""
     described = {
-        "members": [
+        "group_id": "g",
+        "group_epoch": 3,
+        "owners": [
             {
                 "member_id": "m-1",
                 "instance_id": None,
-                "owned": [{"topic": "t", "partition": 0, "ranges": [[0, 9]]}],
+                "endpoint": None,
+                "topic": "t",
+                "partition": 0,
+                "ranges": [[0, 9]],
             },
             {
                 "member_id": "m-2",
                 "instance_id": "b",
                 "endpoint": "http://b:7070",
-                "owned": [{"topic": "t", "partition": 0, "ranges": [[10, 20]]}],
+                "topic": "t",
+                "partition": 0,
+                "ranges": [[10, 20]],
             },
-        ]
+        ],
     }
     stub = Stub(
         problem(503, "SERVICE_UNAVAILABLE"),
@@ -326,7 +333,7 @@ async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> No
         with pytest.raises(errors.Forbidden):
             await c.group_owners("g")
     assert [r.url.path for r in stub.requests][-2:] == [
-        "/v1/admin/groups/gone",
-        "/v1/admin/groups/g",
+        "/v1/groups/gone/owners",
+        "/v1/groups/g/owners",
     ]
     assert {r.headers["authorization"] for r in stub.requests} == {"Bearer adm"}

@@ -1,15 +1,21 @@
 """Member endpoints over a real migrated Postgres: a member advertises where it serves
 queries when it joins, the admin description (the owner look-up's source) returns it, a
 later heartbeat may change it, it goes with the member, and what is not an HTTP address is
-refused with nothing applied (docs/api.md, "Member endpoints")."""
+refused with nothing applied (docs/api.md, "Member endpoints"). The owners route returns it
+with what each member owns, to any token that may use the group ("Key owners")."""
 
 from __future__ import annotations
+
+import itertools
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.groups.test_heartbeat_api import Member, describe, given_topics
+from client.protocol.keyspace import HASH_MAX, HASH_MIN
+from coordinator.app import create_app
+from tests.fixtures.coordinator import settings_for_tests
+from tests.groups.test_heartbeat_api import Member, describe, given_topics, set_range_fetch
 
 
 async def endpoints_of(api: httpx.AsyncClient, group: str) -> dict[str, str | None]:
@@ -65,3 +71,64 @@ async def test_what_is_not_an_http_address_is_refused_before_anything_is_stored(
     assert "endpoint" in reply.text
     missing = await api.get("/v1/admin/groups/endpoints-refused")
     assert missing.status_code == 404
+
+
+async def test_owners_name_each_owned_range_and_its_address_to_a_client_token_of_the_group(
+    database_url: str,
+) -> None:
+    """What a streams instance reads to route a query: no admin token needed, nothing of
+    the members beyond who owns what and where it serves, and only for the token's groups."""
+    settings = settings_for_tests(
+        admin_tokens=["admin-owners"],
+        client_tokens=[
+            {"token": "team-owners", "group_prefixes": ["owners-"]},
+            {"token": "elsewhere", "group_prefixes": ["other-"]},
+        ],
+    )
+    app = create_app(settings, database_url)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        admin = {"Authorization": "Bearer admin-owners"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://c", headers=admin
+        ) as api:
+            await given_topics(app, owned_topic=1)
+            await set_range_fetch(api, "owned_topic", True)
+        headers = {"Authorization": "Bearer team-owners"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://c", headers=headers
+        ) as api:
+            serving, silent = Member(api, "owners-g"), Member(api, "owners-g")
+            await serving.join(["owned_topic"], endpoint="http://10.0.0.7:7070", instance_id="s-0")
+            await silent.join(["owned_topic"])
+            for _ in range(4):
+                await serving.heartbeat()
+                await silent.heartbeat()
+
+            reply = await api.get("/v1/groups/owners-g/owners")
+            assert reply.status_code == 200, reply.text
+            described = reply.json()
+            assert set(described) == {"group_id", "group_epoch", "owners"}
+            ranges = {
+                (o["member_id"], o["instance_id"], o["endpoint"]): o["ranges"]
+                for o in described["owners"]
+            }
+            assert set(ranges) == {
+                (serving.member_id, "s-0", "http://10.0.0.7:7070"),
+                (silent.member_id, None, None),
+            }
+            covered = sorted(r for owned in ranges.values() for r in owned)
+            assert (covered[0][0], covered[-1][1]) == (HASH_MIN, HASH_MAX)
+            assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(covered))
+
+            missing = await api.get("/v1/groups/owners-none/owners")
+            assert (missing.status_code, missing.json()["error"]) == (404, "GROUP_ID_NOT_FOUND")
+            # The whole description stays an admin's.
+            assert (await api.get("/v1/admin/groups/owners-g")).status_code == 403
+        other = {"Authorization": "Bearer elsewhere"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://c", headers=other
+        ) as api:
+            assert (await api.get("/v1/groups/owners-g/owners")).status_code == 403
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as anonymous:
+            assert (await anonymous.get("/v1/groups/owners-g/owners")).status_code == 401

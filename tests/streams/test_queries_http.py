@@ -67,12 +67,12 @@ async def test_two_instances_serve_forward_redirect_and_scan_their_keys(
     await produce(kafka_bootstrap, words, increments(KEYS))
 
     def config(name: str) -> StreamsConfig:
-        # The owner look-up reads the group's description, which needs an admin token.
+        # A client token of the group's team: the owner look-up needs no admin token.
         return StreamsConfig(
             application_id=f"iq-{words}",
             bootstrap_servers=kafka_bootstrap,
             coordinator_url=secured.url,
-            token=ADMIN,
+            token=CLIENT,
             state_dir=tmp_path / name,
             commit_interval_ms=200,
             session_timeout_ms=3_000,

@@ -112,14 +112,18 @@ async def test_the_advertised_address_is_the_hosts_name_and_the_bound_port() -> 
 
 async def test_one_description_of_the_group_serves_the_owner_look_ups_until_forgotten() -> None:
     described = {
-        "members": [
+        "group_id": "iq-x",
+        "group_epoch": 4,
+        "owners": [
             {
                 "member_id": "m-1",
                 "instance_id": "b",
                 "endpoint": "http://b:7070",
-                "owned": [{"topic": "words", "partition": 0, "ranges": [[0, 2**63 - 1]]}],
+                "topic": "words",
+                "partition": 0,
+                "ranges": [[0, 2**63 - 1]],
             }
-        ]
+        ],
     }
     asked: list[httpx.Request] = []
 
