@@ -65,7 +65,7 @@ bench: bench-commit bench-assign bench-client bench-spark bench-handoff bench-st
 # Two runs of DURATION seconds per runtime, one runtime after another.
 SEED ?= 1
 DURATION ?= 180
-RUNTIMES ?= run,worker-threads,worker-processes,streams
+RUNTIMES ?= run,worker-threads,worker-processes,streams,streams-windowed
 chaos: $(STAMP)
 	$(PY) -m tests.chaos --seed $(SEED) --duration $(DURATION) --runtimes $(RUNTIMES)
 

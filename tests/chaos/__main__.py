@@ -4,14 +4,15 @@ of their own.
     python -m tests.chaos --seed 7 --duration 180 --runs 2 --runtimes run,streams
 
 Every runtime (``--runtimes``, all by default: ``run``, ``worker-threads``,
-``worker-processes``, ``streams``; ``tests/chaos/members.py``) gets ``--runs`` runs of its
-own, one after another. Run ``i`` uses seed ``seed + i`` and alternates one and two
-coordinator replicas. Each run's faults and verdict go to stderr; the last stdout line is the
-figures, one JSON object, with an entry per runtime under ``runtimes``. The exit status is 1
-when a promise broke (a record or a count lost, a key in two places at once, a zombie
-hand-out, a key out of order, a surplus no double processing explains, a changelog that
-restores other counts than the sink's). Replay a run with its seed, runtime and the same
-shape options.
+``worker-processes``, ``streams``, ``streams-windowed``; ``tests/chaos/members.py``) gets
+``--runs`` runs of its own, one after another. Run ``i`` uses seed ``seed + i`` and
+alternates one and two coordinator replicas. Each run's faults and verdict go to stderr; the
+last stdout line is the figures, one JSON object, with an entry per runtime under
+``runtimes``. The exit status is 1 when a promise broke (a record or a count lost, a key in
+two places at once, a zombie hand-out, a key out of order, a surplus no double processing
+explains, a changelog that restores other counts than the sink's, a window's final result
+missing, below or above the reference, or emitted twice outside the documented crash case).
+Replay a run with its seed, runtime and the same shape options.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from coordinator.embedded import EmbeddedPostgres
 from tests.chaos.checker import Verdict, report
-from tests.chaos.members import RUNTIMES, STREAMS
+from tests.chaos.members import RUNTIMES, STREAMS, STREAMS_WINDOWED
 from tests.chaos.run import ChaosRun, Outcome, Shape, describe
 
 
@@ -58,6 +59,7 @@ async def main(args: argparse.Namespace) -> int:
         by_runtime,
         [[f.kind for f in o.faults] for o in outcomes],
         counting=frozenset({STREAMS}),
+        windowed=frozenset({STREAMS_WINDOWED}),
     )
     print(json.dumps(shown))
     broken = any(not o.verdict.ok for o in outcomes)

@@ -10,7 +10,9 @@ checker itself is tested on hand-made ledgers).
 - duplicates (records handed out again) per fault, and recovery time per fault.
 
 The word count's own invariants (counts, surpluses, the changelog) are in
-``tests/chaos/counts.py``; ``report`` gathers the figures of every runtime a run drove.
+``tests/chaos/counts.py``, the page views' (windows against a plain-Python reference, final
+results emitted twice) in ``tests/chaos/windowed.py``; ``report`` gathers the figures of
+every runtime a run drove.
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ class Verdict:
     frozen_writes: list[str] = field(default_factory=list)
     counts_lost: int = 0
     surplus: int = 0
+    # The page views' (``tests/chaos/windowed.py``; ``undercounted``, ``unexplained_surplus``,
+    # ``counts_lost`` and ``surplus`` are then per window): the reference's windows, final
+    # results emitted again with no crash to explain it, and those after a crash (the
+    # documented exception, counted apart).
+    windows: int = 0
+    final_repeats: list[str] = field(default_factory=list)
+    final_repeats_after_crash: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -84,6 +93,7 @@ class Verdict:
             or self.unexplained_surplus
             or self.restore_mismatches
             or self.regressions
+            or self.final_repeats
         )
 
     @property
@@ -441,9 +451,12 @@ def figures(verdicts: Sequence[Verdict], fault_kinds: Sequence[Sequence[str]]) -
     }
 
 
-def runtime_figures(verdicts: Sequence[Verdict], *, counting: bool = False) -> dict[str, object]:
-    """One runtime's entry in ``report``: its own losses, overlaps and duplicates, and for
-    the word count (``counting``) its counts, surpluses and restore check."""
+def runtime_figures(
+    verdicts: Sequence[Verdict], *, counting: bool = False, windowed: bool = False
+) -> dict[str, object]:
+    """One runtime's entry in ``report``: its own losses, overlaps and duplicates, for the
+    word count (``counting``) its counts, surpluses and restore check, and for the page
+    views (``windowed``) its windows against the reference and its repeated final results."""
     duplicates = [count for verdict in verdicts for count in verdict.duplicates_per_fault]
     shown: dict[str, object] = {
         "runs": len(verdicts),
@@ -468,6 +481,18 @@ def runtime_figures(verdicts: Sequence[Verdict], *, counting: bool = False) -> d
             "changelog_regressions": sum(len(verdict.regressions) for verdict in verdicts),
             "frozen_writes": sum(len(verdict.frozen_writes) for verdict in verdicts),
         }
+    if windowed:
+        shown |= {
+            "windows": sum(verdict.windows for verdict in verdicts),
+            "windows_lost": sum(len(verdict.undercounted) for verdict in verdicts),
+            "views_lost": sum(verdict.counts_lost for verdict in verdicts),
+            "surplus": sum(verdict.surplus for verdict in verdicts),
+            "unexplained_surplus_windows": sum(len(v.unexplained_surplus) for v in verdicts),
+            "final_repeats": sum(len(verdict.final_repeats) for verdict in verdicts),
+            "final_repeats_after_crash": sum(
+                len(verdict.final_repeats_after_crash) for verdict in verdicts
+            ),
+        }
     return shown
 
 
@@ -476,14 +501,16 @@ def report(
     fault_kinds: Sequence[Sequence[str]],
     *,
     counting: frozenset[str] = frozenset(),
+    windowed: frozenset[str] = frozenset(),
 ) -> dict[str, object]:
     """The JSON line: ``figures`` over every run of every runtime (so the top-level ``lost``
     and ``overlaps`` cover them all) and a ``runtimes`` entry per runtime driven. The
-    runtimes in ``counting`` always show the word count's figures."""
+    runtimes in ``counting`` always show the word count's figures, those in ``windowed``
+    the page views'."""
     every = [verdict for verdicts in by_runtime.values() for verdict in verdicts]
     shown = figures(every, fault_kinds)
     shown["runtimes"] = {
-        name: runtime_figures(verdicts, counting=name in counting)
+        name: runtime_figures(verdicts, counting=name in counting, windowed=name in windowed)
         for name, verdicts in by_runtime.items()
     }
     return shown

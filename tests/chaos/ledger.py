@@ -126,6 +126,28 @@ def read_writes(paths: Sequence[Path]) -> list[tuple[str, str, int, float]]:
     ]
 
 
+def read_finals(paths: Sequence[Path]) -> list[tuple[str, str, int, int, float]]:
+    """Each final result the page views journaled on its way to the sink: process, user,
+    window start, count, when."""
+    return [
+        (str(event["p"]), str(event["k"]), int(event["s"]), int(event["n"]), float(event["t"]))
+        for path in paths
+        for event in _events(path)
+        if event["e"] == "final"
+    ]
+
+
+def read_crashes(paths: Sequence[Path]) -> dict[str, list[float]]:
+    """When each process lost its session or stopped on a failed send: its tasks ended
+    without a commit."""
+    crashes: dict[str, list[float]] = {}
+    for path in paths:
+        for event in _events(path):
+            if event["e"] in ("lost", "crashed"):
+                crashes.setdefault(str(event["p"]), []).append(float(event["t"]))
+    return crashes
+
+
 def _events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

@@ -5,7 +5,10 @@
 - ``worker-threads`` and ``worker-processes``: ``keyrange worker tests.chaos.targets:handle``
   on a pool of 4 threads or of 2 processes, ``retry`` (3 attempts) with a dead-letter topic,
   drain timeout 1 s, processing timeout 5 s;
-- ``streams``: ``keyrange streams tests.chaos.targets:word_count``, the word count.
+- ``streams``: ``keyrange streams tests.chaos.targets:word_count``, the word count;
+- ``streams-windowed``: ``keyrange streams tests.chaos.targets:page_views``, the DSL page
+  views per user in 1-minute tumbling windows with final results (RocksDB window store),
+  fed views whose event time runs ahead of the wall clock so windows close during the run.
 
 Each member runs in a session of its own, so a kill or a freeze strikes a worker's pool
 children with it, as it strikes a pod's processes."""
@@ -29,6 +32,9 @@ RUN = "run"
 WORKER_THREADS = "worker-threads"
 WORKER_PROCESSES = "worker-processes"
 STREAMS = "streams"
+STREAMS_WINDOWED = "streams-windowed"
+# The runtimes whose processors run on the event loop and that keep counts in stores.
+STREAMS_RUNTIMES = frozenset({STREAMS, STREAMS_WINDOWED})
 
 # run() and the workers' revoke (drain) timeout; a stuck call outlasts it.
 REVOKE_TIMEOUT_S = 1.0
@@ -39,6 +45,10 @@ SLOW_S = 8.0
 # How long calls keep starting stuck (or slow) after the runner asked for it.
 STUCK_WINDOW_S = 1.0
 COMMIT_INTERVAL_MS = 200
+# The page views' windows (the example's minute), and how far event time moves per view:
+# at the runtime's rate a window closes every 5 s of the run.
+WINDOW_MS = 60_000
+VIEW_STEP_MS = 300
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,9 @@ RUNTIMES = {
         WORKER_PROCESSES, (*kinds.KINDS, *kinds.RUNTIME_KINDS, kinds.TWO_AT_ONCE), 4, 100.0
     ),
     STREAMS: Runtime(STREAMS, (*kinds.KINDS, *_MEMBER_FAULTS, kinds.TWO_AT_ONCE), 1, 30.0),
+    STREAMS_WINDOWED: Runtime(
+        STREAMS_WINDOWED, (*kinds.KINDS, *_MEMBER_FAULTS, kinds.TWO_AT_ONCE), 1, 40.0
+    ),
 }
 
 
@@ -77,9 +90,11 @@ class Place:
     directory: Path
     work_ms: float
     block_ms: float
-    # The word count's other topics, and the workers' dead-letter topic.
+    # The word count's other topics, the page views' final results, and the workers'
+    # dead-letter topic.
     words: str = ""
     counts: str = ""
+    finals: str = ""
     dead_letters: str = ""
 
     def journal(self, name: str) -> Path:
@@ -104,10 +119,12 @@ def command(runtime: str, name: str, coordinator: str, place: Place) -> list[str
         *("--session-timeout-ms", str(place.session_ms)),
         *("--commit-interval-ms", str(COMMIT_INTERVAL_MS), "--log-format", "json"),
     ]
-    if runtime == STREAMS:
+    if runtime in STREAMS_RUNTIMES:
         return [
             *(sys.executable, "-m", "coordinator.cli", "streams"),
-            "tests.chaos.targets:word_count",
+            "tests.chaos.targets:word_count"
+            if runtime == STREAMS
+            else "tests.chaos.targets:page_views",
             *("--application-id", place.group, "--instance-id", name),
             *("--state-dir", str(place.directory / f"state-{name}")),
             *common,
@@ -136,6 +153,9 @@ def environment(name: str, place: Place) -> dict[str, str]:
         "WORDCOUNT_LINES": place.topic,
         "WORDCOUNT_WORDS": place.words,
         "WORDCOUNT_COUNTS": place.counts,
+        "PAGEVIEWS_INPUT": place.topic,
+        "PAGEVIEWS_OUTPUT": place.finals,
+        "PAGEVIEWS_WINDOW_MS": str(WINDOW_MS),
     }
 
 

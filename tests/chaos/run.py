@@ -30,6 +30,8 @@ from tests.chaos.checker import Verdict, check
 from tests.chaos.counts import Write, check_counts
 from tests.chaos.faults import Fault, FaultRecord, plan
 from tests.chaos.ledger import (
+    read_crashes,
+    read_finals,
     read_journals,
     read_splits,
     read_writes,
@@ -45,7 +47,9 @@ from tests.chaos.traffic import (
     read_topic,
     sometimes_poison,
     values_in_order,
+    view,
 )
+from tests.chaos.windowed import Emission, FinalResult, check_windows
 from tests.e2e.harness import allow_range_fetch
 from tests.e2e.processes import CoordinatorProcess, coordinator_settings
 from tests.fixtures.coordinator import free_port
@@ -147,6 +151,8 @@ def describe(outcome: Outcome) -> str:
         "restore_mismatches",
         "regressions",
         "frozen_writes",
+        "final_repeats",
+        "final_repeats_after_crash",
     ):
         found = getattr(verdict, name)
         lines.append(f"  {name}: {len(found)} {found[:5]}")
@@ -164,6 +170,8 @@ class Outputs:
     final: dict[str, int] = field(default_factory=dict)
     restored: dict[str, int] = field(default_factory=dict)
     changelog: dict[str, list[int]] = field(default_factory=dict)
+    # The page views' final results, in each partition's order.
+    finals: list[FinalResult] = field(default_factory=list)
 
 
 class ChaosRun:
@@ -187,6 +195,7 @@ class ChaosRun:
             block_ms=shape.block_s * 1000,
             words=f"{topic}-words",
             counts=f"{topic}-counts",
+            finals=f"{topic}-finals",
             dead_letters=f"{topic}.dead-letters",
         )
         self.replicas: list[CoordinatorProcess] = []
@@ -206,15 +215,20 @@ class ChaosRun:
     async def run(self) -> Outcome:
         try:
             await self._set_up()
+            windowed = self.runtime == runtimes.STREAMS_WINDOWED
             traffic = Traffic(
                 self.place.bootstrap,
                 self.place.topic,
                 seed=self.shape.seed,
                 rate_per_s=self.shape.rate,
                 distinct_keys=self.shape.distinct_keys,
-                values={runtimes.STREAMS: line, runtimes.RUN: empty}.get(
-                    self.runtime, sometimes_poison
-                ),
+                values={
+                    runtimes.STREAMS: line,
+                    runtimes.STREAMS_WINDOWED: view,
+                    runtimes.RUN: empty,
+                }.get(self.runtime, sometimes_poison),
+                event_step_ms=runtimes.VIEW_STEP_MS if windowed else 0,
+                close_after_ms=10 * runtimes.WINDOW_MS if windowed else 0,
             )
             traffic.start()
             await self._until_every_member_works()
@@ -242,7 +256,7 @@ class ChaosRun:
             outputs = await self._read_outputs()
         finally:
             await self._tear_down()
-        verdict = await self._judge(produced, stable, traffic.sent, outputs)
+        verdict = await self._judge(produced, stable, traffic, outputs)
         # Every finding, where describe() shows the first few.
         (self.directory / "verdict.json").write_text(json.dumps(dataclasses.asdict(verdict)))
         errors = [line for replica in self.replicas for line in replica.error_lines()]
@@ -267,6 +281,14 @@ class ChaosRun:
                 restored=last_values(changelog),
                 changelog=values_in_order(changelog),
             )
+        if self.runtime == runtimes.STREAMS_WINDOWED:
+            results, _ = await read_topic(bootstrap, self.place.finals, partitions)
+            finals = []
+            for result in sorted(results, key=lambda record: (record.partition, record.offset)):
+                assert result.key is not None and result.value is not None
+                window = json.loads(result.value)
+                finals.append(FinalResult(result.key.decode(), window["start"], window["views"]))
+            return Outputs(finals=finals)
         if self.runtime == runtimes.RUN:
             return Outputs()
         letters, _ = await read_topic(bootstrap, self.place.dead_letters, partitions)
@@ -285,14 +307,14 @@ class ChaosRun:
         self,
         produced: dict[int, int],
         stable: dict[int, int],
-        sent: dict[tuple[int, int], bytes],
+        traffic: Traffic,
         outputs: Outputs,
     ) -> Verdict:
         names = sorted({*self.workers, *(member.name for member in self.gone)})
         journals = [self.place.journal(name) for name in names]
         runs, blocks = read_journals(journals)
         self.records = actual.with_actual_blocks(self.records, blocks)
-        if self.runtime == runtimes.STREAMS:
+        if self.runtime in runtimes.STREAMS_RUNTIMES:
             self.records = actual.from_stuck_calls(self.records, runs)
         exits: dict[str, list[float]] = {}
         for member in [*self.gone, *self.workers.values()]:
@@ -320,19 +342,33 @@ class ChaosRun:
             stable=stable,
             exits=exits,
             processing_timeout_s=None
-            if self.runtime in (runtimes.RUN, runtimes.STREAMS)
+            if self.runtime in {runtimes.RUN, *runtimes.STREAMS_RUNTIMES}
             else runtimes.PROCESSING_TIMEOUT_S,
             dead_lettered=outputs.dead_lettered,
-            # The word count's processors run on the event loop: one stuck on a call blocks
-            # the loop as a synchronous handler does.
+            # The streams' processors run on the event loop: one stuck on a call blocks the
+            # loop as a synchronous handler does.
             frozen_kinds=kinds.FREEZING | {kinds.STUCK_HANDLER, kinds.SIGTERM_DRAIN}
-            if self.runtime == runtimes.STREAMS
+            if self.runtime in runtimes.STREAMS_RUNTIMES
             else kinds.FREEZING,
         )
+        if self.runtime == runtimes.STREAMS_WINDOWED:
+            crashes = read_crashes(journals)
+            for fault in self.records:
+                if fault.kind == kinds.MEMBER_KILL:
+                    crashes.setdefault(fault.target, []).append(fault.exited or fault.started)
+            windows = check_windows(
+                traffic.stamped,
+                runtimes.WINDOW_MS,
+                ledger,
+                outputs.finals,
+                [Emission(*final) for final in read_finals(journals)],
+                crashes,
+            )
+            return dataclasses.replace(verdict, **dataclasses.asdict(windows))
         if self.runtime != runtimes.STREAMS:
             return verdict
         counted = check_counts(
-            sent,
+            traffic.sent,
             read_splits(journals),
             ledger,
             outputs.final,
@@ -359,6 +395,8 @@ class ChaosRun:
         topics = [self.place.topic]
         if self.runtime == runtimes.STREAMS:
             topics += [self.place.words, self.place.counts]
+        elif self.runtime == runtimes.STREAMS_WINDOWED:
+            topics.append(self.place.finals)
         elif self.runtime != runtimes.RUN:
             topics.append(self.place.dead_letters)
         async with ClusterMetadata(bootstrap, request_timeout_ms=10_000) as cluster:
@@ -485,7 +523,7 @@ class ChaosRun:
             self.broker_proxy.heal()
         elif fault.kind == kinds.STUCK_HANDLER:
             # Two joining members take part of the stuck member's keys from it.
-            stuck = 1 if self.runtime == runtimes.STREAMS else 3
+            stuck = 1 if self.runtime in runtimes.STREAMS_RUNTIMES else 3
             await self._join_for(fault.duration_s, count=2, stuck=(fault.target, stuck))
         elif fault.kind == kinds.SLOW_CALLS:
             # Once the call timed out (its retry waits for it), the member leaves: every

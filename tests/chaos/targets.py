@@ -5,10 +5,12 @@ loses nothing, and a process-pool child's lines interleave whole with its parent
 
     keyrange worker tests.chaos.targets:handle ...
     keyrange streams tests.chaos.targets:word_count ...
+    keyrange streams tests.chaos.targets:page_views ...
 
 Set from the environment: ``CHAOS_JOURNAL`` (the journal), ``CHAOS_NAME`` (the member's
 name), ``CHAOS_WORK_MS`` (each call's work), ``CHAOS_BLOCK_MS`` (how long SIGUSR1 blocks the
-event loop), and the word count's topics as ``examples/streams_wordcount.py`` reads them.
+event loop), the word count's topics as ``examples/streams_wordcount.py`` reads them, and
+the page views' as ``examples/streams_dsl_pageviews.py`` does.
 
 A handler cannot see its member's id or how often the member lost its slices, which the
 checker needs to tell one membership's run of a key from the next. So the member's main
@@ -32,7 +34,9 @@ import signal
 import time
 from typing import Any
 
-from client.streams import INT64, STRING, Processor, StoreSpec, Topology
+from client.streams import INT64, JSON, STRING, Processor, StoreSpec, Topology
+from client.streams.dsl import Stream, StreamsBuilder
+from examples.streams_dsl_pageviews import views_per_window
 
 POISON = b"poison"
 
@@ -123,6 +127,9 @@ class _LossJournal(logging.Handler):
             note("released")
         elif message in ("a pool process killed to end a call has exited", "a pool process died"):
             note("child_gone", pid=getattr(record, "pid", None))
+        elif message.startswith("a send failed;"):
+            # The instance stops without committing: a crash, for the windowed checker.
+            note("crashed")
 
 
 def _block_loop(signum: int, frame: object) -> None:
@@ -184,3 +191,36 @@ def word_count() -> Topology:
             value_serde=INT64,
         )
     )
+
+
+class JournalViews(Processor):
+    """Journals each page view around the rest of its processing: ``forward`` runs the
+    windowed count (and any final result the view closes) before it returns."""
+
+    def process(self, key: str, value: object) -> None:
+        started = time.monotonic()
+        slot = {"pt": self.context.partition, "o": self.context.offset, "k": key}
+        note("start", **slot)
+        control_sleep(started)
+        self.context.forward(key, value)
+        note("end", ok="done", **slot)
+
+
+def _journal_final(user: str, window: dict[str, int]) -> None:
+    note("final", k=user, s=window["start"], n=window["views"])
+
+
+def page_views() -> Topology:
+    """The page views' topology (``examples/streams_dsl_pageviews.py``: its windowed count,
+    final results, RocksDB window store) between a processor journaling each view and a
+    step journaling each final result as it goes to the sink."""
+    builder = StreamsBuilder()
+    source = builder.stream(
+        os.environ["PAGEVIEWS_INPUT"], key_serde=STRING, value_serde=JSON, name="views"
+    )
+    builder.topology.add_processor("journal-views", JournalViews, source.node)
+    views = Stream(builder, "journal-views", STRING, JSON)
+    views_per_window(views).peek(_journal_final, name="journal-finals").to(
+        os.environ["PAGEVIEWS_OUTPUT"]
+    )
+    return builder.build()

@@ -36,10 +36,21 @@ def line(rng: random.Random) -> bytes:
     return " ".join(rng.choices(VOCABULARY, weights=weights, k=WORDS_PER_LINE)).encode()
 
 
+def view(_: random.Random) -> bytes:
+    """A page view: the example reads JSON values, and counts them whatever they hold."""
+    return b"{}"
+
+
 class Traffic:
     """Zipf-keyed records at a steady rate, keyed so the producer's partitioner spreads them;
     remembers each partition's end offset from the acknowledgements, and what each record
-    held (``sent``, by partition and offset)."""
+    held (``sent``, by partition and offset).
+
+    With ``event_step_ms`` each record's timestamp is ``step`` after the one before (from the
+    minute the traffic starts in), so event time runs ahead of the wall clock and windows
+    close during a run; ``stamped`` keeps each record's key and timestamp. Once stopped, it
+    sends one record per key ``close_after_ms`` past the last stamp (``closing_ms``): every
+    key's task sees its stream time pass every window before it, so every window closes."""
 
     def __init__(
         self,
@@ -50,6 +61,8 @@ class Traffic:
         rate_per_s: float,
         distinct_keys: int,
         values: Values = empty,
+        event_step_ms: int = 0,
+        close_after_ms: int = 0,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -59,6 +72,10 @@ class Traffic:
         self.values = values
         self.ends: dict[int, int] = {}
         self.sent: dict[tuple[int, int], bytes] = {}
+        self.event_step_ms = event_step_ms
+        self.close_after_ms = close_after_ms
+        self.stamped: dict[tuple[int, int], tuple[str, int]] = {}
+        self.closing_ms: int | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -81,24 +98,53 @@ class Traffic:
         await producer.start()
         tick_s = 0.05
         batch = max(1, round(self.rate_per_s * tick_s))
+        # The minute the run starts in: windows line up with the first record.
+        stamp = int(time.time() * 1000) // 60_000 * 60_000
         try:
             while not self._stop.is_set():
                 records = [
                     (key, self.values(rng)) for key in rng.choices(names, weights=weights, k=batch)
                 ]
-                deliveries = [
-                    (value, await producer.send(self.topic, key=key, value=value))
-                    for key, value in records
-                ]
-                for value, delivery in deliveries:
-                    metadata = await delivery
-                    self.sent[(metadata.partition, metadata.offset)] = value
-                    end = metadata.offset + 1
-                    self.ends[metadata.partition] = max(self.ends.get(metadata.partition, 0), end)
+                stamps = []
+                for _ in records:
+                    stamps.append(stamp if self.event_step_ms else None)
+                    stamp += self.event_step_ms
+                await self._send(producer, records, stamps)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), tick_s)
+            if self.event_step_ms:
+                self.closing_ms = stamp + self.close_after_ms
+                await self._send(
+                    producer,
+                    [(name, self.values(rng)) for name in names],
+                    [self.closing_ms] * len(names),
+                    closing=True,
+                )
         finally:
             await producer.stop()
+
+    async def _send(
+        self,
+        producer: AIOKafkaProducer,
+        records: list[tuple[bytes, bytes]],
+        stamps: list[int | None],
+        *,
+        closing: bool = False,
+    ) -> None:
+        """Send in order, then note each acknowledged record (a partition's records keep
+        their order: one producer, sends awaited in turn)."""
+        deliveries = [
+            (key, stamp, await producer.send(self.topic, key=key, value=value, timestamp_ms=stamp))
+            for (key, value), stamp in zip(records, stamps, strict=True)
+        ]
+        for (key, stamp, delivery), (_, value) in zip(deliveries, records, strict=True):
+            metadata = await delivery
+            slot = (metadata.partition, metadata.offset)
+            self.sent[slot] = value
+            if stamp is not None and not closing:
+                self.stamped[slot] = (key.decode(), stamp)
+            end = metadata.offset + 1
+            self.ends[metadata.partition] = max(self.ends.get(metadata.partition, 0), end)
 
 
 async def read_topic(
