@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.ledger import read_journal
+from tests.chaos.ledger import read_crashes, read_finals, read_journal
 
 
 class Record:
@@ -75,3 +75,20 @@ def test_only_as_many_calls_as_asked_sleep(targets: Any, tmp_path: Path) -> None
     started = time.monotonic()
     targets.handle(Record(9))
     assert time.monotonic() - started < 0.2
+
+
+def test_final_results_and_crashes_are_journaled_for_the_windowed_checker(
+    targets: Any, tmp_path: Path
+) -> None:
+    journal = [tmp_path / "m0.jsonl"]
+    targets._journal_final("u1", {"start": 60_000, "end": 120_000, "views": 3})
+    logging.getLogger("client.streams.outputs").error(
+        "a send failed; nothing processed since the last commit is committed, and the "
+        "instance stops"
+    )
+    logging.getLogger("client.consumer").warning("membership lost; rejoining")
+    finals = read_finals(journal)
+    assert [final[:4] for final in finals] == [("m0", "u1", 60_000, 3)]
+    crashes = read_crashes(journal)["m0"]
+    assert len(crashes) == 2
+    assert all(at >= finals[0][4] for at in crashes)

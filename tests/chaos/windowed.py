@@ -153,5 +153,5 @@ def _judge_repeats(
     if repeats > len(excused):
         verdict.final_repeats.append(
             f"{window[0]}@{window[1]}: emitted {repeats + 1} times, "
-            f"{len(excused)} of them again after a crash of the instance before"
+            f"{len(excused)} of them again after its emitter crashed"
         )
