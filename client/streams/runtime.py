@@ -240,7 +240,7 @@ class StreamsRuntime(LifecycleHooks):
             self._commits.write_checkpoints()
             return
         self._open_owned()
-        held_back, self._held_back = self._held_back, []
+        held_back, self._held_back = _in_log_order(self._held_back), []
         for tp, record, hashed in held_back:
             heir = self._task_for(tp, hashed)
             if heir is None:
@@ -352,3 +352,13 @@ class StreamsRuntime(LifecycleHooks):
         self._closings.pop(task.id, None)
         self.inputs.drop(task)
         self._life.drop(task, processed_count=processed_count, keep=keep)
+
+
+def _in_log_order(
+    held: list[tuple[TopicPartition, Any, int]],
+) -> list[tuple[TopicPartition, Any, int]]:
+    """The records a partial revocation kept, in log order for their heirs: those taken in
+    while the task waited to close were held back before the older ones it still buffered,
+    and an heir processing a later offset first moves its stream time past the older
+    records' windows, which then drop them as late."""
+    return sorted(held, key=lambda item: (item[0].topic, item[0].partition, item[1].offset))

@@ -210,3 +210,99 @@ async def test_a_partition_over_its_byte_budget_pauses_until_its_task_processed_
 
     await runtime.stopping(5)
     await asyncio.wait_for(running, 10)
+
+
+class GatedProducer(Producer):
+    """Holds the send of the record keyed ``held`` until ``release`` is set: the round that
+    sends it keeps the runtime's round lock meanwhile, as a slow round does on a busy
+    machine."""
+
+    def __init__(self, held: bytes) -> None:
+        super().__init__()
+        self.held = held
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
+        if key == self.held:
+            self.holding.set()
+            await self.release.wait()
+        return await super().send(topic, value, key, partition, timestamp_ms, headers)
+
+
+async def test_records_a_partial_revocation_keeps_reach_the_heir_in_offset_order() -> None:
+    """Found by the chaos suite's windowed page views: records of kept keys that arrived
+    while the revoked task waited for a round to end were held back before the older
+    records it still buffered, so the heir processed a later offset first. Its stream time
+    then passed windows the older records belonged to, and they were dropped as late."""
+    first, second = TopicPartition("words", 0), TopicPartition("words", 1)
+    half = KeyRange.full().end // 2
+    kept, revoked = KeyRange(0, half), KeyRange(half + 1, KeyRange.full().end)
+    words = [
+        word for word in (f"w{n}" for n in range(100)) if kept.contains(key_hash(word.encode(), 0))
+    ][:4]
+    topology = count_topology("words", "counts").build()
+    source = InMemorySource()
+    producer = GatedProducer(held=b"slow")
+    owned = [(first, KeyRange.full(), 0), (second, KeyRange.full(), 0)]
+
+    async def commit() -> None:
+        return None
+
+    runtime = StreamsRuntime(
+        source,
+        topology=topology,
+        application_id="app",
+        producer=producer,
+        restorer=Restorer(),
+        state=StateManager(topology, None),
+        owned=lambda: owned,
+        commit=commit,
+        commit_interval_s=60,
+        max_idle_ms=0,
+        max_buffered_bytes=1 << 20,
+        processing_threads=1,
+        on_restore=lambda _: None,
+    )
+    source.grant(first)
+    source.grant(second)
+    runtime.assigned({first: [KeyRange.full()], second: [KeyRange.full()]})
+    running = asyncio.create_task(runtime.run())
+
+    def put(tp: TopicPartition, offset: int, word: str) -> None:
+        record = Rec("words", offset, word.encode(), (1).to_bytes(8, "big"), 1_000 + offset)
+        record.partition = tp.partition
+        source.items.put_nowait((tp, record, key_hash(record.key, offset)))
+
+    # A round is under way, its send held: what comes in now waits in the tasks.
+    put(second, 0, "slow")
+    await until(producer.holding.is_set, 10, "the round holding its send")
+    put(first, 0, words[0])
+    put(first, 1, words[1])
+    await until(source.items.empty, 10, "the first records buffered")
+    slices = {first: [revoked]}
+    source.revoke(slices)
+    runtime.revoking(slices)
+    owned = [(first, kept, 0), (second, KeyRange.full(), 0)]
+    # Newer records of kept keys come in while the revoked task waits for the round.
+    put(first, 2, words[2])
+    put(first, 3, words[3])
+    await until(source.items.empty, 10, "the newer records taken in")
+    producer.release.set()
+    await runtime.revoked(slices)
+
+    def counted() -> list[bytes | None]:
+        return [key for topic, key, _ in producer.sent if topic == "counts" and key != b"slow"]
+
+    await until(lambda: len(counted()) == 4, 10, "every kept record counted by the heir")
+    assert counted() == [word.encode() for word in words]
+    await runtime.stopping(5)
+    await asyncio.wait_for(running, 10)
