@@ -49,8 +49,9 @@ class Traffic:
     With ``event_step_ms`` each record's timestamp is ``step`` after the one before (from the
     minute the traffic starts in), so event time runs ahead of the wall clock and windows
     close during a run; ``stamped`` keeps each record's key and timestamp. Once stopped, it
-    sends one record per key ``close_after_ms`` past the last stamp (``closing_ms``): every
-    key's task sees its stream time pass every window before it, so every window closes."""
+    sends one record per key ``close_after_ms`` past the last stamp (not in ``stamped``):
+    every key's task sees its stream time pass every window before it, so every window
+    closes."""
 
     def __init__(
         self,
@@ -75,7 +76,6 @@ class Traffic:
         self.event_step_ms = event_step_ms
         self.close_after_ms = close_after_ms
         self.stamped: dict[tuple[int, int], tuple[str, int]] = {}
-        self.closing_ms: int | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -105,21 +105,17 @@ class Traffic:
                 records = [
                     (key, self.values(rng)) for key in rng.choices(names, weights=weights, k=batch)
                 ]
-                stamps = []
-                for _ in records:
-                    stamps.append(stamp if self.event_step_ms else None)
-                    stamp += self.event_step_ms
+                stamps: list[int | None] = [None] * batch
+                if self.event_step_ms:
+                    stamps = [stamp + index * self.event_step_ms for index in range(batch)]
+                    stamp += batch * self.event_step_ms
                 await self._send(producer, records, stamps)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), tick_s)
             if self.event_step_ms:
-                self.closing_ms = stamp + self.close_after_ms
-                await self._send(
-                    producer,
-                    [(name, self.values(rng)) for name in names],
-                    [self.closing_ms] * len(names),
-                    closing=True,
-                )
+                closing = [(name, self.values(rng)) for name in names]
+                last = stamp + self.close_after_ms
+                await self._send(producer, closing, [last] * len(names), closing=True)
         finally:
             await producer.stop()
 
