@@ -174,6 +174,7 @@ class StreamsApp:
             max_idle_ms=self.config.max_task_idle_ms,
             max_buffered_bytes=self.config.max_buffered_bytes,
             processing_threads=self.config.processing_threads,
+            cache_max_bytes=self.config.cache_max_bytes,
             max_buffered_records=self.config.max_buffered_records,
             on_restore=self._restore_progress,
             tracer=record_tracer(
