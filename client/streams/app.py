@@ -39,6 +39,7 @@ from client.streams.internal import (
 )
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
+from client.streams.partitioner import RememberingPartitioner
 from client.streams.queries import QueryAnswer, StoreQueries
 from client.streams.query_server import QueryServer
 from client.streams.restore import RestoreProgress, Restorer
@@ -189,7 +190,8 @@ class StreamsApp:
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
         """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's
         clients bind to the running loop."""
-        return AIOKafkaProducer(**self._kafka), Restorer(self._kafka)
+        producer = AIOKafkaProducer(**self._kafka, partitioner=RememberingPartitioner())
+        return producer, Restorer(self._kafka)
 
     def _admin(self) -> AIOKafkaAdminClient:
         return AIOKafkaAdminClient(**self._kafka)
