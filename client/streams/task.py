@@ -84,8 +84,8 @@ ACTIVE = TaskState.RUNNING
 
 class Outgoing(NamedTuple):
     """One record for the producer. A named tuple: made once or twice per record, and a
-    frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field) cost 2.8% of the
-    word count's CPU (bench/README.md, "rate_cpu_1")."""
+    frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field) is several times
+    slower to make (bench/README.md, "rate_cpu_1")."""
 
     topic: str
     partition: int | None
