@@ -297,17 +297,14 @@ class StreamsRuntime(LifecycleHooks):
             async with self._round_lock:
                 await self._rounds.run()
                 self.inputs.processed(self.tasks)
-                await self._send()
+                await self._outputs.send(list(self.tasks.values()))
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
                 for task in () if deadline is None else self._rounds.startable(deadline):
                     task.punctuate(WALL_CLOCK, now_ms)
-                await self._send()
+                await self._outputs.send(list(self.tasks.values()))
                 if self._commits.due():
                     await self._commits.commit()
-
-    async def _send(self) -> None:
-        await self._outputs.send(list(self.tasks.values()))
 
     async def commit(self) -> None:
         """Run the commit protocol (``client.streams.commits``) now."""
