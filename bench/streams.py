@@ -25,7 +25,11 @@ process); each ratio is against a baseline measured in the same run.
    hand-written processors', and ``windowed_speedup_4``, the page-views example with final
    results and ``--lookup-ms`` of I/O per view on 4 instances against 1, on one partition.
 
-``--phases scale,restore,dsl,windowed`` picks the phases (all by default). Prints one line
+4. The per-instance rate (``bench/streams_rate.py``): ``rate_cpu_1``, the word count on one
+   instance over ``--cpu-records`` (100,000) words with no simulated I/O, and the streams
+   process's CPU per word; ``--cache-max-bytes`` sets the record cache for that run.
+
+``--phases scale,restore,dsl,windowed,cpu`` picks the phases (all by default). Prints one line
 per phase, then one JSON object on the last line.
 """
 
@@ -47,6 +51,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench.commit import free_port
 from bench.streams_dsl import dsl_overhead, windowed_speedup
+from bench.streams_rate import rate_cpu
 from client.http import CoordinatorClient
 from client.protocol.keyspace import KeyRange
 from client.streams.restore import RestoreProgress, Restorer
@@ -223,6 +228,8 @@ async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, A
         summary.update(await dsl_overhead(stack, args, work, new_topics))
     if "windowed" in args.phases:
         summary.update(await windowed_speedup(stack, args, work, new_topics))
+    if "cpu" in args.phases:
+        summary.update(await rate_cpu(stack, args, work, new_topics))
     return summary
 
 
@@ -236,11 +243,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dsl-lines", type=int, default=4_000)
     parser.add_argument("--dsl-rounds", type=int, default=3)
     parser.add_argument("--windowed-records", type=int, default=8_000)
+    parser.add_argument("--cpu-records", type=int, default=100_000)
+    parser.add_argument(
+        "--cache-max-bytes",
+        type=int,
+        default=None,
+        help="the record cache of the streams processes the cpu phase starts (its default: unset)",
+    )
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),
-        default={"scale", "restore", "dsl", "windowed"},
-        help="comma-separated subset of scale,restore,dsl,windowed",
+        default={"scale", "restore", "dsl", "windowed", "cpu"},
+        help="comma-separated subset of scale,restore,dsl,windowed,cpu",
     )
     return parser.parse_args()
 

@@ -39,6 +39,7 @@ from client.streams.internal import (
 )
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
+from client.streams.partitioner import RememberingPartitioner
 from client.streams.queries import QueryAnswer, StoreQueries
 from client.streams.query_server import QueryServer
 from client.streams.restore import RestoreProgress, Restorer
@@ -174,6 +175,7 @@ class StreamsApp:
             max_idle_ms=self.config.max_task_idle_ms,
             max_buffered_bytes=self.config.max_buffered_bytes,
             processing_threads=self.config.processing_threads,
+            cache_max_bytes=self.config.cache_max_bytes,
             max_buffered_records=self.config.max_buffered_records,
             on_restore=self._restore_progress,
             tracer=record_tracer(
@@ -188,7 +190,8 @@ class StreamsApp:
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
         """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's
         clients bind to the running loop."""
-        return AIOKafkaProducer(**self._kafka), Restorer(self._kafka)
+        producer = AIOKafkaProducer(**self._kafka, partitioner=RememberingPartitioner())
+        return producer, Restorer(self._kafka)
 
     def _admin(self) -> AIOKafkaAdminClient:
         return AIOKafkaAdminClient(**self._kafka)

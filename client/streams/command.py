@@ -46,6 +46,12 @@ _TABLE = (
         int,
         "deprecated: also pause a partition at this many records",
     ),
+    Option(
+        "cache-max-bytes",
+        "cache_max_bytes",
+        int,
+        "record cache of the stores, bytes for the process (0: off)",
+    ),
     Option("processing-threads", "processing_threads", int, "threads running tasks (1: the loop)"),
     Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
     Option("instance-id", "instance_id", str, "a stable name for this instance"),

@@ -1,4 +1,6 @@
-"""The streams commit protocol (at-least-once), its four steps in one place:
+"""The streams commit protocol (at-least-once), its steps in one place:
+0. flush the record caches (``client.streams.cache``: their entries go to the stores, the
+changelogs and, for DSL tables, downstream, so they are among what step 2 flushes);
 1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
 commit, and the instance: ``client.streams.outputs``); 3. mark the processed records and
 commit input offsets through the coordinator; 4. write the checkpoints of changelog offsets.
@@ -94,9 +96,13 @@ class Commits:
         )
 
     async def flush_and_mark(self, tasks: Iterable[StreamTask] | None = None) -> None:
-        """Steps 1 to 3a: stores, producer, then the marks of ``tasks`` (every task for
-        None). A halted task's records are not marked: its keys may be another member's,
-        which processes them again."""
+        """Steps 0 to 3a: caches, stores, producer, then the marks of ``tasks`` (every task
+        for None). Every task's caches are flushed, since the producer's flush covers every
+        task's outputs. A halted task's records are not marked: its keys may be another
+        member's, which processes them again; its cache is dropped with it, unwritten."""
+        for task in self._tasks.values():
+            if task.state is not TaskState.HALTED:
+                task.flush_caches()
         self._state.flush()
         await self._outputs.send(self._tasks.values())
         await self._outputs.flush()

@@ -28,6 +28,11 @@ class StreamsConfig:
     loop. ``kafka_security`` (TLS, SASL) applies to every Kafka connection the application
     opens: the consumer, the producer, the restorer and the admin client that creates the
     changelogs, since a secured cluster refuses any one of them that comes in plaintext.
+    ``cache_max_bytes`` is the record cache's budget for the whole process (Kafka Streams'
+    ``statestore.cache.max.bytes``, 10 MiB by default as there; 0 turns it off): key-value
+    stores keep their changed entries, the last per key, until the next commit, so the
+    changelog carries one record per key per commit and DSL tables and aggregations forward
+    one change per key per commit (docs/streams.md, "The record cache").
     ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra).
     ``query_port`` serves the stores over HTTP on ``query_host`` (0: any free port; None, the
     default: no server), and the group learns the address as ``query_advertised_url``, by
@@ -43,6 +48,7 @@ class StreamsConfig:
     max_task_idle_ms: int = 0
     max_buffered_bytes: int = 256 * MIB
     max_buffered_records: int | None = None
+    cache_max_bytes: int = 10 * MIB
     processing_threads: int = 1
     session_timeout_ms: int = 10_000
     revoke_timeout_s: float = 30.0
@@ -79,6 +85,8 @@ class StreamsConfig:
                 FutureWarning,
                 stacklevel=3,
             )
+        if self.cache_max_bytes < 0:
+            raise ValueError("cache_max_bytes must not be negative (0 turns the cache off)")
         if self.max_task_idle_ms < 0:
             raise ValueError("max_task_idle_ms must not be negative")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

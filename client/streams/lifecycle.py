@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from client.protocol.keyspace import KeyRange, subtract
+from client.streams.cache import CacheBudget
 from client.streams.gate import TaskGate
 from client.streams.ports import StoreRestorer
 from client.streams.restore import RestoreProgress
@@ -38,8 +39,10 @@ class Lifecycle:
         max_idle_ms: int,
         on_ready: Callable[[], None],
         tracer: RecordTracer | None = None,
+        cache: CacheBudget | None = None,
     ) -> None:
         self._tracer = tracer
+        self._cache = cache
         self._tasks = tasks
         self._topology = topology
         self._application_id = application_id
@@ -57,7 +60,13 @@ class Lifecycle:
         sub = self._topology.subtopologies[task_id.subtopology]
         backends = {name: self._state.backend(name, task_id.partition) for name in sub.stores}
         task = StreamTask(
-            task_id, self._topology, sub, backends, self._application_id, self._max_idle_ms
+            task_id,
+            self._topology,
+            sub,
+            backends,
+            self._application_id,
+            self._max_idle_ms,
+            self._cache,
         )
         task.tracer = self._tracer
         self._gate.grant(task, sub.source_topics[0])

@@ -121,6 +121,15 @@ class ProcessorContext(Protocol):
 
     def state_store(self, name: str) -> KeyValueStore: ...
 
+    def forward_on_flush(self, name: str) -> bool:
+        """Hand the forwarding of key-value store ``name``'s changes to its record cache
+        (``cache_max_bytes``, docs/streams.md): each key's latest value is forwarded from this
+        processor as it leaves the cache (at the task's commit, or evicted when the cache is
+        full), as Kafka Streams' DSL tables and aggregations do, and the processor forwards
+        none itself. False, and nothing changes, when the store is not cached: the processor
+        forwards each change itself. Called from ``init``."""
+        ...
+
     def window_store(self, name: str) -> WindowStore: ...
 
 

@@ -31,6 +31,7 @@ from client.protocol.keyspace import KeyRange, in_ranges, key_hash, subtract
 from client.runtime.hooks import LifecycleHooks
 from client.runtime.intake import Intake
 from client.streams.backpressure import InputBudget
+from client.streams.cache import CacheBudget
 from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
@@ -68,6 +69,7 @@ class StreamsRuntime(LifecycleHooks):
         max_idle_ms: int,
         max_buffered_bytes: int,
         processing_threads: int,
+        cache_max_bytes: int = 0,
         max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
         tracer: RecordTracer | None = None,
@@ -92,6 +94,7 @@ class StreamsRuntime(LifecycleHooks):
             max_idle_ms=max_idle_ms,
             on_ready=self._work.set,
             tracer=tracer,
+            cache=CacheBudget(cache_max_bytes) if cache_max_bytes > 0 else None,
         )
         self.restores = self._life.restores
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
@@ -294,17 +297,14 @@ class StreamsRuntime(LifecycleHooks):
             async with self._round_lock:
                 await self._rounds.run()
                 self.inputs.processed(self.tasks)
-                await self._send()
+                await self._outputs.send(list(self.tasks.values()))
                 now_ms = int(time.time() * 1000)
                 deadline = self._gate.round_deadline()
                 for task in () if deadline is None else self._rounds.startable(deadline):
                     task.punctuate(WALL_CLOCK, now_ms)
-                await self._send()
+                await self._outputs.send(list(self.tasks.values()))
                 if self._commits.due():
                     await self._commits.commit()
-
-    async def _send(self) -> None:
-        await self._outputs.send(list(self.tasks.values()))
 
     async def commit(self) -> None:
         """Run the commit protocol (``client.streams.commits``) now."""

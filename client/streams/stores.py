@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from client.protocol.keyspace import KeyRange, in_ranges, key_hash
+from client.streams.cache import MISSING, CacheBudget, Entries, StoreCache
 from client.streams.errors import StoreKeyOutsideTask, StreamsError
 from client.streams.topology import StoreSpec
 
 ChangelogWrite = Callable[[bytes, bytes | None], None]
+FlushListener = Callable[[Any, Any], None]
 
 
 class BytesStore(Protocol):
@@ -152,7 +154,9 @@ def delete_ranges(backend: BytesStore, ranges: Sequence[KeyRange]) -> int:
 
 
 class TaskStore:
-    """A task's typed view of one store: serdes, the key-range check, the changelog."""
+    """A task's typed view of one store: serdes, the key-range check, the changelog, and the
+    record cache (``client.streams.cache``) when the process has one: writes then wait in it,
+    the last per key, until the task's commit flushes them or the budget evicts them."""
 
     def __init__(
         self,
@@ -160,18 +164,27 @@ class TaskStore:
         backend: BytesStore,
         ranges: Sequence[KeyRange],
         changelog: ChangelogWrite,
+        cache: CacheBudget | None = None,
     ) -> None:
         self._spec = spec
         self._backend = backend
         self._ranges = list(ranges)
         self._changelog = changelog
+        self.cache = None if cache is None else StoreCache(cache, self._write_out)
+        # Forwards each entry as it leaves the cache (``TaskContext.forward_on_flush``).
+        self.flush_listener: FlushListener | None = None
 
     @property
     def name(self) -> str:
         return self._spec.name
 
     def get(self, key: Any) -> Any:
-        return self._spec.value_serde.deserialize(self._backend.get(self._key(key, check=False)))
+        raw_key = self._key(key, check=False)
+        if self.cache is not None:
+            cached = self.cache.get(raw_key)
+            if cached is not MISSING:
+                return self._spec.value_serde.deserialize(cached)  # type: ignore[arg-type]
+        return self._spec.value_serde.deserialize(self._backend.get(raw_key))
 
     def put(self, key: Any, value: Any) -> None:
         if value is None:
@@ -181,21 +194,57 @@ class TaskStore:
         raw_value = self._spec.value_serde.serialize(value)
         if raw_value is None:
             raise StreamsError(f"store '{self.name}': the value serde gave no bytes for a value")
+        if self.cache is not None:
+            self.cache.put(raw_key, raw_value)
+            return
         self._backend.put(raw_key, raw_value)
         self._changelog(raw_key, raw_value)
 
     def delete(self, key: Any) -> None:
         raw_key = self._key(key, check=True)
+        if self.cache is not None:
+            self.cache.put(raw_key, None)
+            return
         self._backend.delete(raw_key)
         self._changelog(raw_key, None)
 
+    def flush_cache(self) -> int:
+        """Write the cached entries out (store, changelog, listener); how many."""
+        return 0 if self.cache is None else self.cache.flush()
+
+    def _write_out(self, entries: Entries) -> None:
+        """Entries leaving the cache: one write to the backend (a RocksDB batch), then a
+        changelog record each, then the listener's forward each, in the cache's order."""
+        self._backend.apply(entries)
+        for raw_key, raw_value in entries:
+            self._changelog(raw_key, raw_value)
+        listener = self.flush_listener
+        if listener is not None:
+            key_serde, value_serde = self._spec.key_serde, self._spec.value_serde
+            for raw_key, raw_value in entries:
+                listener(key_serde.deserialize(raw_key), value_serde.deserialize(raw_value))
+
     def range(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
-        return self._decoded(
-            self._backend.scan(self._key(low, check=False), self._key(high, check=False))
-        )
+        raw_low, raw_high = self._key(low, check=False), self._key(high, check=False)
+        return self._decoded(self._merged(self._backend.scan(raw_low, raw_high), raw_low, raw_high))
 
     def all(self) -> list[tuple[Any, Any]]:
-        return self._decoded(self._backend.scan())
+        return self._decoded(self._merged(self._backend.scan(), None, None))
+
+    def _merged(
+        self, pairs: Iterator[tuple[bytes, bytes]], low: bytes | None, high: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The backend's pairs with the cache's entries in that range over them (a cached
+        deletion hides the key), in key-byte order."""
+        if self.cache is None or not len(self.cache):
+            return pairs
+        merged = dict(pairs)
+        for key, value in self.cache.entries(low, high):
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return iter(sorted(merged.items()))
 
     def _decoded(self, pairs: Iterator[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
         key_serde, value_serde = self._spec.key_serde, self._spec.value_serde

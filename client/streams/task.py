@@ -18,10 +18,11 @@ import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from client.protocol.keyspace import KeyRange, key_hash
 from client.runtime.budget import weight
+from client.streams.cache import CacheBudget
 from client.streams.clock import TaskInputs, Wait
 from client.streams.errors import ProcessorFailed, StreamsError, UnknownStore
 from client.streams.processor import (
@@ -81,8 +82,11 @@ class TaskState(enum.Enum):
 ACTIVE = TaskState.RUNNING
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
+class Outgoing(NamedTuple):
+    """One record for the producer. A named tuple: made once or twice per record, and a
+    frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field) is several times
+    slower to make (bench/README.md, "rate_cpu_1")."""
+
     topic: str
     partition: int | None
     key: bytes | None
@@ -109,6 +113,7 @@ class StreamTask:
         backends: dict[str, BytesStore],
         application_id: str,
         max_idle_ms: int,
+        cache: CacheBudget | None = None,
     ) -> None:
         self.id = task_id
         self.application_id = application_id
@@ -129,7 +134,11 @@ class StreamTask:
         self.lease: Lease | None = None
         self.stores: dict[str, TaskStore | TaskWindowStore] = {
             name: _task_store(
-                topology.stores[name], backends[name], task_id.keys, self._changelog_writer(name)
+                topology.stores[name],
+                backends[name],
+                task_id.keys,
+                self._changelog_writer(name),
+                cache,
             )
             for name in subtopology.stores
         }
@@ -159,8 +168,37 @@ class StreamTask:
         aside): the one definition of an active task, for the runtime, the gate and queries."""
         return self.state is ACTIVE
 
+    def flush_caches(self) -> int:
+        """Write every cached store entry out (the commit's step 0), until none is left: an
+        entry forwarded on flush may write another store's cache downstream. How many."""
+        flushed = total = 0
+        while True:
+            flushed = sum(
+                store.flush_cache()
+                for store in self.stores.values()
+                if isinstance(store, TaskStore)
+            )
+            if not flushed:
+                return total
+            total += flushed
+
+    def forward_flushed(self, node: str, key: Any, value: Any) -> None:
+        """Forward from ``node`` an entry leaving its store's cache: at a commit or an
+        eviction, so with no input record's headers (as a punctuation's forwards)."""
+        previous, headers = self._node, self._headers
+        self._node, self._headers = node, ()
+        try:
+            self._forward_from(node, key, value, None)
+        finally:
+            self._node, self._headers = previous, headers
+
     def close(self) -> None:
-        """Close the processors ``init`` created (none when it never ran)."""
+        """Close the processors ``init`` created (none when it never ran), and forget what
+        the stores' caches still hold: a task closed after its commit has flushed them, and
+        one dropped without a commit leaves its records to be processed again."""
+        for store in self.stores.values():
+            if isinstance(store, TaskStore) and store.cache is not None:
+                store.cache.discard()
         for name, processor in self._processors.items():
             self._node = name
             try:
@@ -328,13 +366,18 @@ def _unlogged(key: bytes, value: bytes | None) -> None:
 
 
 def _task_store(
-    spec: StoreSpec, backend: BytesStore, keys: KeyRange, changelog: ChangelogWrite
+    spec: StoreSpec,
+    backend: BytesStore,
+    keys: KeyRange,
+    changelog: ChangelogWrite,
+    cache: CacheBudget | None,
 ) -> TaskStore | TaskWindowStore:
     if spec.windowed:
+        # Window stores are not cached (docs/streams.md, "The record cache").
         if not isinstance(backend, WindowBackend):
             raise StreamsError(f"store '{spec.name}' is a window store on a key-value backend")
         return TaskWindowStore(spec, backend, [keys], changelog)
-    return TaskStore(spec, backend, [keys], changelog)
+    return TaskStore(spec, backend, [keys], changelog, cache)
 
 
 def _checked(headers: Sequence[tuple[str, bytes]]) -> Headers:
@@ -431,6 +474,22 @@ class TaskContext:
         if isinstance(store, TaskWindowStore):
             raise UnknownStore(f"store '{name}' is a window store: ask window_store() for it")
         return store
+
+    def forward_on_flush(self, name: str) -> bool:
+        """See ``ProcessorContext.forward_on_flush``."""
+        store = self.state_store(name)
+        if not isinstance(store, TaskStore) or store.cache is None:
+            return False
+        node = self._task.current_node()
+        if node is None:
+            raise StreamsError("forward_on_flush() outside a processor's init or process")
+        task = self._task
+
+        def forward(key: Any, value: Any) -> None:
+            task.forward_flushed(node, key, value)
+
+        store.flush_listener = forward
+        return True
 
     def window_store(self, name: str) -> WindowStore:
         store = self._task.stores.get(name)

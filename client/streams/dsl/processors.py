@@ -85,9 +85,10 @@ class PassThrough(Processor):
 
 
 class Aggregate(Processor):
-    """count, reduce and aggregate: the key's aggregate in a key-value store, every update
-    forwarded (the table's changes). A record without a key or a value is skipped, as in
-    Kafka Streams."""
+    """count, reduce and aggregate: the key's aggregate in a key-value store, its changes
+    forwarded (the table's changes): every update, or with the record cache on the last per
+    key as it leaves the cache, as in Kafka Streams. A record without a key or a value is
+    skipped, as in Kafka Streams."""
 
     def __init__(
         self,
@@ -99,10 +100,12 @@ class Aggregate(Processor):
         self._initializer = initializer
         self._adder = adder
         self._store: KeyValueStore
+        self._cached = False
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self._store = context.state_store(self._store_name)
+        self._cached = context.forward_on_flush(self._store_name)
 
     def process(self, key: Any, value: Any) -> None:
         if key is None or value is None:
@@ -110,7 +113,8 @@ class Aggregate(Processor):
         current = self._store.get(key)
         aggregate = self._adder(key, value, self._initializer() if current is None else current)
         self._store.put(key, aggregate)
-        self.context.forward(key, aggregate)
+        if not self._cached:
+            self.context.forward(key, aggregate)
 
 
 class TableSource(Processor):
