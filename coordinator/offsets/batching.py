@@ -232,8 +232,9 @@ class CommitBatcher:
     ) -> list[Outcome]:
         tally = CommitTally()
         started_ns = time.time_ns()
-        async with connection.transaction():
-            outcomes = await self._decide_and_apply(connection, batch, tally)
+        async with _begun(connection):
+            outcomes, changed = await self._decide_and_apply(connection, batch, tally)
+            await repository.write_and_commit(connection, changed)
         # Counted once the transaction committed: a failed batch's requests are re-run.
         tally.add_to_metrics()
         traced = [pending.trace for pending in batch if pending.trace is not None]
@@ -284,22 +285,35 @@ class CommitBatcher:
 
     async def _decide_and_apply(
         self, connection: asyncpg.Connection, batch: list[_Pending], tally: CommitTally
-    ) -> list[Outcome]:
+    ) -> tuple[list[Outcome], dict[repository.GroupPartitionKey, CommittedOffsets]]:
+        """Each request's outcome, and the new states the admitted ones leave (for the caller
+        to write and commit)."""
         standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
         committing_members = {
             (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
         }
-        committers = await repository.lock_committers(
-            connection, standalone_groups, committing_members
+        requested = {
+            (pending.group_id, entry.topic, entry.partition)
+            for pending in batch
+            for entry in pending.request.partitions
+        }
+        read = await repository.lock_batch(
+            connection, standalone_groups, committing_members, requested
         )
+        committers = read.committers
         switch = accept_individual_commit(committers.stored_switch, self._settings)
         refusals: list[KeyrangeError | _Undecided | _NewGroup | None] = [
             _refusal(pending, switch, committers) for pending in batch
         ]
         new_groups = [p for p, r in zip(batch, refusals, strict=True) if r is _NEW_GROUP]
         if new_groups:
-            created = await _create_groups(
-                connection, new_groups, self._settings.max_groups_per_prefix
+            # Creating a group takes its tenant's cap lock, which every transaction takes
+            # before any partition row lock: a batch that holds some already leaves its new
+            # groups to be created by their requests alone.
+            created = (
+                await _create_groups(connection, new_groups, self._settings.max_groups_per_prefix)
+                if not read.rows
+                else dict.fromkeys((p.group_id for p in new_groups), _UNDECIDED)
             )
             refusals = [
                 created[p.group_id] if r is _NEW_GROUP else r
@@ -314,7 +328,7 @@ class CommitBatcher:
             for _, pending in admitted
             for entry in pending.request.partitions
         }
-        locked = await repository.lock_existing(connection, keys) if keys else {}
+        locked = await repository.states_of(read.rows, keys)
         if len(locked) < len(keys):
             admitted = await self._add_partitions(connection, admitted, locked, outcomes)
         states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
@@ -330,8 +344,7 @@ class CommitBatcher:
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result
-        await repository.write_partitions(connection, changed)
-        return outcomes
+        return outcomes, changed
 
     async def _add_partitions(
         self,
@@ -425,6 +438,19 @@ async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connecti
         yield cast(asyncpg.Connection, raw.driver_connection)
     finally:
         await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def _begun(connection: asyncpg.Connection) -> AsyncIterator[None]:
+    """A transaction the body ends itself (``repository.write_and_commit`` commits along with
+    the write, saving a round trip), rolled back if the body fails before it committed."""
+    await connection.execute("BEGIN;")
+    try:
+        yield
+    except BaseException:
+        if connection.is_in_transaction() and not connection.is_closed():
+            await connection.execute("ROLLBACK;")
+        raise
 
 
 def _refusal(
