@@ -5,8 +5,9 @@ At the rates Keyrange clients commit, the database and the coordinator spend the
 per-transaction and per-statement work (round trips, WAL flushes, driver calls), not on the
 offsets. Requests that arrive while a transaction is in flight are queued and the next
 transaction applies all of them with the statements ``coordinator.offsets.repository``
-counts (three in the common case) whatever their number, so the cost of a commit falls as
-load rises, while a lone commit waits for nobody.
+counts (three in the common case: ``BEGIN``, one locking read, the write sent with its
+``COMMIT``) whatever their number, so the cost of a commit falls as load rises, while a lone
+commit waits for nobody.
 
 Each request stays all-or-nothing and is judged exactly as on its own (docs/design.md §3.7) by the
 fence in ``coordinator.core.fence``: the switch, then its membership, under the locks that keep
@@ -15,7 +16,7 @@ would create; a refused request changes nothing (it creates no group and no row)
 in its transaction are applied. Two requests of one transaction that touch the same partition
 are applied one after the other in arrival order. A reply is sent only once the transaction has
 committed. A request the batch cannot decide (its group was created by another transaction in
-the middle of the batch), and every request of a batch whose transaction failed, is re-run as a
+the middle of the batch, or is new while the batch holds partition rows already), and every request of a batch whose transaction failed, is re-run as a
 batch of one in a transaction of its own; commits are idempotent, so a batch whose commit
 outcome is unknown is safe to re-apply.
 """

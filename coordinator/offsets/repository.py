@@ -1,20 +1,22 @@
 """All SQL of the offset store: the commit statements, and the reads and admin changes.
 
 A transaction of commits (coordinator.offsets.batching: one or many requests) costs three
-statements in the common case whatever it carries, because at 64 concurrent committers the
-coordinator's CPU and the database go into per-statement work (driver calls, round trips), not
-into the offset algebra: one locks the committing members' rows (or the standalone commits'
-groups) and reads the switch along; one locks and reads every partition row the requests name;
-one ``UPDATE ... FROM unnest`` writes the changed rows back. A batch with both kinds of
-committer adds a statement, a group's or a partition's first commit adds the statements of its
-cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them), and a batch
-whose committers were all not found reads the switch alone. Rows are always locked in sorted
-order, groups, then members, then partitions, so concurrent commits cannot deadlock with each
-other or with heartbeats. ``tests/offsets/test_commit_statements.py`` counts them
-(docs/offsets.md, "Statements per batch").
+statements and three round trips in the common case whatever it carries, because at 64
+concurrent committers the coordinator's CPU and the database go into per-statement work
+(driver calls, round trips), not into the offset algebra: ``BEGIN``; one statement
+(``lock_batch``) that locks the standalone commits' groups and the committing members' rows,
+reads the switch, and locks and reads every partition row the requests name; one
+``UPDATE ... FROM unnest`` that writes the changed rows back, sent with the ``COMMIT``
+(``write_and_commit``). A group's or a partition's first commit adds the statements of its
+cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them). Rows are
+always locked in sorted order, groups, then members, then partitions, so concurrent commits
+cannot deadlock with each other or with heartbeats. ``tests/offsets/test_commit_statements.py``
+counts them (docs/offsets.md, "Statements per batch"). ``lock_committers``, ``lock_existing``
+and ``write_partitions`` are the same steps one at a time, for the resets (offsets past the log
+end, the admin's), which run inside a SQLAlchemy transaction.
 
-A stored state is decoded by ``_locked_state_of`` when the commit path read it (the IC ranges
-as text) and by ``_state_of`` when SQLAlchemy did (the reads and admin changes).
+A stored state is decoded by ``states_of`` or ``_locked_state_of`` when the commit path read it
+(the IC ranges as text) and by ``_state_of`` when SQLAlchemy did (the reads and admin changes).
 """
 
 from __future__ import annotations
