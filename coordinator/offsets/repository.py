@@ -22,7 +22,7 @@ A stored state is decoded by ``states_of`` or ``_locked_state_of`` when the comm
 from __future__ import annotations
 
 import asyncio
-import re
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -265,12 +265,16 @@ _LOCK_BATCH = f"""
 """
 
 # The batch's write and its ``COMMIT`` in one simple-protocol message, so one round trip ends
-# the transaction: the write's parameters, text literals already, are spliced in as escaped
-# string constants (``_constant``). If the write fails, Postgres skips the ``COMMIT`` and the
-# transaction is rolled back as any failed batch's.
-_WRITE_AND_COMMIT = (
-    re.sub(r"\$(\d)", lambda number: f"{{{int(number[1]) - 1}}}", _WRITE_PARTITIONS) + ";\nCOMMIT;"
-)
+# the transaction. The write is a statement prepared once per connection (``PREPARE``, which
+# outlives a rolled-back transaction), so Postgres plans it once rather than per batch, and
+# its parameters, text literals already, are sent as escaped string constants
+# (``_constant``). If the write fails, Postgres skips the ``COMMIT`` and the transaction is
+# rolled back as any failed batch's.
+_WRITE_NAME = "keyrange_write_partitions"
+_PREPARE_WRITE = f"PREPARE {_WRITE_NAME} ({', '.join(['text'] * 9)}) AS {_WRITE_PARTITIONS}"
+_WRITE_AND_COMMIT = f"EXECUTE {_WRITE_NAME} ({{}});\nCOMMIT;"
+# The driver connections the write is prepared on; one that closes leaves this set.
+_PREPARED: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -444,7 +448,10 @@ async def write_and_commit(
         await connection.execute("COMMIT;")
         return
     parameters = await _write_parameters(states)
-    await connection.execute(_WRITE_AND_COMMIT.format(*map(_constant, parameters)))
+    if connection not in _PREPARED:
+        await connection.execute(_PREPARE_WRITE)
+        _PREPARED.add(connection)
+    await connection.execute(_WRITE_AND_COMMIT.format(", ".join(map(_constant, parameters))))
 
 
 def _constant(literal: str) -> str:

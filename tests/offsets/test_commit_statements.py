@@ -29,6 +29,7 @@ _NAMES = {
     "COMMIT;": "commit",
     repository._LOCK_BATCH: "lock batch",
     repository._LOCK_PARTITIONS: "lock partitions",
+    repository._PREPARE_WRITE: "prepare write",
     repository._CREATE_PARTITIONS: "insert partitions",
     quotas._LOCK: "cap lock",
     quotas._GROUPS_PER_SCOPE: "count groups",
@@ -171,6 +172,8 @@ async def test_first_commits_add_the_caps_statements_once_per_batch(
     assert all(isinstance(outcome, CommitResult) for outcome in outcomes)
     assert counted == STEADY + Counter(
         {
+            # Once per connection, and this batch is its connection's first write.
+            "prepare write": 1,
             # Group cap: lock the tenant's count, count, create.
             "cap lock": 2,
             "count groups": 1,
