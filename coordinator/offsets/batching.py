@@ -16,9 +16,10 @@ would create; a refused request changes nothing (it creates no group and no row)
 in its transaction are applied. Two requests of one transaction that touch the same partition
 are applied one after the other in arrival order. A reply is sent only once the transaction has
 committed. A request the batch cannot decide (its group was created by another transaction in
-the middle of the batch, or is new while the batch holds partition rows already), and every request of a batch whose transaction failed, is re-run as a
-batch of one in a transaction of its own; commits are idempotent, so a batch whose commit
-outcome is unknown is safe to re-apply.
+the middle of the batch, or is new while the batch holds partition rows already), and every
+request of a batch whose transaction failed, is re-run as a batch of one in a transaction of
+its own; commits are idempotent, so a batch whose commit outcome is unknown is safe to
+re-apply.
 """
 
 from __future__ import annotations
