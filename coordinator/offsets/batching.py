@@ -332,7 +332,9 @@ class CommitBatcher:
         }
         locked = await repository.states_of(read.rows, keys)
         if len(locked) < len(keys):
-            admitted = await self._add_partitions(connection, admitted, locked, outcomes)
+            admitted = await _add_partitions(
+                connection, admitted, locked, outcomes, self._settings.max_partitions_per_group
+            )
         states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
@@ -348,56 +350,57 @@ class CommitBatcher:
             outcomes[index] = applied.result
         return outcomes, changed
 
-    async def _add_partitions(
-        self,
-        connection: asyncpg.Connection,
-        admitted: list[tuple[int, _Pending]],
-        locked: dict[repository.GroupPartitionKey, CommittedOffsets],
-        outcomes: list[Outcome],
-    ) -> list[tuple[int, _Pending]]:
-        """Create the partition rows admitted requests name for the first time, within their
-        groups' caps, adding them to ``locked``; a request past its group's cap is refused
-        whole (in ``outcomes``) and left out of the admitted requests returned."""
-        growing = {
-            pending.group_id
-            for _, pending in admitted
-            for entry in pending.request.partitions
-            if (pending.group_id, entry.topic, entry.partition) not in locked
-        }
-        stored = await quota_store.lock_partition_growth(connection, growing)
-        # Rows another transaction added before the lock was granted are stored, not new.
-        missing = {
-            (pending.group_id, entry.topic, entry.partition)
-            for _, pending in admitted
-            if pending.group_id in growing
-            for entry in pending.request.partitions
-        } - locked.keys()
-        locked.update(await repository.lock_existing(connection, missing))
-        adding = [
-            (
-                pending.group_id,
-                {
-                    (entry.topic, entry.partition)
-                    for entry in pending.request.partitions
-                    if (pending.group_id, entry.topic, entry.partition) not in locked
-                },
-            )
-            for _, pending in admitted
-        ]
-        refusals = partition_refusals(adding, stored, self._settings.max_partitions_per_group)
-        still: list[tuple[int, _Pending]] = []
-        new_rows: set[repository.GroupPartitionKey] = set()
-        for (index, pending), (group_id, partitions), refused in zip(
-            admitted, adding, refusals, strict=True
-        ):
-            if refused is not None:
-                outcomes[index] = refused
-                continue
-            still.append((index, pending))
-            new_rows.update((group_id, topic, partition) for topic, partition in partitions)
-        if new_rows:
-            locked.update(await repository.create_partitions(connection, new_rows))
-        return still
+
+async def _add_partitions(
+    connection: asyncpg.Connection,
+    admitted: list[tuple[int, _Pending]],
+    locked: dict[repository.GroupPartitionKey, CommittedOffsets],
+    outcomes: list[Outcome],
+    max_partitions_per_group: int,
+) -> list[tuple[int, _Pending]]:
+    """Create the partition rows admitted requests name for the first time, within their
+    groups' caps, adding them to ``locked``; a request past its group's cap is refused
+    whole (in ``outcomes``) and left out of the admitted requests returned."""
+    growing = {
+        pending.group_id
+        for _, pending in admitted
+        for entry in pending.request.partitions
+        if (pending.group_id, entry.topic, entry.partition) not in locked
+    }
+    stored = await quota_store.lock_partition_growth(connection, growing)
+    # Rows another transaction added before the lock was granted are stored, not new.
+    missing = {
+        (pending.group_id, entry.topic, entry.partition)
+        for _, pending in admitted
+        if pending.group_id in growing
+        for entry in pending.request.partitions
+    } - locked.keys()
+    locked.update(await repository.lock_existing(connection, missing))
+    adding = [
+        (
+            pending.group_id,
+            {
+                (entry.topic, entry.partition)
+                for entry in pending.request.partitions
+                if (pending.group_id, entry.topic, entry.partition) not in locked
+            },
+        )
+        for _, pending in admitted
+    ]
+    refusals = partition_refusals(adding, stored, max_partitions_per_group)
+    still: list[tuple[int, _Pending]] = []
+    new_rows: set[repository.GroupPartitionKey] = set()
+    for (index, pending), (group_id, partitions), refused in zip(
+        admitted, adding, refusals, strict=True
+    ):
+        if refused is not None:
+            outcomes[index] = refused
+            continue
+        still.append((index, pending))
+        new_rows.update((group_id, topic, partition) for topic, partition in partitions)
+    if new_rows:
+        locked.update(await repository.create_partitions(connection, new_rows))
+    return still
 
 
 async def _create_groups(
