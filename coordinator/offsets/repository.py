@@ -449,7 +449,13 @@ async def write_and_commit(
         return
     parameters = await _write_parameters(states)
     if connection not in _PREPARED:
-        await connection.execute(_PREPARE_WRITE)
+        try:
+            await connection.execute(_PREPARE_WRITE)
+        except asyncpg.DuplicatePreparedStatementError:
+            # Prepared by a batch cancelled before it heard back: this batch fails and is
+            # re-run, and the connection's next batches use what is there.
+            _PREPARED.add(connection)
+            raise
         _PREPARED.add(connection)
     await connection.execute(_WRITE_AND_COMMIT.format(", ".join(map(_constant, parameters))))
 

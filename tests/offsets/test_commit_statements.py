@@ -228,3 +228,23 @@ def test_ranges_read_as_text_are_the_ranges_stored() -> None:
     assert repository._ranges_from_text("{[5,6),[7,10)}") == ((5, 5), (7, 9))
     # Unbounded ranges are no commit's; skipped as the binary reading skips them.
     assert repository._ranges_from_text("{(,3),[7,10),[12,)}") == ((7, 9),)
+
+
+async def test_a_write_prepared_unbeknown_to_the_batcher_costs_one_batch(
+    engine: tuple[AsyncEngine, Statements],
+) -> None:
+    """A batch cancelled after its ``PREPARE`` ran but before it heard back leaves the write
+    prepared on a connection the batcher does not know about: one batch fails and is re-run,
+    and the connection's later batches use the prepared write."""
+    engine_, statements = engine
+    group = "statements-prepared-elsewhere"
+    async with engine_.connect() as connection:
+        raw = await connection.get_raw_connection()
+        assert raw.driver_connection is not None
+        await raw.driver_connection.execute(repository._PREPARE_WRITE)
+        await connection.commit()
+    (outcome,), _ = await _one_batch(engine_, statements, [(group, _request(range(4), 10))])
+    assert isinstance(outcome, CommitResult)
+    outcomes, counted = await _one_batch(engine_, statements, [(group, _request(range(4), 20))])
+    assert all(isinstance(o, CommitResult) for o in outcomes)
+    assert counted == STEADY
