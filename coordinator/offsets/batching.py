@@ -5,8 +5,9 @@ At the rates Keyrange clients commit, the database and the coordinator spend the
 per-transaction and per-statement work (round trips, WAL flushes, driver calls), not on the
 offsets. Requests that arrive while a transaction is in flight are queued and the next
 transaction applies all of them with the statements ``coordinator.offsets.repository``
-counts (three in the common case) whatever their number, so the cost of a commit falls as
-load rises, while a lone commit waits for nobody.
+counts (three in the common case: ``BEGIN``, one locking read, the write sent with its
+``COMMIT``) whatever their number, so the cost of a commit falls as load rises, while a lone
+commit waits for nobody.
 
 Each request stays all-or-nothing and is judged exactly as on its own (docs/design.md §3.7) by the
 fence in ``coordinator.core.fence``: the switch, then its membership, under the locks that keep
@@ -15,9 +16,10 @@ would create; a refused request changes nothing (it creates no group and no row)
 in its transaction are applied. Two requests of one transaction that touch the same partition
 are applied one after the other in arrival order. A reply is sent only once the transaction has
 committed. A request the batch cannot decide (its group was created by another transaction in
-the middle of the batch), and every request of a batch whose transaction failed, is re-run as a
-batch of one in a transaction of its own; commits are idempotent, so a batch whose commit
-outcome is unknown is safe to re-apply.
+the middle of the batch, or is new while the batch holds partition rows already), and every
+request of a batch whose transaction failed, is re-run as a batch of one in a transaction of
+its own; commits are idempotent, so a batch whose commit outcome is unknown is safe to
+re-apply.
 """
 
 from __future__ import annotations
@@ -232,8 +234,9 @@ class CommitBatcher:
     ) -> list[Outcome]:
         tally = CommitTally()
         started_ns = time.time_ns()
-        async with connection.transaction():
-            outcomes = await self._decide_and_apply(connection, batch, tally)
+        async with _begun(connection):
+            outcomes, changed = await self._decide_and_apply(connection, batch, tally)
+            await repository.write_and_commit(connection, changed)
         # Counted once the transaction committed: a failed batch's requests are re-run.
         tally.add_to_metrics()
         traced = [pending.trace for pending in batch if pending.trace is not None]
@@ -284,22 +287,35 @@ class CommitBatcher:
 
     async def _decide_and_apply(
         self, connection: asyncpg.Connection, batch: list[_Pending], tally: CommitTally
-    ) -> list[Outcome]:
+    ) -> tuple[list[Outcome], dict[repository.GroupPartitionKey, CommittedOffsets]]:
+        """Each request's outcome, and the new states the admitted ones leave (for the caller
+        to write and commit)."""
         standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
         committing_members = {
             (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
         }
-        committers = await repository.lock_committers(
-            connection, standalone_groups, committing_members
+        requested = {
+            (pending.group_id, entry.topic, entry.partition)
+            for pending in batch
+            for entry in pending.request.partitions
+        }
+        read = await repository.lock_batch(
+            connection, standalone_groups, committing_members, requested
         )
+        committers = read.committers
         switch = accept_individual_commit(committers.stored_switch, self._settings)
         refusals: list[KeyrangeError | _Undecided | _NewGroup | None] = [
             _refusal(pending, switch, committers) for pending in batch
         ]
         new_groups = [p for p, r in zip(batch, refusals, strict=True) if r is _NEW_GROUP]
         if new_groups:
-            created = await _create_groups(
-                connection, new_groups, self._settings.max_groups_per_prefix
+            # Creating a group takes its tenant's cap lock, which every transaction takes
+            # before any partition row lock: a batch that holds some already leaves its new
+            # groups to be created by their requests alone.
+            created = (
+                await _create_groups(connection, new_groups, self._settings.max_groups_per_prefix)
+                if not read.rows
+                else dict.fromkeys((p.group_id for p in new_groups), _UNDECIDED)
             )
             refusals = [
                 created[p.group_id] if r is _NEW_GROUP else r
@@ -314,9 +330,11 @@ class CommitBatcher:
             for _, pending in admitted
             for entry in pending.request.partitions
         }
-        locked = await repository.lock_existing(connection, keys) if keys else {}
+        locked = await repository.states_of(read.rows, keys)
         if len(locked) < len(keys):
-            admitted = await self._add_partitions(connection, admitted, locked, outcomes)
+            admitted = await _add_partitions(
+                connection, admitted, locked, outcomes, self._settings.max_partitions_per_group
+            )
         states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
         for (group_id, topic, partition), state in locked.items():
             states.setdefault(group_id, {})[(topic, partition)] = state
@@ -330,59 +348,59 @@ class CommitBatcher:
             for topic, partition in applied.changed:
                 changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
             outcomes[index] = applied.result
-        await repository.write_partitions(connection, changed)
-        return outcomes
+        return outcomes, changed
 
-    async def _add_partitions(
-        self,
-        connection: asyncpg.Connection,
-        admitted: list[tuple[int, _Pending]],
-        locked: dict[repository.GroupPartitionKey, CommittedOffsets],
-        outcomes: list[Outcome],
-    ) -> list[tuple[int, _Pending]]:
-        """Create the partition rows admitted requests name for the first time, within their
-        groups' caps, adding them to ``locked``; a request past its group's cap is refused
-        whole (in ``outcomes``) and left out of the admitted requests returned."""
-        growing = {
-            pending.group_id
-            for _, pending in admitted
-            for entry in pending.request.partitions
-            if (pending.group_id, entry.topic, entry.partition) not in locked
-        }
-        stored = await quota_store.lock_partition_growth(connection, growing)
-        # Rows another transaction added before the lock was granted are stored, not new.
-        missing = {
-            (pending.group_id, entry.topic, entry.partition)
-            for _, pending in admitted
-            if pending.group_id in growing
-            for entry in pending.request.partitions
-        } - locked.keys()
-        locked.update(await repository.lock_existing(connection, missing))
-        adding = [
-            (
-                pending.group_id,
-                {
-                    (entry.topic, entry.partition)
-                    for entry in pending.request.partitions
-                    if (pending.group_id, entry.topic, entry.partition) not in locked
-                },
-            )
-            for _, pending in admitted
-        ]
-        refusals = partition_refusals(adding, stored, self._settings.max_partitions_per_group)
-        still: list[tuple[int, _Pending]] = []
-        new_rows: set[repository.GroupPartitionKey] = set()
-        for (index, pending), (group_id, partitions), refused in zip(
-            admitted, adding, refusals, strict=True
-        ):
-            if refused is not None:
-                outcomes[index] = refused
-                continue
-            still.append((index, pending))
-            new_rows.update((group_id, topic, partition) for topic, partition in partitions)
-        if new_rows:
-            locked.update(await repository.create_partitions(connection, new_rows))
-        return still
+
+async def _add_partitions(
+    connection: asyncpg.Connection,
+    admitted: list[tuple[int, _Pending]],
+    locked: dict[repository.GroupPartitionKey, CommittedOffsets],
+    outcomes: list[Outcome],
+    max_partitions_per_group: int,
+) -> list[tuple[int, _Pending]]:
+    """Create the partition rows admitted requests name for the first time, within their
+    groups' caps, adding them to ``locked``; a request past its group's cap is refused
+    whole (in ``outcomes``) and left out of the admitted requests returned."""
+    growing = {
+        pending.group_id
+        for _, pending in admitted
+        for entry in pending.request.partitions
+        if (pending.group_id, entry.topic, entry.partition) not in locked
+    }
+    stored = await quota_store.lock_partition_growth(connection, growing)
+    # Rows another transaction added before the lock was granted are stored, not new.
+    missing = {
+        (pending.group_id, entry.topic, entry.partition)
+        for _, pending in admitted
+        if pending.group_id in growing
+        for entry in pending.request.partitions
+    } - locked.keys()
+    locked.update(await repository.lock_existing(connection, missing))
+    adding = [
+        (
+            pending.group_id,
+            {
+                (entry.topic, entry.partition)
+                for entry in pending.request.partitions
+                if (pending.group_id, entry.topic, entry.partition) not in locked
+            },
+        )
+        for _, pending in admitted
+    ]
+    refusals = partition_refusals(adding, stored, max_partitions_per_group)
+    still: list[tuple[int, _Pending]] = []
+    new_rows: set[repository.GroupPartitionKey] = set()
+    for (index, pending), (group_id, partitions), refused in zip(
+        admitted, adding, refusals, strict=True
+    ):
+        if refused is not None:
+            outcomes[index] = refused
+            continue
+        still.append((index, pending))
+        new_rows.update((group_id, topic, partition) for topic, partition in partitions)
+    if new_rows:
+        locked.update(await repository.create_partitions(connection, new_rows))
+    return still
 
 
 async def _create_groups(
@@ -425,6 +443,19 @@ async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connecti
         yield cast(asyncpg.Connection, raw.driver_connection)
     finally:
         await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def _begun(connection: asyncpg.Connection) -> AsyncIterator[None]:
+    """A transaction the body ends itself (``repository.write_and_commit`` commits along with
+    the write, saving a round trip), rolled back if the body fails before it committed."""
+    await connection.execute("BEGIN;")
+    try:
+        yield
+    except BaseException:
+        if connection.is_in_transaction() and not connection.is_closed():
+            await connection.execute("ROLLBACK;")
+        raise
 
 
 def _refusal(

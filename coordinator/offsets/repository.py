@@ -1,25 +1,28 @@
 """All SQL of the offset store: the commit statements, and the reads and admin changes.
 
 A transaction of commits (coordinator.offsets.batching: one or many requests) costs three
-statements in the common case whatever it carries, because at 64 concurrent committers the
-coordinator's CPU and the database go into per-statement work (driver calls, round trips), not
-into the offset algebra: one locks the committing members' rows (or the standalone commits'
-groups) and reads the switch along; one locks and reads every partition row the requests name;
-one ``UPDATE ... FROM unnest`` writes the changed rows back. A batch with both kinds of
-committer adds a statement, a group's or a partition's first commit adds the statements of its
-cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them), and a batch
-whose committers were all not found reads the switch alone. Rows are always locked in sorted
-order, groups, then members, then partitions, so concurrent commits cannot deadlock with each
-other or with heartbeats. ``tests/offsets/test_commit_statements.py`` counts them
-(docs/offsets.md, "Statements per batch").
+statements and three round trips in the common case whatever it carries, because at 64
+concurrent committers the coordinator's CPU and the database go into per-statement work
+(driver calls, round trips), not into the offset algebra: ``BEGIN``; one statement
+(``lock_batch``) that locks the standalone commits' groups and the committing members' rows,
+reads the switch, and locks and reads every partition row the requests name; one
+``UPDATE ... FROM unnest`` that writes the changed rows back, sent with the ``COMMIT``
+(``write_and_commit``). A group's or a partition's first commit adds the statements of its
+cap (``coordinator.db.quotas``) and two more (insert the missing rows, lock them). Rows are
+always locked in sorted order, groups, then members, then partitions, so concurrent commits
+cannot deadlock with each other or with heartbeats. ``tests/offsets/test_commit_statements.py``
+counts them (docs/offsets.md, "Statements per batch"). ``lock_committers``, ``lock_existing``
+and ``write_partitions`` are the same steps one at a time, for the resets (offsets past the log
+end, the admin's), which run inside a SQLAlchemy transaction.
 
-A stored state is decoded by ``_locked_state_of`` when the commit path read it (the IC ranges
-as text) and by ``_state_of`` when SQLAlchemy did (the reads and admin changes).
+A stored state is decoded by ``states_of`` or ``_locked_state_of`` when the commit path read it
+(the IC ranges as text) and by ``_state_of`` when SQLAlchemy did (the reads and admin changes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -218,6 +221,62 @@ _WRITE_PARTITIONS = """
 """
 
 
+# A batch's one reading statement: the fence's facts, the switch and the partition rows, with
+# every lock, in one round trip. ``UNION ALL`` runs its branches one after the other, so the
+# locks are still taken groups, then members, then partitions. It locks the rows of every
+# request of the batch, refused or not: a refused request's rows are read, never written, and
+# their locks end with the transaction. Columns by branch (``kind``): 0 a group
+# (``number``: its live members), 1 a member (``number``, ``previous``: its epochs, ``flag``:
+# alive), 2 the switch (``flag``), 3 a partition row (``number``: the partition, then its
+# state).
+_LOCK_BATCH = f"""
+    SELECT 0 AS kind, g.group_id, NULL::text AS name,
+           (SELECT count(*) FROM members m
+            WHERE m.group_id = g.group_id AND m.expires_at > now()) AS number,
+           NULL::bigint AS previous, NULL::bool AS flag, NULL::text AS ic_ranges,
+           NULL::bigint[] AS wm_starts, NULL::bigint[] AS wm_ends, NULL::bigint[] AS wm_offsets,
+           NULL::text AS metadata
+    FROM (SELECT group_id FROM groups WHERE group_id = ANY($1::text::text[])
+          ORDER BY group_id FOR SHARE) AS g
+    UNION ALL
+    SELECT 1, m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
+           m.expires_at > now(), NULL, NULL, NULL, NULL, NULL
+    FROM (SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch, m.expires_at
+          FROM members m
+          JOIN unnest($2::text::text[], $3::text::text[]) AS requested(group_id, member_id)
+            ON m.group_id = requested.group_id AND m.member_id = requested.member_id
+          ORDER BY m.group_id, m.member_id
+          FOR SHARE OF m) AS m
+    UNION ALL
+    SELECT 2, NULL, NULL, NULL, NULL, ({STORED_SWITCH}), NULL, NULL, NULL, NULL, NULL
+    UNION ALL
+    SELECT 3, p.group_id, p.topic, p.partition, p.stable_offset, NULL, p.ic_ranges::text,
+           p.wm_starts, p.wm_ends, p.wm_offsets, p.metadata
+    FROM (SELECT stored.group_id, stored.topic, stored.partition, stored.stable_offset,
+                 stored.ic_ranges, stored.wm_starts, stored.wm_ends, stored.wm_offsets,
+                 stored.metadata
+          FROM partition_offsets stored
+          JOIN unnest($4::text::text[], $5::text::text[], $6::text::int[])
+              AS requested(group_id, topic, partition)
+            ON stored.group_id = requested.group_id AND stored.topic = requested.topic
+               AND stored.partition = requested.partition
+          ORDER BY stored.group_id, stored.topic, stored.partition
+          FOR UPDATE OF stored) AS p
+"""
+
+# The batch's write and its ``COMMIT`` in one simple-protocol message, so one round trip ends
+# the transaction. The write is a statement prepared once per connection (``PREPARE``, which
+# outlives a rolled-back transaction), so Postgres plans it once rather than per batch, and
+# its parameters, text literals already, are sent as escaped string constants
+# (``_constant``). If the write fails, Postgres skips the ``COMMIT`` and the transaction is
+# rolled back as any failed batch's.
+_WRITE_NAME = "keyrange_write_partitions"
+_PREPARE_WRITE = f"PREPARE {_WRITE_NAME} ({', '.join(['text'] * 9)}) AS {_WRITE_PARTITIONS}"
+_WRITE_AND_COMMIT = f"EXECUTE {_WRITE_NAME} ({{}});\nCOMMIT;"
+# The driver connections the write is prepared on; one that closes leaves this set.
+_PREPARED: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
+
+
 @dataclass(frozen=True)
 class Committers:
     """The fence facts of a batch's committers, read under the locks that keep them true.
@@ -270,6 +329,70 @@ async def lock_committers(
     return Committers(live_members, standings, None if stored is None else bool(stored))
 
 
+@dataclass(frozen=True)
+class LockedBatch:
+    """What a batch's reading statement found under its locks: the fence's facts, and the
+    partition rows as read (decoded by ``states_of`` for the requests the fence admits)."""
+
+    committers: Committers
+    rows: dict[GroupPartitionKey, asyncpg.Record]
+
+
+async def lock_batch(
+    connection: asyncpg.Connection,
+    standalone_groups: Collection[str],
+    members: Collection[tuple[str, str]],
+    keys: Collection[GroupPartitionKey],
+) -> LockedBatch:
+    """Lock the standalone commits' groups and the committing members' rows FOR SHARE, read
+    the switch, and lock the partition rows of ``keys`` that exist FOR UPDATE, in one
+    statement (``_LOCK_BATCH``)."""
+    ordered_members = sorted(members)
+    rows = await connection.fetch(
+        _LOCK_BATCH,
+        _text_array(sorted(standalone_groups)),
+        _text_array([group for group, _ in ordered_members]),
+        _text_array([member for _, member in ordered_members]),
+        *_key_arrays(sorted(keys)),
+    )
+    live_members: dict[str, int] = {}
+    standings: dict[tuple[str, str], MemberStanding] = {}
+    stored: bool | None = None
+    partitions: dict[GroupPartitionKey, asyncpg.Record] = {}
+    for row in rows:
+        kind = row[0]
+        if kind == 3:
+            partitions[(row[1], row[2], row[3])] = row
+        elif kind == 0:
+            live_members[row[1]] = row[3]
+        elif kind == 1:
+            standings[(row[1], row[2])] = MemberStanding(row[3], row[4], row[5])
+        else:
+            stored = row[5]
+    return LockedBatch(Committers(live_members, standings, stored), partitions)
+
+
+async def states_of(
+    rows: Mapping[GroupPartitionKey, asyncpg.Record], keys: Iterable[GroupPartitionKey]
+) -> dict[GroupPartitionKey, CommittedOffsets]:
+    """The stored states of ``keys`` among ``rows`` of ``lock_batch``, decoded a turn at a
+    time (``coordinator.offsets.pacing``)."""
+    wanted = [key for key in keys if key in rows]
+    states: dict[GroupPartitionKey, CommittedOffsets] = {}
+    for start in range(0, len(wanted), PARTITIONS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        for key in wanted[start : start + PARTITIONS_PER_TURN]:
+            row = rows[key]
+            states[key] = CommittedOffsets.of_pieces(
+                row[4],
+                _ranges_from_text(row[6]),
+                tuple(zip(row[7], row[8], row[9], strict=True)),
+                row[10],
+            )
+    return states
+
+
 async def lock_existing(
     connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
@@ -312,8 +435,39 @@ async def write_partitions(
 ) -> None:
     """Store ``states`` into rows the caller has locked; their columns are formatted a turn
     at a time (``coordinator.offsets.pacing``)."""
+    if states:
+        await connection.execute(_WRITE_PARTITIONS, *await _write_parameters(states))
+
+
+async def write_and_commit(
+    connection: asyncpg.Connection, states: Mapping[GroupPartitionKey, CommittedOffsets]
+) -> None:
+    """Store ``states`` as ``write_partitions`` does and commit the transaction, in one round
+    trip; or only commit, when nothing changed."""
     if not states:
+        await connection.execute("COMMIT;")
         return
+    parameters = await _write_parameters(states)
+    if connection not in _PREPARED:
+        try:
+            await connection.execute(_PREPARE_WRITE)
+        except asyncpg.DuplicatePreparedStatementError:
+            # Prepared by a batch cancelled before it heard back: this batch fails and is
+            # re-run, and the connection's next batches use what is there.
+            _PREPARED.add(connection)
+            raise
+        _PREPARED.add(connection)
+    await connection.execute(_WRITE_AND_COMMIT.format(", ".join(map(_constant, parameters))))
+
+
+def _constant(literal: str) -> str:
+    """``literal`` as an SQL string constant, in the escape form, which reads the same
+    whatever ``standard_conforming_strings`` is."""
+    return "E'" + literal.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+async def _write_parameters(states: Mapping[GroupPartitionKey, CommittedOffsets]) -> list[str]:
+    """The write statement's nine array literals, formatted a turn at a time."""
     ordered = sorted(states)
     columns: tuple[list[str], ...] = ([], [], [], [])
     for start in range(0, len(ordered), PARTITIONS_PER_TURN):
@@ -323,13 +477,12 @@ async def write_partitions(
         for column, values in zip(columns, part, strict=True):
             column.extend(values)
     written = [states[key] for key in ordered]
-    await connection.execute(
-        _WRITE_PARTITIONS,
+    return [
         *_key_arrays(ordered),
         _int_array([state.stable_offset for state in written]),
         *["{" + ",".join(column) + "}" for column in columns],
         _text_array([state.metadata for state in written]),
-    )
+    ]
 
 
 async def read_partitions(

@@ -116,6 +116,37 @@ async def test_one_transaction_judges_each_request_alone(
     assert await stored(engine, "batch-members") == [("t", 4, 2, ())]
 
 
+async def test_a_new_group_beside_locked_rows_is_created_by_its_request_alone(
+    engine: AsyncEngine,
+) -> None:
+    """A group is created under its tenant's cap lock, which no transaction may wait for
+    while it holds partition rows: a batch that locked some leaves a new group's commit to a
+    transaction of its own, which creates the group and applies the commit."""
+    first = CommitBatcher(engine, settings_for_tests())
+    first.start()
+    await first.submit("batch-stored", commit_request({"topic": "t", "partition": 0, "offset": 1}))
+    await first.close()
+    batcher = CommitBatcher(engine, settings_for_tests(commit_batch_workers=1))
+    batches_before, reruns_before = _batches(), reruns()
+    # Queued before the one worker runs, so it takes both into one batch.
+    replies = [
+        asyncio.ensure_future(batcher.submit(group, commit_request(entry)))
+        for group, entry in [
+            ("batch-stored", {"topic": "t", "partition": 0, "offset": 2}),
+            ("batch-created-alone", {"topic": "t", "partition": 0, "offset": 3}),
+        ]
+    ]
+    await asyncio.sleep(0)
+    batcher.start()
+    stored_commit, new_commit = await asyncio.gather(*replies)
+    await batcher.close()
+    assert _batches() - batches_before == 1
+    assert reruns() == reruns_before + 1
+    assert stored_commit.reply.partitions[0].last_stable_offset == 2
+    assert new_commit.reply.partitions[0].last_stable_offset == 3
+    assert await stored(engine, "batch-created-alone") == [("t", 0, 3, ())]
+
+
 async def test_switch_off_refuses_individual_commits_first(
     engine: AsyncEngine, database_url: str
 ) -> None:
