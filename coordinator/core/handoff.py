@@ -20,23 +20,15 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from coordinator.core.assignment import (
-    Slice,
-    intersect_slices,
-    normalize_slices,
-    subtract_slices,
-)
+from coordinator.core.assignment import Slice, normalize_slices, subtract_slices
 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
     """A reply that may wait. ``short_of_target``: part of the member's target is still held
-    by others, so a release in its group may be its grant. ``missing``: that part (the
-    target minus what the member may own now); None when not known, so that any release
-    concerns the member."""
+    by others, so any release in its group may be its grant."""
 
     short_of_target: bool
-    missing: tuple[Slice, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,36 +38,21 @@ class GroupChange:
     ``retargeted``: members whose target moved (each may have to give something up, or may
     now take something); None stands for every member. ``released``: some hash space was let
     go (a member reported a release, left, expired or was removed), which can complete the
-    grant of a member short of its target. ``released_space``: that hash space, when known
-    (a member reported a release); None (members left, expired or were removed, or the
-    notice came from a replica that does not say) concerns every member short of its
-    target. ``by``: the member whose own heartbeat made the change; it has its reply
-    already.
-
-    Why the space matters: a member is granted its target minus what others hold
-    (``coordinator.core.reconcile``), so a release can only grow the grant of a member whose
-    missing part it overlaps. When a join moves every member's ranges (round-robin), each of
-    the ~100 releases used to wake every member still short of its target, each of whom
-    then took its turn on the group's lock for nothing: the joiner's hand-off queued behind
-    a hundred or more heartbeats granted nothing.
+    grant of any member short of its target. ``by``: the member whose own heartbeat made the
+    change; it has its reply already.
     """
 
     group_id: str
     retargeted: frozenset[str] | None
     released: bool
     by: str | None = None
-    released_space: tuple[Slice, ...] | None = None
 
     def concerns(self, member_id: str, hold: Hold) -> bool:
         if member_id == self.by:
             return False
         if self.retargeted is None or member_id in self.retargeted:
             return True
-        if not (self.released and hold.short_of_target):
-            return False
-        if self.released_space is None or hold.missing is None:
-            return True
-        return bool(intersect_slices(self.released_space, hold.missing))
+        return self.released and hold.short_of_target
 
 
 def hold_for(
@@ -92,9 +69,7 @@ def hold_for(
         return None
     if normalize_slices(reported_owned) != assigned:
         return None
-    if assigned == target:
-        return Hold(short_of_target=False)
-    return Hold(short_of_target=True, missing=subtract_slices(target, assigned) or None)
+    return Hold(short_of_target=assigned != target)
 
 
 def heartbeat_change(
@@ -107,16 +82,10 @@ def heartbeat_change(
 ) -> GroupChange | None:
     """What one heartbeat (or join, or leave) changed for the others: ``removed`` counts the
     members it reaped or that left, whose holdings are free now."""
-    let_go = subtract_slices(held_before, held_after)
-    released = bool(removed) or bool(let_go)
+    released = bool(removed) or bool(subtract_slices(held_before, held_after))
     if not retargeted and not released:
         return None
-    # What removed members held is not at hand here: their release concerns every member
-    # short of its target.
-    space = let_go if released and not removed else None
-    return GroupChange(
-        group_id, frozenset(retargeted), released, by=member_id, released_space=space
-    )
+    return GroupChange(group_id, frozenset(retargeted), released, by=member_id)
 
 
 def settle_change(

@@ -23,7 +23,6 @@ from typing import Any
 import asyncpg
 from sqlalchemy.engine import URL
 
-from coordinator.core.assignment import slices_from_wire, slices_to_wire
 from coordinator.core.handoff import GroupChange, Hold
 
 log = logging.getLogger(__name__)
@@ -35,20 +34,15 @@ _MAX_PAYLOAD_BYTES = 7_900
 
 
 def encode_change(change: GroupChange) -> str:
-    """The notice's payload. What does not fit is widened: first the released space (the
-    release then concerns every member short of its target), then the members (the change
-    concerns all of them)."""
-    document: dict[str, Any] = {
+    document = {
         "g": change.group_id,
         "m": None if change.retargeted is None else sorted(change.retargeted),
         "r": change.released,
         "by": change.by,
-        "rs": None if change.released_space is None else slices_to_wire(change.released_space),
     }
-    for widened in ({}, {"rs": None}, {"rs": None, "m": None}):
-        payload = json.dumps({**document, **widened}, separators=(",", ":"))
-        if len(payload.encode()) <= _MAX_PAYLOAD_BYTES:
-            break
+    payload = json.dumps(document, separators=(",", ":"))
+    if len(payload.encode()) > _MAX_PAYLOAD_BYTES:
+        payload = json.dumps({**document, "m": None}, separators=(",", ":"))
     return payload
 
 
@@ -58,14 +52,11 @@ def decode_change(payload: str) -> GroupChange | None:
     try:
         document = json.loads(payload)
         members = document["m"]
-        # Absent from an older replica's notice: the release concerns every member short.
-        space = document.get("rs")
         return GroupChange(
             group_id=str(document["g"]),
             retargeted=None if members is None else frozenset(str(m) for m in members),
             released=bool(document["r"]),
             by=None if document.get("by") is None else str(document["by"]),
-            released_space=None if space is None else slices_from_wire(space),
         )
     except (ValueError, KeyError, TypeError):
         return None

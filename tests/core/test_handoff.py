@@ -17,7 +17,7 @@ def test_a_member_owning_exactly_its_target_may_wait_for_anything_aimed_at_it() 
 
 
 def test_a_member_still_waiting_for_part_of_its_target_may_wait_for_releases_too() -> None:
-    assert hold_for(3, LOWER, 3, LOWER, WHOLE) == Hold(short_of_target=True, missing=UPPER)
+    assert hold_for(3, LOWER, 3, LOWER, WHOLE) == Hold(short_of_target=True)
 
 
 def test_a_reply_with_a_new_epoch_goes_out_at_once() -> None:
@@ -46,23 +46,6 @@ def test_a_release_concerns_only_members_short_of_their_target() -> None:
     assert not change.concerns("m-a", Hold(short_of_target=False))
 
 
-def test_a_release_concerns_only_the_members_whose_missing_part_it_frees() -> None:
-    lower_freed = GroupChange("g", frozenset(), released=True, by="m-b", released_space=LOWER)
-    assert lower_freed.concerns("m-a", Hold(short_of_target=True, missing=LOWER))
-    assert lower_freed.concerns("m-a", Hold(short_of_target=True, missing=WHOLE))
-    assert not lower_freed.concerns("m-a", Hold(short_of_target=True, missing=UPPER))
-    other_partition = (Slice("t", 1, LOWER_KEYS),)
-    assert not lower_freed.concerns("m-a", Hold(short_of_target=True, missing=other_partition))
-    assert not lower_freed.concerns("m-a", Hold(short_of_target=False))
-
-
-def test_a_release_of_unknown_space_or_to_a_member_of_unknown_need_concerns_it() -> None:
-    unknown = GroupChange("g", frozenset(), released=True, by="m-b")
-    assert unknown.concerns("m-a", Hold(short_of_target=True, missing=UPPER))
-    lower_freed = GroupChange("g", frozenset(), released=True, by="m-b", released_space=LOWER)
-    assert lower_freed.concerns("m-a", Hold(short_of_target=True))
-
-
 def test_the_member_that_made_a_change_is_never_woken_by_it() -> None:
     change = GroupChange("g", None, released=True, by="m-a")
     assert not change.concerns("m-a", Hold(short_of_target=True))
@@ -71,7 +54,7 @@ def test_the_member_that_made_a_change_is_never_woken_by_it() -> None:
 
 def test_a_heartbeat_that_lets_hash_space_go_announces_a_release() -> None:
     change = heartbeat_change("g", "m-a", WHOLE, LOWER, retargeted=(), removed=())
-    assert change == GroupChange("g", frozenset(), released=True, by="m-a", released_space=UPPER)
+    assert change == GroupChange("g", frozenset(), released=True, by="m-a")
 
 
 def test_a_heartbeat_that_changes_nothing_for_others_announces_nothing() -> None:
@@ -81,11 +64,6 @@ def test_a_heartbeat_that_changes_nothing_for_others_announces_nothing() -> None
 def test_members_reaped_or_retargeted_by_a_heartbeat_are_announced() -> None:
     change = heartbeat_change("g", "m-a", (), (), retargeted=("m-b",), removed=("m-c",))
     assert change == GroupChange("g", frozenset({"m-b"}), released=True, by="m-a")
-
-
-def test_a_release_beside_a_removal_frees_space_not_known_here() -> None:
-    change = heartbeat_change("g", "m-a", WHOLE, LOWER, retargeted=(), removed=("m-c",))
-    assert change == GroupChange("g", frozenset(), released=True, by="m-a")
 
 
 def test_an_admin_operation_announces_its_targets_and_removals() -> None:
