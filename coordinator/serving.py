@@ -1,5 +1,6 @@
 """The HTTP server's side of slow and malformed connections: how the coordinator is served
-by uvicorn (``keyrange serve`` builds its server here), with read deadlines uvicorn lacks.
+by uvicorn (``keyrange serve`` builds its server here), with read deadlines uvicorn lacks and
+a connection limit of its own.
 
 Uvicorn closes a keep-alive connection that stays idle between requests, and can refuse
 requests beyond a number of open connections, but it waits forever for a request's headers
@@ -7,6 +8,14 @@ and body: a connection that sends nothing, or a header line a byte at a time, ho
 socket and its slot until the peer goes away. A handful of such connections per team would
 exhaust the connection limit for everyone. The protocol below gives each request's headers,
 and then its body, a deadline, and closes the connection when it passes.
+
+The limit on open connections is the protocol's too, not uvicorn's ``limit_concurrency``:
+uvicorn also counts request tasks against it, and a request task does not end with its
+connection (a held heartbeat waits out its wait), so with 10,000 waiting members a limit of
+12,000 refused about 10,000 requests in one ``bench-scale`` run with a plain-text 503 while
+fewer than 10,000 connections were open. A connection counts once, whatever its requests
+do; one past the limit has its first request answered with a 503 problem document and is
+closed.
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from coordinator import metrics
+from coordinator.errors import ServiceUnavailable
+from coordinator.problems import error_response
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,11 +38,13 @@ log = logging.getLogger(__name__)
 
 class ReadDeadlines(HttpToolsProtocol):
     """Uvicorn's httptools protocol with a deadline for a request's headers (counted from
-    the connection's opening, or from the first byte of a later request on it) and one for
-    its body (counted from the end of the headers)."""
+    the connection's opening, or from the first byte of a later request on it), one for
+    its body (counted from the end of the headers), and at most ``max_connections`` open
+    connections (``None``: no limit)."""
 
     header_timeout_s = 10.0
     body_timeout_s = 30.0
+    max_connections: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -38,6 +52,9 @@ class ReadDeadlines(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # ``connections`` is uvicorn's set of this server's open connections, this one in it.
+        if self.max_connections is not None and len(self.connections) > self.max_connections:
+            self.app = _TooManyConnections(self.max_connections, len(self.connections))
         self._arm(self.header_timeout_s, "headers")
 
     def on_message_begin(self) -> None:
@@ -90,14 +107,41 @@ def _peer_host(client: tuple[str, int] | None) -> str | None:
     return None if client is None else client[0]
 
 
+class _TooManyConnections:
+    """The application of a connection opened past the limit: its request gets a 503 problem
+    document (``service_unavailable``, retriable, as every client of ours retries it) and
+    the connection is closed, so it stops counting at once."""
+
+    def __init__(self, limit: int, open_connections: int) -> None:
+        self.limit = limit
+        self.open_connections = open_connections
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        log.warning(
+            "refused a request: too many open connections",
+            extra={"open_connections": self.open_connections, "max_connections": self.limit},
+        )
+        response = error_response(
+            ServiceUnavailable(
+                f"this coordinator serves at most {self.limit} open connections "
+                "(KEYRANGE_MAX_CONNECTIONS); retry shortly"
+            )
+        )
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+        metrics.HTTP_REQUESTS.labels(scope["method"], "unmatched", "503").inc()
+
+
 def read_deadlines(settings: Settings) -> type[ReadDeadlines]:
-    """The protocol class with the settings' deadlines (uvicorn builds one per connection)."""
+    """The protocol class with the settings' deadlines and connection limit (uvicorn builds
+    one per connection)."""
     return type(
         "ConfiguredReadDeadlines",
         (ReadDeadlines,),
         {
             "header_timeout_s": settings.header_read_timeout_s,
             "body_timeout_s": settings.body_read_timeout_s,
+            "max_connections": settings.max_connections,
         },
     )
 
@@ -144,8 +188,9 @@ def raise_open_file_limit(settings: Settings) -> None:
 
 
 def server_config(app: Any, settings: Settings) -> uvicorn.Config:
-    """How the coordinator is served: its listen address, the connection limits and
-    timeouts from the settings, and no access log (requests are counted in metrics).
+    """How the coordinator is served: its listen address, the timeouts from the settings, the
+    connection limit in the protocol (:class:`ReadDeadlines`, not uvicorn's
+    ``limit_concurrency``), and no access log (requests are counted in metrics).
 
     The listen backlog is the connection limit (the kernel caps it at
     ``net.core.somaxconn``): when a replica restarts, every member it served reconnects at
@@ -157,7 +202,6 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
         port=settings.port,
         http=read_deadlines(settings),
         timeout_keep_alive=settings.keep_alive_timeout_s,
-        limit_concurrency=settings.max_connections,
         backlog=settings.max_connections,
         log_config=None,
         access_log=False,

@@ -139,10 +139,12 @@ def test_the_connection_settings_reach_the_server() -> None:
     config = server_config(create_app(settings, "postgresql+asyncpg://unused/unused"), settings)
     config.load()
     assert config.timeout_keep_alive == 42
-    assert config.limit_concurrency == 7
+    # The protocol limits connections; uvicorn's limit would count request tasks too.
+    assert config.limit_concurrency is None
     protocol = config.http_protocol_class
     assert getattr(protocol, "header_timeout_s", None) == 3.5
     assert getattr(protocol, "body_timeout_s", None) == 8.0
+    assert getattr(protocol, "max_connections", None) == 7
 
 
 async def test_requests_beyond_the_connection_limit_are_503(
@@ -150,10 +152,15 @@ async def test_requests_beyond_the_connection_limit_are_503(
 ) -> None:
     coordinator = await start_coordinator(database_url, max_connections=3)
     host, port = coordinator.url.removeprefix("http://").split(":")
-    idle = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
+    idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
     try:
         async with httpx.AsyncClient(base_url=coordinator.url) as http:
-            assert (await http.get("/livez")).status_code == 503
+            refused = await http.get("/livez")
+        assert refused.status_code == 503
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.headers["connection"] == "close"
+        assert refused.json()["error"] == "SERVICE_UNAVAILABLE"
+        assert "KEYRANGE_MAX_CONNECTIONS" in refused.json()["detail"]
         for _, writer in idle:
             writer.close()
         async with httpx.AsyncClient(base_url=coordinator.url) as http:

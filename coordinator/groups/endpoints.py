@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Annotated, Any
 
@@ -74,12 +75,19 @@ async def group_owners(group_id: GroupPath, connection: Transaction) -> GroupOwn
 
 
 async def answer(
-    state: Any, scope: Scope, group_id: str, body: HeartbeatRequest
+    state: Any, scope: Scope, group_id: str, body: HeartbeatRequest, arrived: float | None = None
 ) -> HeartbeatReply | bytes:
     """The reply to a validated heartbeat request: a model, or the stable path's JSON bytes.
 
     Partition counts of newly subscribed topics are learnt from Kafka first, before the
-    request's transaction opens, so no group lock is ever held across a Kafka call."""
+    request's transaction opens, so no group lock is ever held across a Kafka call.
+
+    ``arrived`` (the event loop's clock when the request started being served; now when not
+    given) is where a held reply's wait is counted from: the member offered to wait
+    ``wait_ms`` for its reply, so the time spent serving the heartbeat (the renewal's turn
+    in a batch, a locked path's turn) is part of the wait, not added to it."""
+    if arrived is None:
+        arrived = asyncio.get_running_loop().time()
     settings = state.settings
     engine = state.engine
     await membership.learn_subscribed_topics(engine, getattr(state, "cluster", None), body)
@@ -93,7 +101,7 @@ async def answer(
         if stable is not None:
             if held is not None:
                 interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
-                await _wait_for_change(held, _STABLE, body, interval_ms)
+                await _wait_for_change(held, _STABLE, body, interval_ms, arrived)
             # A reply that waited took the place of the member's sleep: it heartbeats again
             # at once, whether the wait ended on a change or ran out.
             return membership.stable_reply(body, stable, settings, heartbeat_now=held is not None)
@@ -106,7 +114,7 @@ async def answer(
                 connection, group_id, body, settings, client_host, principal_scope
             )
         if held is not None and hold is not None:
-            await _wait_for_change(held, hold, body, reply.heartbeat_interval_ms)
+            await _wait_for_change(held, hold, body, reply.heartbeat_interval_ms, arrived)
             reply.heartbeat_now = True
         return reply
 
@@ -116,13 +124,14 @@ _WAITED = metrics.HELD_HEARTBEATS.labels("waited")
 
 
 async def _wait_for_change(
-    held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int
+    held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int, arrived: float
 ) -> None:
-    """Wait as the member offered, at most its interval."""
+    """Wait as the member offered, at most its interval, both counted from the request's
+    arrival."""
     assert body.wait_ms is not None
     metrics.HEARTBEATS_WAITING.inc()
     try:
-        changed = await held.wait(hold, min(body.wait_ms, interval_ms) / 1000)
+        changed = await held.wait(hold, arrived + min(body.wait_ms, interval_ms) / 1000)
     finally:
         metrics.HEARTBEATS_WAITING.dec()
     (_CHANGED if changed else _WAITED).inc()

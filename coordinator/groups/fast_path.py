@@ -15,6 +15,7 @@ endpoint in OpenAPI, answers invalid requests and serves requests under a root p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -59,6 +60,7 @@ async def serve_fast_path(
     far replayed), so a refusal is FastAPI's own, word for word: the fast path only ever
     serves requests both would serve alike."""
     started = time.perf_counter()
+    arrived = asyncio.get_running_loop().time()
     state = scope["app"].state
     limit = state.settings.max_body_bytes
     content_type = b""
@@ -86,7 +88,7 @@ async def serve_fast_path(
         await routed(scope, replaying(body, receive), send)
         return
     try:
-        reply = await answer(state, scope, group_id, request)
+        reply = await answer(state, scope, group_id, request, arrived)
     except Exception as exc:
         await _answer_error(exc, scope, receive, send, ROUTE)
         _LATENCY.observe(time.perf_counter() - started)

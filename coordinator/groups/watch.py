@@ -89,13 +89,14 @@ class HeldHeartbeat:
         if not self._woken.done():
             self._woken.set_result(False)
 
-    async def wait(self, hold: Hold, timeout_s: float) -> bool:
-        """Until a change concerns the member (True) or ``timeout_s`` passed (False)."""
+    async def wait(self, hold: Hold, deadline: float) -> bool:
+        """Until a change concerns the member (True) or the loop's clock reaches ``deadline``
+        (False; at once when it already has)."""
         self._hold = hold
         if any(change.concerns(self.member_id, hold) for change in self._early):
             return True
         self._early.clear()
-        timer = asyncio.get_running_loop().call_later(timeout_s, self._time_up)
+        timer = asyncio.get_running_loop().call_at(deadline, self._time_up)
         try:
             return await self._woken
         finally:

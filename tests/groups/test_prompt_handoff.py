@@ -18,6 +18,7 @@ import httpx
 import pytest_asyncio
 from fastapi import FastAPI
 from prometheus_client import REGISTRY
+from sqlalchemy import text
 
 from coordinator.app import create_app
 from tests.fixtures.coordinator import RunningCoordinator, settings_for_tests
@@ -163,6 +164,29 @@ async def test_a_change_on_another_replica_answers_a_heartbeat_held_here(
 
     assert reply["heartbeat_now"] is True
     assert took < PROMPTLY_S
+
+
+async def test_a_held_reply_counts_its_wait_from_the_request_s_arrival(
+    slow_app: FastAPI, slow_api: httpx.AsyncClient
+) -> None:
+    """Serving the heartbeat is part of the wait the member offered, not added to it: a
+    heartbeat kept 4 s from its member's row (its renewal takes the locked path, which
+    waits for the row) and offering to wait 4 s is answered at about 4 s, not 8."""
+    await given_topics(slow_app, late_flow=1)
+    group_id = group()
+    member = await stable_member(slow_api, group_id, "late_flow")
+    locked_s, wait_ms = 4.0, 4_000
+    lock_member = text("SELECT 1 FROM members WHERE group_id = :g AND member_id = :m FOR UPDATE")
+    async with slow_app.state.engine.begin() as connection:
+        await connection.execute(lock_member, {"g": group_id, "m": member.member_id})
+        started = time.monotonic()
+        task = asyncio.create_task(member.heartbeat(wait_ms=wait_ms))
+        await asyncio.sleep(locked_s)
+    reply = await asyncio.wait_for(task, WAIT_MS / 1000)
+    took = time.monotonic() - started
+
+    assert reply["heartbeat_now"] is True
+    assert wait_ms / 1000 - 0.05 <= took < locked_s + wait_ms / 1000 - 1.5
 
 
 async def test_with_prompt_handoff_off_a_heartbeat_is_answered_at_once(
