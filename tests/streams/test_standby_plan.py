@@ -51,10 +51,11 @@ def test_a_member_owning_nothing_keeps_no_standby() -> None:
 
 
 def test_a_range_per_partition_and_topic() -> None:
-    group = [
-        ("words", 0, *HALVES[0].to_json(), "a"),
-        ("words", 1, *KeyRange.full().to_json(), "b"),
-        ("other", 0, *HALVES[1].to_json(), "b"),
+    full = KeyRange.full()
+    group: list[OwnedRange] = [
+        ("words", 0, HALVES[0].start, HALVES[0].end, "a"),
+        ("words", 1, full.start, full.end, "b"),
+        ("other", 0, HALVES[1].start, HALVES[1].end, "b"),
     ]
     assert standby_ranges(group, "a", 1) == [
         ("other", 0, HALVES[1]),
