@@ -25,7 +25,12 @@ process); each ratio is against a baseline measured in the same run.
    hand-written processors', and ``windowed_speedup_4``, the page-views example with final
    results and ``--lookup-ms`` of I/O per view on 4 instances against 1, on one partition.
 
-``--phases scale,restore,dsl,windowed`` picks the phases (all by default). Prints one line
+4. Failover (``bench/streams_failover.py``): ``failover_ratio``, the time from an instance's
+   SIGKILL to its keys being processed again with a standby (``num_standby_replicas=1``) over
+   without, on a store of ``--failover-keys`` (200,000) keys, and ``failover_restore_ratio``,
+   the same from the moment the survivor was given the range.
+
+``--phases scale,restore,dsl,windowed,failover`` picks the phases (all by default). Prints one line
 per phase, then one JSON object on the last line.
 """
 
@@ -47,6 +52,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench.commit import free_port
 from bench.streams_dsl import dsl_overhead, windowed_speedup
+from bench.streams_failover import failover_ratio
 from client.http import CoordinatorClient
 from client.protocol.keyspace import KeyRange
 from client.streams.restore import RestoreProgress, Restorer
@@ -223,6 +229,8 @@ async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, A
         summary.update(await dsl_overhead(stack, args, work, new_topics))
     if "windowed" in args.phases:
         summary.update(await windowed_speedup(stack, args, work, new_topics))
+    if "failover" in args.phases:
+        summary.update(await failover_ratio(stack, args, work, new_topics))
     return summary
 
 
@@ -236,11 +244,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dsl-lines", type=int, default=4_000)
     parser.add_argument("--dsl-rounds", type=int, default=3)
     parser.add_argument("--windowed-records", type=int, default=8_000)
+    parser.add_argument("--failover-keys", type=int, default=200_000)
+    parser.add_argument("--failover-rounds", type=int, default=1)
+    parser.add_argument("--failover-session-ms", type=int, default=1_000)
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),
-        default={"scale", "restore", "dsl", "windowed"},
-        help="comma-separated subset of scale,restore,dsl,windowed",
+        default={"scale", "restore", "dsl", "windowed", "failover"},
+        help="comma-separated subset of scale,restore,dsl,windowed,failover",
     )
     return parser.parse_args()
 

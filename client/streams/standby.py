@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from client.errors import KeyrangeClientError
 from client.http import GroupOwners
+from client.protocol.keyspace import KeyRange
 from client.streams.errors import StreamsError
 from client.streams.ports import StoreRestorer
 from client.streams.restore import RestoreProgress
@@ -127,8 +128,19 @@ class Standbys:
             task_id = TaskId(sub.index, partition, keys)
             if sub.stores and not any(_overlap(task_id, other) for other in active):
                 wanted.add(task_id)
+        # A standby no longer named is dropped once another member owns its keys: while
+        # nobody does (its owner died and the coordinator has not given its range to anyone
+        # yet) it is kept, as it is the copy that range's next owner here restores on from.
+        others = [
+            TaskId(
+                self._topology.subtopology_of_topic(topic).index, partition, KeyRange(start, end)
+            )
+            for topic, partition, start, end, owner in owned
+            if owner != member_id
+        ]
         for gone in [standby for standby in self.standbys if standby not in wanted]:
-            self._drop(gone, delete=not any(_overlap(gone, other) for other in active))
+            if any(_overlap(gone, other) for other in others):
+                self._drop(gone, delete=not any(_overlap(gone, other) for other in active))
         for task_id in sorted(wanted - set(self.standbys), key=str):
             self.standbys[task_id] = StandbyStatus()
             logger.info("standby created", extra={"task": str(task_id)})

@@ -58,10 +58,14 @@ class StateManager:
         task split by a revocation), a standby of it or a checkpointed one is read on from its
         offset; otherwise its local keys are deleted (they may be stale) and it is read from 0."""
         backend = self.backend(store, partition)
+        held = self._held.get((store, partition), {})
+        standby = self._standby.get((store, partition), {})
+        # The last: a range grown over a standby (its own range and the one it took over).
         for checkpoint in (
-            self._held.get((store, partition), {}),
-            self._standby.get((store, partition), {}),
+            held,
+            standby,
             self._loaded.get((store, partition), {}),
+            {**standby, **held},
         ):
             offset = start_offset(checkpoint, keys)
             if offset is not None:

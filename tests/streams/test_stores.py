@@ -150,3 +150,11 @@ async def test_a_restore_across_many_fetches_and_from_inside_a_record_batch(
         }
     finally:
         await restorer.stop()
+
+
+def test_checkpointed_pieces_covering_a_range_restore_it_from_their_lowest_offset() -> None:
+    pieces = {KeyRange(0, 9): 50, KeyRange(10, 20): 42, KeyRange(30, 40): 7}
+    assert start_offset(pieces, KeyRange(5, 15)) == 42
+    assert start_offset(pieces, KeyRange(0, 20)) == 42
+    # A gap (21..29) is not covered: read from the start.
+    assert start_offset(pieces, KeyRange(15, 35)) is None
