@@ -89,7 +89,11 @@ class Standbys:
                     await self._replan()
                 self._pass = asyncio.ensure_future(self._tail_all())
                 await asyncio.wait([self._pass])
-                self._pass = None
+                done, self._pass = self._pass, None
+                if not done.cancelled() and done.exception() is not None:
+                    # A standby is a cache: its failure never stops the processing, and the
+                    # next pass reads on from the offsets kept.
+                    logger.error("standby pass failed", exc_info=done.exception())
                 await asyncio.sleep(self._interval_s)
         finally:
             if self._pass is not None:
@@ -114,7 +118,7 @@ class Standbys:
             return
         try:
             owners = await self._owners()
-        except (KeyrangeClientError, OSError) as error:
+        except (KeyrangeClientError, OSError, TimeoutError) as error:
             logger.warning("standby plan not refreshed", extra={"error": str(error)})
             return
         owned = [
