@@ -246,7 +246,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--windowed-records", type=int, default=8_000)
     parser.add_argument("--failover-keys", type=int, default=200_000)
     parser.add_argument("--failover-rounds", type=int, default=1)
-    parser.add_argument("--failover-session-ms", type=int, default=1_000)
+    parser.add_argument("--failover-session-ms", type=int, default=3_000)
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),

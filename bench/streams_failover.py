@@ -7,8 +7,9 @@ so the store holds that many keys and its changelog as many records. One instanc
 (SIGKILL) and one of its words is sent again: the time from the kill to that word's new count
 in the output is the failover. ``failover_ratio`` is that time with ``num_standby_replicas=1``
 over the time without (goal <= 0.25). Both include the session timeout
-(``--failover-session-ms``, 1,000 by default, the coordinator's least: a killed instance says
-nothing, its session has to expire) and the survivor's rebalance, the same with or
+(``--failover-session-ms``, 3,000 by default as in the streams tests: a killed instance says
+nothing, its session has to expire; 1,000, the coordinator's least, lost sessions on a loaded
+machine) and the survivor's rebalance, the same with or
 without a standby; ``failover_restore_ratio`` compares the part after the coordinator gave
 the survivor the range (seen by polling the group's description every 20 ms), which is where
 the standby acts: the survivor restores only the changelog's tail instead of the range from
