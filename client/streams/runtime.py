@@ -40,7 +40,6 @@ from client.streams.ports import Producer, StoreRestorer, StreamSource
 from client.streams.processor import WALL_CLOCK
 from client.streams.restore import RestoreProgress
 from client.streams.rounds import Rounds
-from client.streams.standby import Standbys
 from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskId, TaskState
 from client.streams.tasks import Tasks
@@ -72,13 +71,10 @@ class StreamsRuntime(LifecycleHooks):
         max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
         tracer: RecordTracer | None = None,
-        standbys: Standbys | None = None,
+        before_open: Callable[[TaskId], None] = lambda _: None,
     ) -> None:
-        self._source = source
-        self.standbys = standbys
-        self._topology = topology
-        gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
-        self._gate = gate
+        self._source, self._topology = source, topology
+        self._gate = gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._owned = owned
         self.inputs = InputBudget(source, max_buffered_bytes, max_buffered_records)
         self._intake = Intake(source, self._take, self.inputs.budget)
@@ -95,7 +91,7 @@ class StreamsRuntime(LifecycleHooks):
             max_idle_ms=max_idle_ms,
             on_ready=self._work.set,
             tracer=tracer,
-            before_open=(lambda _: None) if standbys is None else standbys.release,
+            before_open=before_open,
         )
         self.restores = self._life.restores
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
@@ -129,18 +125,9 @@ class StreamsRuntime(LifecycleHooks):
 
     async def run(self) -> None:
         intake = asyncio.create_task(self._intake.run(self._stop), name="keyrange-streams-intake")
-        standbys = (
-            None
-            if self.standbys is None
-            else asyncio.create_task(self.standbys.run(), name="keyrange-streams-standbys")
-        )
         try:
             await self._process_loop(intake)
         finally:
-            if standbys is not None:
-                standbys.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await standbys
             if not self._stop.done():
                 self._stop.set_result(None)
             intake.cancel()

@@ -15,10 +15,12 @@ instance is given it (``release``): only the tail is read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from client.errors import KeyrangeClientError
 from client.http import GroupOwners
@@ -98,6 +100,18 @@ class Standbys:
         finally:
             if self._pass is not None:
                 self._pass.cancel()
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per standby range, as ``StreamsApp.standby_status`` gives it."""
+        return {
+            str(task_id): {
+                "positions": dict(status.positions),
+                "ends": dict(status.ends),
+                "restored": dict(status.restored),
+                "lag": status.lag(),
+            }
+            for task_id, status in self.standbys.items()
+        }
 
     def release(self, task_id: TaskId) -> None:
         """An active task over ``task_id`` opens here: its standbys stop now (before the
@@ -209,6 +223,21 @@ class Standbys:
                 self._application_id, store, task_id.partition, task_id.keys, delete=delete
             )
         logger.info("standby closed", extra={"task": str(task_id), "deleted": delete})
+
+
+@contextlib.asynccontextmanager
+async def standbys_running(standbys: Standbys | None) -> AsyncIterator[None]:
+    """``standbys`` tailing (when there are any) for as long as the block runs."""
+    if standbys is None:
+        yield
+        return
+    running = asyncio.create_task(standbys.run(), name="keyrange-streams-standbys")
+    try:
+        yield
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
 
 
 def _overlap(one: TaskId, other: TaskId) -> bool:

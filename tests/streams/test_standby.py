@@ -95,7 +95,7 @@ async def test_a_standby_holds_the_other_instances_values(
         await until(warm, 60, "each instance's standby holding the other's counts")
         for app in apps:
             status = app.standby_status()
-            assert len(status) == 1 and all(entry["lag"] == 0 for entry in status.values())
+            assert status and all(entry["lag"] == 0 for entry in status.values())
             # Both instances hold some keys of the other: the split gave each a share.
             assert standby_values(app)
 
