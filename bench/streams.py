@@ -29,8 +29,13 @@ process); each ratio is against a baseline measured in the same run.
    instance over ``--cpu-records`` (100,000) words with no simulated I/O, and the streams
    process's CPU per word; ``--cache-max-bytes`` sets the record cache for that run.
 
-``--phases scale,restore,dsl,windowed,cpu`` picks the phases (all by default). Prints one line
-per phase, then one JSON object on the last line.
+5. Failover (``bench/streams_failover.py``): ``failover_ratio``, the time from an instance's
+   SIGKILL to its keys being processed again with a standby (``num_standby_replicas=1``) over
+   without, on a store of ``--failover-keys`` (200,000) keys, and ``failover_restore_ratio``,
+   the same from the moment the survivor was given the range.
+
+``--phases scale,restore,dsl,windowed,cpu,failover`` picks the phases (all by default). Prints
+one line per phase, then one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench.commit import free_port
 from bench.streams_dsl import dsl_overhead, windowed_speedup
+from bench.streams_failover import failover_ratio
 from bench.streams_rate import rate_cpu
 from client.http import CoordinatorClient
 from client.protocol.keyspace import KeyRange
@@ -230,6 +236,8 @@ async def run(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, A
         summary.update(await windowed_speedup(stack, args, work, new_topics))
     if "cpu" in args.phases:
         summary.update(await rate_cpu(stack, args, work, new_topics))
+    if "failover" in args.phases:
+        summary.update(await failover_ratio(stack, args, work, new_topics))
     return summary
 
 
@@ -250,11 +258,14 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="the record cache of the streams processes the cpu phase starts (its default: unset)",
     )
+    parser.add_argument("--failover-keys", type=int, default=200_000)
+    parser.add_argument("--failover-rounds", type=int, default=1)
+    parser.add_argument("--failover-session-ms", type=int, default=3_000)
     parser.add_argument(
         "--phases",
         type=lambda text: set(text.split(",")),
-        default={"scale", "restore", "dsl", "windowed", "cpu"},
-        help="comma-separated subset of scale,restore,dsl,windowed,cpu",
+        default={"scale", "restore", "dsl", "windowed", "cpu", "failover"},
+        help="comma-separated subset of scale,restore,dsl,windowed,cpu,failover",
     )
     return parser.parse_args()
 

@@ -44,6 +44,7 @@ from client.streams.queries import QueryAnswer, StoreQueries
 from client.streams.query_server import QueryServer
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.runtime import StreamsRuntime
+from client.streams.standby import Standbys, standbys_running
 from client.streams.state import StateManager
 from client.streams.task import TaskState
 from client.streams.topology import BuiltTopology, Topology
@@ -83,6 +84,8 @@ class StreamsApp:
         self.runtime: StreamsRuntime | None = None
         self._producer: AIOKafkaProducer | None = None
         self._restorer: Restorer | None = None
+        self._standby_restorer: Restorer | None = None
+        self._standby_set: Standbys | None = None
         self._graceful = GracefulStop("streams")
         self._partitions: dict[str, int] = {}
         interactive = sys.stderr.isatty() if config.show_progress is None else config.show_progress
@@ -125,7 +128,11 @@ class StreamsApp:
                 await self._producer.start()
                 try:
                     await self._restorer.start()
-                    async with self._consumer:
+                    if self.config.num_standby_replicas > 0:
+                        self._standby_restorer = Restorer(self._kafka)
+                        await self._standby_restorer.start()
+                        self._standby_set = self._standbys(self._standby_restorer)
+                    async with self._consumer, standbys_running(self._standby_set):
                         await self._graceful.drive(
                             self._consumer,
                             self._make_runtime,
@@ -139,6 +146,8 @@ class StreamsApp:
                     if self.runtime is not None:
                         self._consumer.hooks.unregister(self.runtime)
                     await self._restorer.stop()
+                    if self._standby_restorer is not None:
+                        await self._standby_restorer.stop()
                     await self._producer.stop()
                     self._state.close()
         finally:
@@ -181,11 +190,31 @@ class StreamsApp:
             tracer=record_tracer(
                 "streams", self.config.application_id, lambda: self._consumer.member_id
             ),
+            before_open=(lambda _: None)
+            if self._standby_set is None
+            else self._standby_set.release,
         )
         self._consumer.hooks.register(self.runtime)
         # What was granted before the runtime existed, as if granted now.
         self.runtime.assigned(self._consumer.assignment())
         return self.runtime
+
+    def _standbys(self, restorer: Restorer) -> Standbys:
+        return Standbys(
+            topology=self.topology,
+            application_id=self.config.application_id,
+            state=self._state,
+            restorer=restorer,
+            owners=lambda: self._coordinator.group_owners(self.config.application_id),
+            member_id=lambda: self._consumer.member_id,
+            active=lambda: [] if self.runtime is None else [task.id for task in self.runtime.tasks],
+            replicas=self.config.num_standby_replicas,
+        )
+
+    def standby_status(self) -> dict[str, dict[str, Any]]:
+        """Per standby range: each store's changelog position, the high watermark last seen,
+        the records written since it started, and its lag in changelog records."""
+        return {} if self._standby_set is None else self._standby_set.status()
 
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
         """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's

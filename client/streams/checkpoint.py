@@ -33,8 +33,17 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
 
 
 def start_offset(checkpoint: Checkpoint, keys: KeyRange) -> int | None:
-    """Where restoring ``keys`` starts, when one checkpointed range covers them all."""
-    for covered, offset in checkpoint.items():
-        if covered.start <= keys.start and keys.end <= covered.end:
-            return offset
-    return None
+    """Where restoring ``keys`` starts, when checkpointed ranges cover them all: the lowest
+    offset of those ranges (records of a range already past it are applied again, in order,
+    which leaves the same values)."""
+    pieces = sorted(
+        (covered, offset) for covered, offset in checkpoint.items() if covered.overlaps(keys)
+    )
+    reached = keys.start - 1
+    for covered, _ in pieces:
+        if covered.start > reached + 1:
+            return None
+        reached = max(reached, covered.end)
+    if reached < keys.end:
+        return None
+    return min(offset for _, offset in pieces)

@@ -70,6 +70,12 @@ _TABLE = (
         int,
         "replication of the changelog topics this application creates",
     ),
+    Option(
+        "num-standby-replicas",
+        "num_standby_replicas",
+        int,
+        "other instances keeping a warm copy of each key range",
+    ),
     *KAFKA_SECURITY_OPTIONS,
 )
 OPTIONS = Options(

@@ -37,7 +37,10 @@ class StreamsConfig:
     ``query_port`` serves the stores over HTTP on ``query_host`` (0: any free port; None, the
     default: no server), and the group learns the address as ``query_advertised_url``, by
     default ``http://`` this host's name (or ``query_host`` when it names one) and the port
-    (Kafka Streams' ``application.server``; docs/streams.md, "Queries over HTTP")."""
+    (Kafka Streams' ``application.server``; docs/streams.md, "Queries over HTTP").
+    ``num_standby_replicas`` is how many other instances keep a warm copy of each key range
+    this one owns, by tailing its changelog (Kafka Streams' ``num.standby.replicas``; 0, the
+    default: none; docs/streams.md, "Standby key ranges")."""
 
     application_id: str
     bootstrap_servers: str
@@ -59,6 +62,7 @@ class StreamsConfig:
     query_port: int | None = None
     query_host: str = "127.0.0.1"
     query_advertised_url: str | None = None
+    num_standby_replicas: int = 0
     consumer_options: dict[str, Any] = field(default_factory=dict)
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
@@ -87,6 +91,8 @@ class StreamsConfig:
             )
         if self.cache_max_bytes < 0:
             raise ValueError("cache_max_bytes must not be negative (0 turns the cache off)")
+        if self.num_standby_replicas < 0:
+            raise ValueError("num_standby_replicas must not be negative")
         if self.max_task_idle_ms < 0:
             raise ValueError("max_task_idle_ms must not be negative")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

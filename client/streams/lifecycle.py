@@ -40,9 +40,12 @@ class Lifecycle:
         on_ready: Callable[[], None],
         tracer: RecordTracer | None = None,
         cache: CacheBudget | None = None,
+        before_open: Callable[[TaskId], None] = lambda _: None,
     ) -> None:
         self._tracer = tracer
         self._cache = cache
+        # Called before a task's restore is started: a standby of its keys stops there.
+        self._before_open = before_open
         self._tasks = tasks
         self._topology = topology
         self._application_id = application_id
@@ -57,6 +60,7 @@ class Lifecycle:
         self._restorations: dict[TaskId, asyncio.Task[None]] = {}
 
     def open(self, task_id: TaskId) -> StreamTask:
+        self._before_open(task_id)
         sub = self._topology.subtopologies[task_id.subtopology]
         backends = {name: self._state.backend(name, task_id.partition) for name in sub.stores}
         task = StreamTask(
@@ -132,6 +136,7 @@ class Lifecycle:
                 extra={
                     "task": str(task.id),
                     "store": store,
+                    "start_offset": start,
                     "records_read": progress.read,
                     "records_restored": progress.restored,
                     "seconds": round(progress.seconds, 3),

@@ -73,11 +73,10 @@ class StreamsRuntime(LifecycleHooks):
         max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
         tracer: RecordTracer | None = None,
+        before_open: Callable[[TaskId], None] = lambda _: None,
     ) -> None:
-        self._source = source
-        self._topology = topology
-        gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
-        self._gate = gate
+        self._source, self._topology = source, topology
+        self._gate = gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
         self._owned = owned
         self.inputs = InputBudget(source, max_buffered_bytes, max_buffered_records)
         self._intake = Intake(source, self._take, self.inputs.budget)
@@ -95,6 +94,7 @@ class StreamsRuntime(LifecycleHooks):
             on_ready=self._work.set,
             tracer=tracer,
             cache=CacheBudget(cache_max_bytes) if cache_max_bytes > 0 else None,
+            before_open=before_open,
         )
         self.restores = self._life.restores
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)

@@ -5,7 +5,9 @@ The checkpoint's rule: for each key range listed, the local backend holds every 
 entry of that range below the listed offset. It is loaded when a backend is opened, used by
 the first restoration of a range it covers, and rewritten at each commit from the ranges
 held then (a range's offset is the changelog's end as last restored or written by this
-process, which no other process writes for the range while this one holds it).
+process, which no other process writes for the range while this one holds it). A standby
+range (docs/streams.md, "Standby key ranges") is listed with the changelog offset its tailing
+reached, never more: another process writes its keys.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class StateManager:
         self._backends: dict[StoreKey, BytesStore] = {}
         self._loaded: dict[StoreKey, Checkpoint] = {}
         self._held: dict[StoreKey, Checkpoint] = {}
+        # Standby ranges: kept warm from the changelog, owned by another instance.
+        self._standby: dict[StoreKey, Checkpoint] = {}
         self._written: dict[tuple[str, int], int] = {}
 
     def backend(self, store: str, partition: int) -> BytesStore:
@@ -51,12 +55,17 @@ class StateManager:
 
     def restore_from(self, store: str, partition: int, keys: KeyRange) -> int:
         """Where restoring ``keys`` starts: a range this process holds already (the rest of a
-        task split by a revocation) or a checkpointed one is read on from its offset;
-        otherwise its local keys are deleted (they may be stale) and it is read from 0."""
+        task split by a revocation), a standby of it or a checkpointed one is read on from its
+        offset; otherwise its local keys are deleted (they may be stale) and it is read from 0."""
         backend = self.backend(store, partition)
+        held = self._held.get((store, partition), {})
+        standby = self._standby.get((store, partition), {})
+        # The last: a range grown over a standby (its own range and the one it took over).
         for checkpoint in (
-            self._held.get((store, partition), {}),
+            held,
+            standby,
             self._loaded.get((store, partition), {}),
+            {**standby, **held},
         ):
             offset = start_offset(checkpoint, keys)
             if offset is not None:
@@ -65,12 +74,43 @@ class StateManager:
         return 0
 
     def restored(self, store: str, partition: int, keys: KeyRange, end_offset: int) -> None:
+        """An active task's ``keys`` are restored up to ``end_offset``: a standby of them, if
+        any, became this task's state."""
         self._held.setdefault((store, partition), {})[keys] = end_offset
-        loaded = self._loaded.get((store, partition))
-        if loaded is not None:
-            # A checkpointed range is used once: after this, the live state is the truth.
-            self._loaded[(store, partition)] = {
-                covered: offset for covered, offset in loaded.items() if not covered.overlaps(keys)
+        self._forget_overlapping(self._standby, store, partition, keys)
+        # A checkpointed range is used once: after this, the live state is the truth.
+        self._forget_overlapping(self._loaded, store, partition, keys)
+
+    def standby_at(self, store: str, partition: int, keys: KeyRange, offset: int) -> None:
+        """A standby of ``keys`` holds every changelog entry of them below ``offset``."""
+        self._standby.setdefault((store, partition), {})[keys] = offset
+        self._forget_overlapping(self._loaded, store, partition, keys)
+
+    def standby_offset(self, store: str, partition: int, keys: KeyRange) -> int | None:
+        """Where the standby of exactly ``keys`` stands (None: there is none)."""
+        return self._standby.get((store, partition), {}).get(keys)
+
+    def drop_standby(
+        self, application_id: str, store: str, partition: int, keys: KeyRange, *, delete: bool
+    ) -> None:
+        """Forget the standby of ``keys``; ``delete`` removes their local data too (not when
+        an active task of this process holds them). Checkpoint first, as ``drop``."""
+        if self._standby.get((store, partition), {}).pop(keys, None) is None:
+            return
+        self._write_checkpoint(application_id, store, partition)
+        if delete:
+            delete_ranges(self.backend(store, partition), [keys])
+
+    @staticmethod
+    def _forget_overlapping(
+        kept: dict[StoreKey, Checkpoint], store: str, partition: int, keys: KeyRange
+    ) -> None:
+        checkpoint = kept.get((store, partition))
+        if checkpoint is not None:
+            kept[(store, partition)] = {
+                covered: offset
+                for covered, offset in checkpoint.items()
+                if not covered.overlaps(keys)
             }
 
     def note_written(self, changelog: str, partition: int, offset: int) -> None:
@@ -91,7 +131,7 @@ class StateManager:
         self._held.setdefault((store, partition), {})[keys] = offset
 
     def write_checkpoints(self, application_id: str) -> None:
-        for store, partition in list(self._held):
+        for store, partition in {*self._held, *self._standby}:
             self._write_checkpoint(application_id, store, partition)
 
     def drop(
@@ -115,7 +155,10 @@ class StateManager:
         held = self._held.get((store, partition), {})
         current = {keys: max(offset, written) for keys, offset in held.items()}
         self._held[(store, partition)] = current
-        write_checkpoint(directory / "checkpoint", current)
+        # A standby's offset is where its tailing reached: this process's own writes to the
+        # changelog say nothing of another instance's keys.
+        standby = self._standby.get((store, partition), {})
+        write_checkpoint(directory / "checkpoint", {**standby, **current})
 
     def close(self) -> None:
         for backend in self._backends.values():

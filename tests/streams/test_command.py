@@ -88,6 +88,10 @@ def streams(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
             "--commit-interval-ms",
         ),
         ((*REQUIRED, "--max-buffered-bytes", "0"), "max_buffered_bytes must be at least 1"),
+        (
+            (*REQUIRED, "--num-standby-replicas", "-1"),
+            "num_standby_replicas must not be negative",
+        ),
     ],
 )
 def test_bad_options_exit_2_with_one_line(argv: list[str], message: str) -> None:
@@ -164,6 +168,16 @@ def test_the_byte_bound_comes_from_a_flag_or_its_variable() -> None:
     assert StreamsConfig(**settings).max_buffered_bytes == 1 << 20
     settings = streams_command.settings(parsed(*REQUIRED, "--max-buffered-bytes", "4096"), {})
     assert StreamsConfig(**settings).max_buffered_bytes == 4096
+
+
+def test_standby_replicas_default_to_none_and_come_from_a_flag_or_its_variable() -> None:
+    assert StreamsConfig("a", "b", "c").num_standby_replicas == 0
+    settings = streams_command.settings(
+        parsed(*REQUIRED), {"KEYRANGE_STREAMS_NUM_STANDBY_REPLICAS": "2"}
+    )
+    assert StreamsConfig(**settings).num_standby_replicas == 2
+    settings = streams_command.settings(parsed(*REQUIRED, "--num-standby-replicas", "1"), {})
+    assert StreamsConfig(**settings).num_standby_replicas == 1
 
 
 def test_max_buffered_records_is_deprecated_and_still_honoured() -> None:

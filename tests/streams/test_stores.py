@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from client.protocol.keyspace import KeyRange, key_hash
-from client.streams import restore
+from client.streams import INT64, STRING, StoreSpec, restore
 from client.streams.checkpoint import read_checkpoint, start_offset, write_checkpoint
+from client.streams.internal import for_application
 from client.streams.restore import RestoreProgress, Restorer
+from client.streams.state import StateManager
 from client.streams.stores import BytesStore, MemoryStore, RocksStore, delete_ranges
 from tests.fixtures.services import MakeTopic
-from tests.streams.harness import produce
+from tests.streams.harness import count_topology, produce
 
 
 @pytest.fixture(params=["native", "python"])
@@ -150,3 +152,35 @@ async def test_a_restore_across_many_fetches_and_from_inside_a_record_batch(
         }
     finally:
         await restorer.stop()
+
+
+def test_checkpointed_pieces_covering_a_range_restore_it_from_their_lowest_offset() -> None:
+    pieces = {KeyRange(0, 9): 50, KeyRange(10, 20): 42, KeyRange(30, 40): 7}
+    assert start_offset(pieces, KeyRange(5, 15)) == 42
+    assert start_offset(pieces, KeyRange(0, 20)) == 42
+    # A gap (21..29) is not covered: read from the start.
+    assert start_offset(pieces, KeyRange(15, 35)) is None
+
+
+def test_a_standby_checkpoints_where_its_reading_reached_and_a_restore_reads_on_from_it(
+    tmp_path: Path,
+) -> None:
+    topology = count_topology("words", "counts").add_state_store(
+        StoreSpec("persisted", STRING, INT64, persistent=True), "count"
+    )
+    state = StateManager(for_application(topology.build(), "app"), tmp_path)
+    own, standby = KeyRange.full().split(2)
+    state.restored("persisted", 0, own, 10)
+    state.standby_at("persisted", 0, standby, 7)
+    # This process wrote up to offset 40 for its own keys: the standby's keys are another
+    # instance's, so its offset stays where its reading reached.
+    state.note_written("app-persisted-changelog", 0, 40)
+    state.write_checkpoints("app")
+    written = read_checkpoint(tmp_path / "persisted" / "partition-0" / "checkpoint")
+    assert written == {own: 41, standby: 7}
+    # Given the standby's range, the restore starts at the standby's offset; the whole
+    # partition (its own range grown over it) at the lowest of the two.
+    assert state.restore_from("persisted", 0, standby) == 7
+    assert state.restore_from("persisted", 0, KeyRange.full()) == 7
+    state.restored("persisted", 0, standby, 12)
+    assert state.standby_offset("persisted", 0, standby) is None
