@@ -46,7 +46,7 @@ from client.streams.restore import RestoreProgress, Restorer
 from client.streams.runtime import StreamsRuntime
 from client.streams.standby import Standbys, standbys_running
 from client.streams.state import StateManager
-from client.streams.task import TaskState
+from client.streams.task import TaskId, TaskState
 from client.streams.topology import BuiltTopology, Topology
 from client.tracing import record_tracer
 
@@ -190,9 +190,7 @@ class StreamsApp:
             tracer=record_tracer(
                 "streams", self.config.application_id, lambda: self._consumer.member_id
             ),
-            before_open=(lambda _: None)
-            if self._standby_set is None
-            else self._standby_set.release,
+            before_open=_no_standby if self._standby_set is None else self._standby_set.release,
         )
         self._consumer.hooks.register(self.runtime)
         # What was granted before the runtime existed, as if granted now.
@@ -356,3 +354,7 @@ class StreamsApp:
             f"{progress.fraction:6.1%} read {progress.read} restored {progress.restored}{end}"
         )
         sys.stderr.flush()
+
+
+def _no_standby(task: TaskId) -> None:
+    """Without standbys, nothing stops before a task's restore."""
