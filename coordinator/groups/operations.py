@@ -8,7 +8,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.core.assignment import Slice, slices_to_wire
-from coordinator.core.membership import expiry_reasons, group_state
+from coordinator.core.membership import GroupRecord, MemberRecord, expiry_reasons, group_state
 from coordinator.errors import GroupIdNotFound, UnknownMemberId
 from coordinator.groups import endpoint_repository, repository, stuck_repository
 from coordinator.groups.schemas import (
@@ -59,13 +59,22 @@ def _stuck_calls(report: stuck_repository.StuckReport | None) -> list[StuckCallD
     return described
 
 
-async def describe(connection: AsyncConnection, group_id: str) -> GroupDescription:
+async def _live_members(
+    connection: AsyncConnection, group_id: str
+) -> tuple[GroupRecord, list[MemberRecord], dict[str, str]]:
+    """The group, its live members and the addresses they serve queries on, as both the
+    admin description and the owners route read them."""
     group = await repository.find_group(connection, group_id, lock=False)
     if group is None:
         raise GroupIdNotFound(f"group '{group_id}' does not exist")
     members = await repository.read_members(connection, group_id, live_only=True)
-    stuck = await stuck_repository.read_stuck(connection, group_id)
     endpoints = await endpoint_repository.read_endpoints(connection, group_id)
+    return group, members, endpoints
+
+
+async def describe(connection: AsyncConnection, group_id: str) -> GroupDescription:
+    group, members, endpoints = await _live_members(connection, group_id)
+    stuck = await stuck_repository.read_stuck(connection, group_id)
     return GroupDescription(
         group_id=group_id,
         state=group_state(group, members),
@@ -101,11 +110,7 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
 
 async def owners(connection: AsyncConnection, group_id: str) -> GroupOwnersReply:
     """The owned slices of the group's live members, read as ``describe`` reads them."""
-    group = await repository.find_group(connection, group_id, lock=False)
-    if group is None:
-        raise GroupIdNotFound(f"group '{group_id}' does not exist")
-    members = await repository.read_members(connection, group_id, live_only=True)
-    endpoints = await endpoint_repository.read_endpoints(connection, group_id)
+    group, members, endpoints = await _live_members(connection, group_id)
     return GroupOwnersReply(
         group_id=group_id,
         group_epoch=group.group_epoch,
