@@ -1,7 +1,8 @@
-"""The record cache (Kafka Streams' ``statestore.cache.max.bytes``, KIP-770): each key-value
-store of a task keeps its changed entries, the last value per key, in memory until the task's
-next commit, so the store and its changelog take one write per key per commit rather than
-one per update, and a DSL table or aggregation forwards one change per key per commit.
+"""The record cache (Kafka Streams' ``statestore.cache.max.bytes``, KIP-770): each store of a
+task keeps its changed entries, the last value per key (per key and window in a window store),
+in memory until the task's next commit, so the store and its changelog take one write per key
+per commit rather than one per update, and a DSL table or aggregation forwards one change per
+key per commit (a windowed aggregation forwards as it did: every update, or each final result).
 
 The budget (``cache_max_bytes``) is the process's, shared by every task's stores as Kafka
 Streams shares it among a thread's tasks. A write that takes the total over it evicts the
@@ -29,6 +30,9 @@ ENTRY_OVERHEAD = 64
 
 # Not in the cache (a cached ``None`` is a deletion).
 MISSING = object()
+
+# A window entry's start and end after the record key (``WindowCache``).
+WINDOW_SUFFIX = 16
 
 
 class CacheBudget:
@@ -97,6 +101,17 @@ class StoreCache:
             if (low is None or key >= low) and (high is None or key <= high)
         ]
 
+    def take(self, key: bytes) -> None:
+        """Drop ``key``'s entry unwritten: the caller writes a newer value past the cache."""
+        entries = self._entries
+        old = entries.pop(key, MISSING)
+        if old is MISSING:
+            return
+        size = len(key) + ENTRY_OVERHEAD + (len(old) if old is not None else 0)  # type: ignore[arg-type]
+        self._bytes -= size
+        self._budget.add(-size)
+        self._forget(key)
+
     def flush(self) -> int:
         """Write every cached entry out, oldest first; how many."""
         if not self._entries:
@@ -115,6 +130,13 @@ class StoreCache:
         self._entries = {}
         self._budget.add(-self._bytes)
         self._bytes = 0
+        self._forget_all()
+
+    def _forget(self, key: bytes) -> None:
+        """An entry left the cache by eviction (a subclass's index follows)."""
+
+    def _forget_all(self) -> None:
+        """Every entry left the cache."""
 
     def _evict(self) -> None:
         evicted: Entries = []
@@ -127,6 +149,42 @@ class StoreCache:
             size = len(key) + ENTRY_OVERHEAD + (len(value) if value is not None else 0)
             self._bytes -= size
             self._budget.add(-size)
+            self._forget(key)
             evicted.append((key, value))
         if evicted:
             self._write(evicted)
+
+
+class WindowCache(StoreCache):
+    """A window store's cache: an entry's key is the record key's bytes then the window's
+    start and end (8 bytes each), as in a segment. Indexed by record key as well, so the
+    look-ups a record makes (its key's sessions) read that key's cached windows, not the
+    whole cache."""
+
+    def __init__(self, budget: CacheBudget, write: Callable[[Entries], None]) -> None:
+        super().__init__(budget, write)
+        self._by_key: dict[bytes, set[bytes]] = {}
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        self._by_key.setdefault(key[:-WINDOW_SUFFIX], set()).add(key)
+        super().put(key, value)
+
+    def entries_of(self, record_key: bytes) -> Entries:
+        """The cached windows of one record key."""
+        found = self._by_key.get(record_key)
+        if not found:
+            return []
+        entries = self._entries
+        # ``get``, not indexing: a query's thread may read while the task's evicts.
+        cached = [(entry, entries.get(entry, MISSING)) for entry in list(found)]
+        return [(entry, value) for entry, value in cached if value is not MISSING]  # type: ignore[misc]
+
+    def _forget(self, key: bytes) -> None:
+        windows = self._by_key.get(key[:-WINDOW_SUFFIX])
+        if windows is not None:
+            windows.discard(key)
+            if not windows:
+                del self._by_key[key[:-WINDOW_SUFFIX]]
+
+    def _forget_all(self) -> None:
+        self._by_key = {}

@@ -29,10 +29,11 @@ class StreamsConfig:
     opens: the consumer, the producer, the restorer and the admin client that creates the
     changelogs, since a secured cluster refuses any one of them that comes in plaintext.
     ``cache_max_bytes`` is the record cache's budget for the whole process (Kafka Streams'
-    ``statestore.cache.max.bytes``, 10 MiB by default as there; 0 turns it off): key-value
-    stores keep their changed entries, the last per key, until the next commit, so the
-    changelog carries one record per key per commit and DSL tables and aggregations forward
-    one change per key per commit (docs/streams.md, "The record cache").
+    ``statestore.cache.max.bytes``, 10 MiB by default as there; 0 turns it off): stores keep
+    their changed entries, the last per key (per key and window in a window store), until
+    the next commit, so the changelog carries one record per key per commit and DSL tables
+    and aggregations forward one change per key per commit (docs/streams.md, "The record
+    cache").
     ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra).
     ``query_port`` serves the stores over HTTP on ``query_host`` (0: any free port; None, the
     default: no server), and the group learns the address as ``query_advertised_url``, by

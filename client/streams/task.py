@@ -173,11 +173,7 @@ class StreamTask:
         entry forwarded on flush may write another store's cache downstream. How many."""
         flushed = total = 0
         while True:
-            flushed = sum(
-                store.flush_cache()
-                for store in self.stores.values()
-                if isinstance(store, TaskStore)
-            )
+            flushed = sum(store.flush_cache() for store in self.stores.values())
             if not flushed:
                 return total
             total += flushed
@@ -197,7 +193,7 @@ class StreamTask:
         the stores' caches still hold: a task closed after its commit has flushed them, and
         one dropped without a commit leaves its records to be processed again."""
         for store in self.stores.values():
-            if isinstance(store, TaskStore) and store.cache is not None:
+            if store.cache is not None:
                 store.cache.discard()
         for name, processor in self._processors.items():
             self._node = name
@@ -373,10 +369,9 @@ def _task_store(
     cache: CacheBudget | None,
 ) -> TaskStore | TaskWindowStore:
     if spec.windowed:
-        # Window stores are not cached (docs/streams.md, "The record cache").
         if not isinstance(backend, WindowBackend):
             raise StreamsError(f"store '{spec.name}' is a window store on a key-value backend")
-        return TaskWindowStore(spec, backend, [keys], changelog)
+        return TaskWindowStore(spec, backend, [keys], changelog, cache)
     return TaskStore(spec, backend, [keys], changelog, cache)
 
 

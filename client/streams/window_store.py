@@ -25,14 +25,16 @@ import struct
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from client.protocol.keyspace import KeyRange, in_ranges, key_hash
+from client.streams.cache import MISSING, WINDOW_SUFFIX, CacheBudget, Entries, WindowCache
 from client.streams.errors import StoreKeyOutsideTask, StreamsError
 from client.streams.stores import BytesStore, ChangelogWrite, MemoryStore, RocksStore
 from client.streams.topology import StoreSpec
 
 _TIMES = struct.Struct(">qq")
+assert _TIMES.size == WINDOW_SUFFIX
 _CHANGE = struct.Struct(">Bqq")
 _TIME_MAX = 2**63 - 1
 _MIN_SEGMENT_MS = 60_000
@@ -84,6 +86,14 @@ class WindowBackend:
 
     def register(self, view: TaskWindowStore) -> None:
         self._views.add(view)
+
+    def segment_of(self, end: int) -> int:
+        return end // self._segment_ms
+
+    def expired(self, end: int) -> bool:
+        """Whether a window ending at ``end`` is in a segment already dropped (a write of it
+        would be ignored)."""
+        return end // self._segment_ms < self._floor
 
     def _stream_time(self) -> int:
         views = [view.observed for view in self._views]
@@ -212,8 +222,10 @@ def open_window_backend(spec: StoreSpec, directory: Path | None) -> WindowBacken
 
 
 class TaskWindowStore:
-    """A task's typed view of a window store: serdes, the key-range check, the changelog.
-    Times are milliseconds; a window is ``[start, end)``."""
+    """A task's typed view of a window store: serdes, the key-range check, the changelog, and
+    the record cache (``client.streams.cache``) when the process has one: a window's writes
+    then wait in it, the last per window, until the task's commit flushes them or the budget
+    evicts them. Times are milliseconds; a window is ``[start, end)``."""
 
     def __init__(
         self,
@@ -221,11 +233,13 @@ class TaskWindowStore:
         backend: WindowBackend,
         ranges: Sequence[KeyRange],
         changelog: ChangelogWrite,
+        cache: CacheBudget | None = None,
     ) -> None:
         self._spec = spec
         self._backend = backend
         self._ranges = list(ranges)
         self._changelog = changelog
+        self.cache = None if cache is None else WindowCache(cache, self._write_out)
         # The latest window end this task wrote: its share of the engine's stream time.
         self.observed = -1
         backend.register(self)
@@ -247,26 +261,101 @@ class TaskWindowStore:
                 raise StreamsError(f"store '{self.name}': the value serde gave no bytes")
             raw = serialized
         self.observed = max(self.observed, end)
+        if self.cache is not None:
+            entry = raw_key + _TIMES.pack(start, end)
+            if not final:
+                self.cache.put(entry, bytes([flags]) + raw)
+                return
+            # A final mark goes past the cache, with the result it marks: one write per
+            # window, and a crash before the next commit repeats the result only when the
+            # mark had not reached the changelog (docs/guarantees.md), not whenever it waited
+            # in the cache.
+            self.cache.take(entry)
         self._backend.put_window(raw_key, start, end, flags, raw)
         self._changelog(raw_key, encode_change(start, end, flags, raw))
+
+    def flush_cache(self) -> int:
+        """Write the cached windows out (store, changelog); how many."""
+        return 0 if self.cache is None else self.cache.flush()
+
+    def _write_out(self, entries: Entries) -> None:
+        """Windows leaving the cache, in its order: each to its segment, then its changelog
+        record. A cached deletion is a ``DELETED`` flag, so no entry is ``None``."""
+        for entry, stored in entries:
+            assert stored is not None
+            key = entry[:-WINDOW_SUFFIX]
+            start, end = _TIMES.unpack_from(entry, len(key))
+            flags, raw = stored[0], stored[1:]
+            self._backend.put_window(key, start, end, flags, raw)
+            self._changelog(key, encode_change(start, end, flags, raw))
+
+    def _window(self, raw_key: bytes, start: int, end: int) -> tuple[int, bytes] | None:
+        """(flags, value) of one window, the cache's change over the store's."""
+        if self.cache is not None:
+            cached = self.cache.get(raw_key + _TIMES.pack(start, end))
+            if cached is not MISSING:
+                stored = cast(bytes, cached)
+                return None if stored[0] & DELETED else (stored[0], stored[1:])
+        return self._backend.get_window(raw_key, start, end)
+
+    def _windows(
+        self,
+        low_key: bytes | None,
+        high_key: bytes | None,
+        start_from: int = 0,
+        start_to: int = _TIME_MAX,
+        end_from: int = 0,
+        end_to: int = _TIME_MAX,
+    ) -> Iterator[tuple[bytes, int, int, int, bytes]]:
+        """The backend's windows (``WindowBackend.windows``) with the cache's changes in
+        those bounds over them, in the backend's order (segment, key, start)."""
+        rows = self._backend.windows(low_key, high_key, start_from, start_to, end_from, end_to)
+        cache = self.cache
+        if cache is None or not len(cache):
+            return rows
+        if low_key is not None and low_key == high_key:
+            cached = cache.entries_of(low_key)
+        else:
+            cached = cache.entries(
+                None if low_key is None else low_key + _TIMES.pack(0, 0),
+                None if high_key is None else high_key + _TIMES.pack(_TIME_MAX, _TIME_MAX),
+            )
+        merged = {(key, start, end): (flags, value) for key, start, end, flags, value in rows}
+        for entry, stored in cached:
+            assert stored is not None
+            key = entry[:-WINDOW_SUFFIX]
+            start, end = _TIMES.unpack_from(entry, len(key))
+            if (low_key is not None and key < low_key) or (high_key is not None and key > high_key):
+                continue
+            if not (start_from <= start <= start_to and end_from <= end <= end_to):
+                continue
+            if stored[0] & DELETED or self._backend.expired(end):
+                merged.pop((key, start, end), None)
+            else:
+                merged[(key, start, end)] = (stored[0], stored[1:])
+        segment_of = self._backend.segment_of
+        ordered = sorted(merged.items(), key=lambda item: (segment_of(item[0][2]), *item[0][:2]))
+        return iter(
+            [(key, start, end, flags, value) for (key, start, end), (flags, value) in ordered]
+        )
 
     def get(self, key: Any, start: int | None = None, end: int | None = None) -> Any:
         """The value of ``key``'s window ``[start, end)``; without a window, every window of
         the key as ``fetch`` lists them (what a query of the store answers)."""
         if start is None or end is None:
             return self.fetch(key)
-        found = self._backend.get_window(self._key(key, check=False), start, end)
+        found = self._window(self._key(key, check=False), start, end)
         return None if found is None else self._spec.value_serde.deserialize(found[1])
 
     def entry(self, key: Any, start: int, end: int) -> tuple[Any, bool] | None:
         """``key``'s window as (value, whether its final result was emitted), if stored."""
-        found = self._backend.get_window(self._key(key, check=False), start, end)
+        found = self._window(self._key(key, check=False), start, end)
         if found is None:
             return None
         return self._spec.value_serde.deserialize(found[1]), bool(found[0] & FINAL)
 
     def is_final(self, key: Any, start: int, end: int) -> bool:
-        found = self._backend.get_window(self._key(key, check=False), start, end)
+        found = self._window(self._key(key, check=False), start, end)
         return found is not None and bool(found[0] & FINAL)
 
     def fetch(
@@ -277,7 +366,7 @@ class TaskWindowStore:
         return [
             (start, end, value)
             for _, start, end, value, _ in self._decoded(
-                self._backend.windows(raw, raw, time_from, time_to)
+                self._windows(raw, raw, time_from, time_to)
             )
         ]
 
@@ -290,7 +379,7 @@ class TaskWindowStore:
         return [
             (key, start, end, value)
             for key, start, end, value, _ in self._decoded(
-                self._backend.windows(low, high, time_from, time_to)
+                self._windows(low, high, time_from, time_to)
             )
         ]
 
@@ -300,7 +389,7 @@ class TaskWindowStore:
         return [
             (key, start, end, value)
             for key, start, end, value, _ in self._decoded(
-                self._backend.windows(None, None, time_from, time_to)
+                self._windows(None, None, time_from, time_to)
             )
         ]
 
@@ -313,14 +402,14 @@ class TaskWindowStore:
         return [
             (start, end, value, final)
             for _, start, end, value, final in self._decoded(
-                self._backend.windows(raw, raw, 0, latest_start, earliest_end)
+                self._windows(raw, raw, 0, latest_start, earliest_end)
             )
         ]
 
     def ended(self, end_from: int, end_to: int) -> list[tuple[Any, int, int, Any, bool]]:
         """This task's windows ending in ``[end_from, end_to]``: (key, start, end, value,
         final), what a final-result emission looks for."""
-        return self._decoded(self._backend.windows(None, None, end_from=end_from, end_to=end_to))
+        return self._decoded(self._windows(None, None, end_from=end_from, end_to=end_to))
 
     def _decoded(
         self, rows: Iterator[tuple[bytes, int, int, int, bytes]]

@@ -3,17 +3,26 @@ and time, and a changelog that restores one key range of them."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from client.protocol.keyspace import KeyRange, key_hash
 from client.streams import JSON, STRING, StoreSpec
+from client.streams.cache import ENTRY_OVERHEAD, CacheBudget
 from client.streams.errors import StoreKeyOutsideTask
 from client.streams.stores import delete_ranges
-from client.streams.window_store import TaskWindowStore, WindowBackend, open_window_backend
+from client.streams.window_store import (
+    FINAL,
+    TaskWindowStore,
+    WindowBackend,
+    decode_change,
+    open_window_backend,
+)
 
 FULL = KeyRange.full()
+Change = tuple[bytes, bytes | None]
 
 
 def spec(persistent: bool) -> StoreSpec:
@@ -89,3 +98,96 @@ def test_expiry_waits_for_the_task_furthest_behind() -> None:
     # Once the slow task is gone, the fast one alone sets the engine's stream time.
     fast.put(fast_key, 2990, 3000, 1)
     assert [row[:3] for row in backend.windows(None, None)] == [(fast_key.encode(), 2990, 3000)]
+
+
+# ------------------------------------------------------------------ the record cache
+
+
+def paired_stores(
+    max_bytes: int,
+) -> tuple[TaskWindowStore, TaskWindowStore, list[Change], list[Change]]:
+    """A cached store and an uncached one, each on its own engine with its own changelog."""
+    wide = StoreSpec("w", STRING, JSON, retention_ms=10**9, segment_ms=50)
+    cached_log: list[Change] = []
+    plain_log: list[Change] = []
+    cached = TaskWindowStore(
+        wide,
+        open_window_backend(wide, None),
+        [FULL],
+        lambda k, v: cached_log.append((k, v)),
+        CacheBudget(max_bytes),
+    )
+    plain = TaskWindowStore(
+        wide, open_window_backend(wide, None), [FULL], lambda k, v: plain_log.append((k, v))
+    )
+    return cached, plain, cached_log, plain_log
+
+
+def reads(store: TaskWindowStore, key: str) -> list[object]:
+    return [
+        store.fetch(key),
+        store.fetch(key, 20, 60),
+        store.fetch_range("k0", "k2"),
+        store.fetch_all(10, 90),
+        store.sessions(key, 30, 70),
+        store.ended(0, 10**6),
+        [store.entry(key, start, start + 10) for start in range(0, 100, 10)],
+    ]
+
+
+def test_a_cached_window_store_reads_as_an_uncached_one_and_logs_each_window_once() -> None:
+    cached, plain, cached_log, plain_log = paired_stores(1 << 20)
+    steps = random.Random(5)
+    for step in range(640):
+        key = f"k{steps.randrange(4)}"
+        start = steps.randrange(10) * 10
+        value = None if steps.random() < 0.15 else {"n": step}
+        final = value is not None and steps.random() < 0.1
+        for store in (cached, plain):
+            store.put(key, start, start + 10, value, final=final)
+        assert reads(cached, key) == reads(plain, key), f"step {step}"
+        if step % 150 == 149:
+            flushed = cached.flush_cache()
+            # One changelog record per window changed since the last flush, however often
+            # it changed; and the changelog replays to the same windows as the uncached one's.
+            assert 0 < flushed == len({(k, v[1:17]) for k, v in cached_log[-flushed:] if v})
+            assert len(cached_log) < len(plain_log)
+            assert replayed(cached_log) == replayed(plain_log)
+    assert cached.flush_cache() > 0 and cached.flush_cache() == 0
+    assert replayed(cached_log) == replayed(plain_log)
+
+
+def replayed(log: list[Change]) -> list[tuple[bytes, int, int, int, bytes]]:
+    backend = open_window_backend(StoreSpec("w", STRING, JSON, retention_ms=10**9), None)
+    backend.apply(log)
+    return list(backend.windows(None, None))
+
+
+def test_a_full_window_cache_evicts_its_oldest_window_to_the_store_and_changelog() -> None:
+    cached, _, log, _ = paired_stores(2 * (ENTRY_OVERHEAD + 2 + 16 + 2) + 4)
+    cached.put("k0", 0, 10, 1)
+    cached.put("k0", 10, 20, 1)
+    cached.put("k0", 0, 10, 2)  # the window [0, 10) becomes the newest
+    assert log == []
+    cached.put("k1", 0, 10, 1)
+    assert [(key, decode_change(value)[:2]) for key, value in log if value] == [(b"k0", (10, 20))]
+    assert cached.fetch("k0") == [(0, 10, 2), (10, 20, 1)]
+    assert cached.cache is not None and len(cached.cache) == 2
+    cached.cache.discard()
+    # What was evicted is in the store; the rest is gone with the cache.
+    assert cached.fetch_all() == [("k0", 10, 20, 1)]
+
+
+def test_a_final_mark_goes_past_the_cache_with_the_window_s_last_value() -> None:
+    cached, _, log, _ = paired_stores(1 << 20)
+    cached.put("k0", 0, 10, 1)
+    cached.put("k0", 0, 10, 2)
+    cached.put("k1", 0, 10, 1)
+    cached.put("k0", 0, 10, 2, final=True)
+    # Written at once, and the window's cached updates dropped: none overwrites the mark.
+    assert [(key, decode_change(value)) for key, value in log if value] == [
+        (b"k0", (0, 10, FINAL, b"2"))
+    ]
+    assert cached.flush_cache() == 1
+    assert cached.entry("k0", 0, 10) == (2, True)
+    assert [key for key, _ in log] == [b"k0", b"k1"]
