@@ -13,6 +13,9 @@ how many records each sent downstream (what the cache changes for a DSL table's 
 with ``--lookup-ms`` of simulated I/O per view, ``--windowed-records`` views of 500 users on
 ONE partition, run by 1 and by 4 instances (goal >= 3). The clock runs from the first view
 produced to the last final window out (records far in the future close every window).
+``windowed_cpu_us_1`` / ``_4``: the streams processes' CPU time over the same interval per
+view (all instances together), a figure other load on the machine moves far less than the
+speed-up: four instances share two cores with the broker and the coordinator.
 
 Every clock starts once the group has settled: each instance owns its final share.
 """
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiokafka import AIOKafkaProducer
 
 from examples.demo_stack import Stack
@@ -68,9 +72,10 @@ async def _timed(
     output: str,
     done: Callable[[list[Any]], bool],
     topics: tuple[str, ...] = (),
-) -> float:
+) -> tuple[float, float]:
     """Start ``instances`` processes, wait until the group settled (``topics`` owned too),
-    then time ``feed`` to ``done(output records)``."""
+    then time ``feed`` to ``done(output records)``: the seconds, and the CPU seconds the
+    processes spent meanwhile (together)."""
     processes: list[StreamsProcess] = []
     env = {**env, "KEYRANGE_STREAMS_LOG_LEVEL": "WARNING"}
     for index in range(instances):
@@ -90,13 +95,18 @@ async def _timed(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{instances} instances of {target} did not settle")
             await asyncio.sleep(0.2)
+        running = [psutil.Process(process.process.pid) for process in processes]
+
+        def cpu_seconds() -> float:
+            return sum(sum(process.cpu_times()[:2]) for process in running)
+
         async with TopicReader(stack.bootstrap, output) as reader:
-            started = time.monotonic()
+            started, cpu_before = time.monotonic(), cpu_seconds()
             await feed()
             while not done(await reader.poll()):
                 if time.monotonic() - started > 600:
                     raise RuntimeError(f"{target} did not finish")
-            return time.monotonic() - started
+            return time.monotonic() - started, cpu_seconds() - cpu_before
     finally:
         for process in processes:
             await process.stop(signal.SIGTERM)
@@ -136,7 +146,7 @@ async def dsl_overhead(
             app_id = f"bench-{kind}-{source}"
             # The DSL's repartition topic is created as the app starts: owned before timing.
             internal = (f"{app_id}-words-repartition",) if kind == "dsl" else (words,)
-            seconds = await _timed(
+            seconds, _ = await _timed(
                 stack,
                 target,
                 app_id,
@@ -188,6 +198,7 @@ async def windowed_speedup(
     closers = [(key.encode(), b"{}", end) for key in CLOSERS]
     windows = {(key, stamp // MINUTE_MS) for key, _, stamp in views}
     seconds: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     for instances in (1, 4):
         source, output = await new_topics(stack, "views", "windows")
         env = {
@@ -199,7 +210,7 @@ async def windowed_speedup(
         async def feed(topic: str = source) -> None:
             await _produce(stack.bootstrap, topic, views + closers)
 
-        seconds[instances] = await _timed(
+        seconds[instances], cpu[instances] = await _timed(
             stack,
             "examples.streams_dsl_pageviews:build_topology",
             f"bench-pv-{source}",
@@ -215,4 +226,6 @@ async def windowed_speedup(
         "windowed_records": count,
         "windowed_rate_1": round(count / seconds[1], 1),
         "windowed_speedup_4": round(seconds[1] / seconds[4], 2),
+        "windowed_cpu_us_1": round(cpu[1] / count * 1e6, 1),
+        "windowed_cpu_us_4": round(cpu[4] / count * 1e6, 1),
     }
