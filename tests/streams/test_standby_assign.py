@@ -6,6 +6,7 @@ standby's offset (docs/streams.md, "Standby key ranges")."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,7 +52,7 @@ async def test_a_killed_instances_range_goes_to_its_standbys_instance_which_rest
     kafka_bootstrap: str,
     coordinator_url: str,
     make_topic: MakeTopic,
-    tmp_path: Any,
+    tmp_path: Path,
     spawned: list[StreamsProcess],
 ) -> None:
     lines, words, counts = (
