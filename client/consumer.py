@@ -264,12 +264,8 @@ class KeyrangeConsumer:
         partition. Slices dropped by a later call are committed and released."""
         if self._topics:
             raise InvalidRequest("assign() is for standalone consumers created without topics")
-        self._lifespan.set_target(
-            {
-                tp: normalize(ranges) if ranges else [KeyRange.full()]
-                for tp, ranges in slices.items()
-            }
-        )
+        full = KeyRange.full()
+        self._lifespan.set_target({tp: normalize(r or [full]) for tp, r in slices.items()})
 
     def assignment(self) -> Slices:
         """The slices whose records are handed out now."""
@@ -293,13 +289,16 @@ class KeyrangeConsumer:
 
     @property
     def member_id(self) -> str | None:
-        membership = self._lifespan.membership
-        return None if membership is None else membership.member_id
+        return self._status.identity()[0]
 
     @property
     def member_epoch(self) -> int | None:
         membership = self._lifespan.membership
         return None if membership is None else membership.member_epoch
+
+    def report_standbys(self, standbys: Slices) -> None:
+        """Key ranges kept warm here, for the assignor (docs/api.md, "Standby key ranges")."""
+        self._status.report_standbys(standbys)
 
     def __aiter__(self) -> AsyncIterator[Record]:
         return self.records()

@@ -139,16 +139,21 @@ class HeartbeatRequest:
     # Where the member serves queries (a streams instance's HTTP address); None leaves what
     # it last advertised.
     endpoint: str | None = None
+    # The key ranges the member keeps warm standbys of; None leaves what it last reported,
+    # an empty mapping clears it.
+    standbys: Mapping[TopicPartition, Sequence[KeyRange]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        # ``wait_ms`` only when offered, ``stuck`` only when reported and ``endpoint`` only
-        # when advertised: coordinators older than any of them refuse fields they do not
-        # know, and never see them from a member that has nothing to say.
+        # ``wait_ms`` only when offered, ``stuck`` and ``standbys`` only when reported and
+        # ``endpoint`` only when advertised: coordinators older than any of them refuse fields
+        # they do not know, and never see them from a member that has nothing to say.
         offer: dict[str, Any] = {} if self.wait_ms is None else {"wait_ms": self.wait_ms}
         if self.stuck is not None:
             offer["stuck"] = [call.to_json() for call in self.stuck]
         if self.endpoint is not None:
             offer["endpoint"] = self.endpoint
+        if self.standbys is not None:
+            offer["standbys"] = slices_to_json(self.standbys)
         return {
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from client.errors import ConsumerStopped, KeyrangeClientError
+from client.http import Slices
 from client.membership import Membership
 
 
@@ -54,6 +55,11 @@ class ConsumerStatus:
         (held keys released, a call that cannot be stopped is stuck)."""
         if self.membership is not None:
             self.membership.wake()
+
+    def report_standbys(self, standbys: Slices) -> None:
+        """Heartbeated at once when they changed; a standalone consumer has no one to tell."""
+        if self.membership is not None:
+            self.membership.report_standbys(standbys)
 
     def change_future(self) -> asyncio.Future[None]:
         """Resolved by the next ``notify``."""

@@ -41,6 +41,10 @@ async def test_downgrade_to_base_and_upgrade_again(make_migrated_database: MakeD
     url = await make_migrated_database()
     config = migrate.alembic_config(url)
     engine = create_async_engine(url)
+    await asyncio.to_thread(command.downgrade, config, "0005")
+    async with engine.connect() as connection:
+        columns = await connection.run_sync(_columns, "members")
+        assert "standbys" not in columns and "endpoint" in columns
     await asyncio.to_thread(command.downgrade, config, "0004")
     async with engine.connect() as connection:
         assert "endpoint" not in await connection.run_sync(_columns, "members")
@@ -118,4 +122,31 @@ async def test_members_stored_before_stuck_calls_existed_report_none(
             )
         ).one()
         assert (row.stuck, row.stuck_reported_at) == ([], None)
+    await engine.dispose()
+
+
+async def test_members_stored_before_standbys_existed_report_none(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    """Migration 0006 gives rows of older members an empty list, not NULL: the assignor reads
+    every member's standbys."""
+    url = await make_migrated_database()
+    config = migrate.alembic_config(url)
+    await asyncio.to_thread(command.downgrade, config, "0005")
+    engine = create_async_engine(url)
+    async with engine.begin() as connection:
+        await connection.execute(text("INSERT INTO groups (group_id) VALUES ('old')"))
+        await connection.execute(
+            text(
+                "INSERT INTO members (group_id, member_id, member_epoch, previous_member_epoch, "
+                "subscribed_topics, allow_individual_commit, session_timeout_ms, expires_at) "
+                "VALUES ('old', 'm-old', 1, 0, '{t}', true, 1000, now())"
+            )
+        )
+    await asyncio.to_thread(command.upgrade, config, "head")
+    async with engine.connect() as connection:
+        row = (
+            await connection.execute(text("SELECT standbys FROM members WHERE member_id = 'm-old'"))
+        ).one()
+        assert row.standbys == []
     await engine.dispose()

@@ -45,6 +45,7 @@ EXAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
             {"topic": "orders", "partition": 0, "key_hash": 5, "offset": 3, "running_s": 1.5}
         ],
         "endpoint": "http://worker-1:7070",
+        "standbys": [{"topic": "orders", "partition": 1, "ranges": [[0, 9]]}],
     },
     ("post", "/v1/admin/groups/{group_id}/offsets/reset"): {
         "topic": "orders",

@@ -12,7 +12,8 @@ The parts, one job each:
 - ``session``: the session deadline and loss detection, which the hand-out guard asks
   synchronously before every hand-out, and pool threads read as an instant;
 - ``exchange``: the member's id and epoch, and the join, heartbeat and leave requests;
-- ``reports``: the stuck calls reported to the coordinator and the idle reason logged;
+- ``reports``: the stuck calls and standby key ranges reported to the coordinator, and the
+  idle reason logged;
 - ``reconcile``: ``Reconciler`` and ``SliceOwner``, what the consumer exposes to it.
 """
 

@@ -63,10 +63,15 @@ class Exchange:
         return self.member_id, self.member_epoch
 
     def request(
-        self, owned: Slices, wait_s: float, stuck: list[StuckCall] | None
+        self,
+        owned: Slices,
+        wait_s: float,
+        stuck: list[StuckCall] | None,
+        standbys: Slices | None = None,
     ) -> HeartbeatRequest:
-        """A join or a heartbeat, reporting ``owned``; it offers to wait ``wait_s`` for a
-        change when that is at least a millisecond."""
+        """A join or a heartbeat, reporting ``owned`` (and ``stuck`` and ``standbys`` when
+        given); it offers to wait ``wait_s`` for a change when that is at least a
+        millisecond."""
         joining = self.joining
         return HeartbeatRequest(
             member_epoch=self.member_epoch,
@@ -81,6 +86,7 @@ class Exchange:
             wait_ms=int(wait_s * 1000) or None,
             stuck=stuck,
             endpoint=self._endpoint if joining else None,
+            standbys=standbys,
         )
 
     async def send(self, request: HeartbeatRequest, timeout_s: float) -> HeartbeatReply:

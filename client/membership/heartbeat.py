@@ -31,7 +31,7 @@ from client.errors import (
     KeyrangeClientError,
     UnknownMemberId,
 )
-from client.http import CoordinatorClient
+from client.http import CoordinatorClient, Slices
 from client.membership.exchange import Exchange
 from client.membership.reconcile import BACKOFF_INITIAL_S, BACKOFF_MAX_S, Reconciler, SliceOwner
 from client.membership.reports import Reports
@@ -118,6 +118,12 @@ class Membership:
         out from this instant, and the loop wakes to drop the slices and rejoin."""
         self._owner.lose()
         self.wake()
+
+    def report_standbys(self, standbys: Slices) -> None:
+        """The key ranges this member keeps warm standbys of now; a change is heartbeated at
+        once, so the coordinator's next rebalance knows where they are."""
+        if self._reports.set_standbys(standbys):
+            self.wake()
 
     def wake(self) -> None:
         """Heartbeat now rather than at the next interval (what the member owns changed, or
@@ -210,8 +216,9 @@ class Membership:
         # A refresh wants its answer now, so this heartbeat does not offer to wait; the next
         # one, sent at once, does.
         answering_refresh = bool(self._waiters)
+        standbys = self._reports.standbys()
         request = self._exchange.request(
-            self._owner.owned_slices(), self._wait_s(), self._reports.stuck()
+            self._owner.owned_slices(), self._wait_s(), self._reports.stuck(), standbys
         )
         sent_at = time.monotonic()
         call = asyncio.ensure_future(self._exchange.send(request, self._session.call_timeout_s()))
@@ -239,6 +246,7 @@ class Membership:
             return None
         self._session.renewed(sent_at, reply.session_timeout_ms / 1000)
         moved = self._exchange.accept(reply)
+        self._reports.standbys_stored(standbys)
         self._beat_again_now = reply.heartbeat_now or answering_refresh or moved
         self._interval_s = reply.heartbeat_interval_ms / 1000
         self._reports.log_idle(reply)
@@ -248,6 +256,7 @@ class Membership:
     async def _lose(self) -> None:
         self._session.mark_lost()
         self._exchange.forget()
+        self._reports.standbys_forgotten()
         self._session.ended()
         try:
             await self.reconciler.reset()

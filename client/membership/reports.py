@@ -1,9 +1,9 @@
-"""What a member tells beyond what it owns: the calls it cannot stop, to the coordinator, and
-why it gets nothing, to its log (docs/api.md "Stuck calls", docs/membership.md "Idle members
-are told why").
+"""What a member tells beyond what it owns: the calls it cannot stop and the key ranges it
+keeps standbys of, to the coordinator, and why it gets nothing, to its log (docs/api.md
+"Stuck calls" and "Standby key ranges", docs/membership.md "Idle members are told why").
 
-Both are said once per change: the coordinator ages a stuck-call report itself, and an idle
-member's reason repeats on every reply.
+Each is said once per change: the coordinator ages a stuck-call report itself and keeps a
+member's standbys until told otherwise, and an idle member's reason repeats on every reply.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from client.http import HeartbeatReply, IdleNotice, StuckCall
+from client.http import HeartbeatReply, IdleNotice, Slices, StuckCall
+from client.protocol.keyspace import normalize
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,12 @@ class Reports:
         self._stuck_reported: frozenset[tuple[str, int, int, int]] = frozenset()
         # Why this member gets nothing, as last logged; forgotten once it gets something.
         self._idle_logged: IdleNotice | None = None
+        # The standbys kept now, and those the coordinator is known to have stored (None:
+        # unknown, a heartbeat carrying them got no answer): sent until a reply confirms
+        # them, so a lost heartbeat or a new membership (whose member row starts with none)
+        # gets them again.
+        self._standbys: Slices = {}
+        self._standbys_stored: Slices | None = {}
 
     def stuck(self) -> list[StuckCall] | None:
         """The stuck calls when they changed since the last report (an empty list once they
@@ -38,6 +45,33 @@ class Reports:
             return None
         self._stuck_reported = calls
         return stuck
+
+    def set_standbys(self, standbys: Slices) -> bool:
+        """Keep ``standbys`` as the ones to report; True when they changed (heartbeats carry
+        them until one is answered either way)."""
+        kept = {tp: normalize(ranges) for tp, ranges in standbys.items() if ranges}
+        changed = kept != self._standbys
+        self._standbys = kept
+        return changed
+
+    def standbys(self) -> Slices | None:
+        """The standbys for a heartbeat about to be sent, when the coordinator may not have
+        them, else nothing, so an older coordinator never sees the field from a member that
+        keeps none."""
+        if self._standbys == self._standbys_stored:
+            return None
+        # Until its answer, the coordinator may have stored them or not.
+        self._standbys_stored = None
+        return dict(self._standbys)
+
+    def standbys_stored(self, sent: Slices | None) -> None:
+        """A heartbeat carrying ``sent`` was answered: the coordinator has them."""
+        if sent is not None:
+            self._standbys_stored = sent
+
+    def standbys_forgotten(self) -> None:
+        """The membership is over; the next one's member row starts with no standbys."""
+        self._standbys_stored = {}
 
     def log_idle(self, reply: HeartbeatReply) -> None:
         """Once per reason: a member left idle by a switch is otherwise silent, and looks

@@ -204,7 +204,7 @@ class StreamsApp:
             state=self._state,
             restorer=restorer,
             owners=lambda: self._coordinator.group_owners(self.config.application_id),
-            member_id=lambda: self._consumer.member_id,
+            member=self._consumer,
             active=lambda: [] if self.runtime is None else [task.id for task in self.runtime.tasks],
             replicas=self.config.num_standby_replicas,
         )

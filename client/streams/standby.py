@@ -10,6 +10,10 @@ never holds up an active task's restore. A standby never processes a record, nev
 changelog and owns nothing: it writes its local store and its checkpoint offset
 (``StateManager.standby_at``), which is where a restore of the range starts once this
 instance is given it (``release``): only the tail is read.
+
+Whenever the set of standbys changes, it is reported (``report``) as slices of every source
+topic of each standby's sub-topology, for the coordinator's assignor to hand this instance
+those ranges when their owner goes (docs/streams.md, "Standby key ranges").
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from aiokafka.structs import TopicPartition
 
 from client.errors import KeyrangeClientError
-from client.http import GroupOwners
+from client.http import GroupOwners, Slices
 from client.protocol.keyspace import KeyRange
 from client.streams.errors import StreamsError
 from client.streams.ports import StoreRestorer
@@ -34,6 +40,16 @@ from client.streams.task import TaskId
 from client.streams.topology import BuiltTopology
 
 logger = logging.getLogger(__name__)
+
+
+class StandbyMember(Protocol):
+    """The group member the standbys belong to (the app's consumer): who it is, and where it
+    tells the coordinator what it keeps."""
+
+    @property
+    def member_id(self) -> str | None: ...
+
+    def report_standbys(self, standbys: Slices) -> None: ...
 
 
 @dataclass
@@ -59,7 +75,7 @@ class Standbys:
         state: StateManager,
         restorer: StoreRestorer,
         owners: Callable[[], Awaitable[GroupOwners]],
-        member_id: Callable[[], str | None],
+        member: StandbyMember,
         active: Callable[[], list[TaskId]],
         replicas: int,
         interval_s: float = 0.2,
@@ -70,7 +86,7 @@ class Standbys:
         self._state = state
         self._restorer = restorer
         self._owners = owners
-        self._member_id = member_id
+        self._member = member
         self._active = active
         self._replicas = replicas
         self._interval_s = interval_s
@@ -125,9 +141,20 @@ class Standbys:
                 self._tailing = None
             self.standbys.pop(standby)
             logger.info("standby becomes active", extra={"task": str(standby)})
+        self._member.report_standbys(self.slices())
+
+    def slices(self) -> Slices:
+        """The standbys kept now, on every source topic of their sub-topology: the group's
+        co-partitioned topics, any of which names the partition number to the assignor."""
+        slices: Slices = {}
+        for task_id in self.standbys:
+            sub = self._topology.subtopologies[task_id.subtopology]
+            for topic in sub.source_topics:
+                slices.setdefault(TopicPartition(topic, task_id.partition), []).append(task_id.keys)
+        return slices
 
     async def _replan(self) -> None:
-        member_id = self._member_id()
+        member_id = self._member.member_id
         if member_id is None:
             return
         try:
@@ -162,6 +189,7 @@ class Standbys:
         for task_id in sorted(wanted - set(self.standbys), key=str):
             self.standbys[task_id] = StandbyStatus()
             logger.info("standby created", extra={"task": str(task_id)})
+        self._member.report_standbys(self.slices())
 
     async def _tail_all(self) -> None:
         for task_id in list(self.standbys):

@@ -46,7 +46,9 @@ class MemberSpec:
 
     ``owned`` is what stickiness should preserve: the coordinator passes the member's previous
     target (the assignor's own last output, disjoint by construction) rather than what the member
-    reported, which lags behind by a heartbeat.
+    reported, which lags behind by a heartbeat. ``standbys`` are the key ranges the member
+    reports keeping warm copies of (a streams instance's standbys): an assignor may prefer it
+    for them when they move, never at the price of balance; they may overlap other members'.
     """
 
     member_id: str
@@ -55,6 +57,7 @@ class MemberSpec:
     owned: tuple[Slice, ...] = ()
     member_epoch: int = 0
     instance_id: str | None = None
+    standbys: tuple[Slice, ...] = ()
 
     @property
     def order_key(self) -> tuple[int, str, str]:

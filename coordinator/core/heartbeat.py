@@ -61,6 +61,7 @@ class MemberRequest:
     allow_individual_commit: bool | None = None
     session_timeout_ms: int | None = None
     owned: tuple[Slice, ...] | None = None
+    standbys: tuple[Slice, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +193,8 @@ def _member_fields(
     session_timeout_ms: int | None,
 ) -> tuple[MemberRecord, list[str]]:
     """The request's changes to the member's own fields, and the rebalance reasons they
-    give."""
+    give. New standbys give none: they only inform the next rebalance, whatever its cause,
+    so reporting them never moves a slice."""
     reasons = []
     changes: dict[str, Any] = {}
     if subscription is not None and subscription != TopicSubscription(
@@ -208,6 +210,8 @@ def _member_fields(
             changes[sent_field.name] = value
             if sent_field.reason is not None:
                 reasons.append(sent_field.reason)
+    if request.standbys is not None and request.standbys != member.standbys:
+        changes["standbys"] = request.standbys
     return replace(member, **changes) if changes else member, reasons
 
 
@@ -313,6 +317,7 @@ def _join(facts: HeartbeatFacts) -> StepResult:
                 True if request.allow_individual_commit is None else request.allow_individual_commit
             ),
             session_timeout_ms=session_timeout,
+            standbys=request.standbys or (),
         )
         if predecessor is not None:
             # Static membership: the restarted instance inherits its predecessor's place and

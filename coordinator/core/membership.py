@@ -39,7 +39,8 @@ class GroupRecord:
 class MemberRecord:
     """A member as the coordinator keeps it; slice collections normalized, topics sorted.
     ``owned`` is what the member last reported (plus what it may still be finishing),
-    ``assigned`` what it was last told it may own, ``target`` where the assignor wants it."""
+    ``assigned`` what it was last told it may own, ``target`` where the assignor wants it;
+    ``standbys`` the key ranges it last reported keeping warm copies of."""
 
     group_id: str
     member_id: str
@@ -59,6 +60,7 @@ class MemberRecord:
     joined_at: datetime | None = None
     last_heartbeat: datetime | None = None
     expires_at: datetime | None = None
+    standbys: tuple[Slice, ...] = ()
 
     @property
     def held(self) -> tuple[Slice, ...]:
@@ -267,6 +269,7 @@ def settle(
                 owned=m.target,
                 member_epoch=m.member_epoch,
                 instance_id=m.instance_id,
+                standbys=m.standbys,
             )
             for mid, m in members.items()
         ),

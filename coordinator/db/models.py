@@ -175,6 +175,11 @@ class Member(Base):
     # Where the member serves queries (a streams instance's HTTP address), as it advertised
     # it when it joined; None when it serves none.
     endpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The key ranges the member last reported keeping warm standbys of, which the sticky
+    # stream-join assignor prefers it for when they move (docs/api.md, "Standby key ranges").
+    standbys: Mapped[list[dict[str, object]]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'[]'::jsonb")
+    )
 
 
 class TopicMetadata(Base):

@@ -144,10 +144,11 @@ async def stable_heartbeat(
     A stable member has nothing to do, so its reply may always wait for a change.
     A report of stuck calls takes the full path, which stores it: reports are rare (a
     member sends one when its list changes), so the common heartbeat's statement stays as
-    it is. So does an advertised endpoint, which a member sends when it joins."""
+    it is. So does an advertised endpoint, which a member sends when it joins, and a report
+    of standbys, which a streams instance sends when its standbys change."""
     if request.member_epoch <= JOIN_EPOCH or request.member_id is None:
         return None
-    if request.stuck is not None or request.endpoint is not None:
+    if request.stuck is not None or request.endpoint is not None or request.standbys is not None:
         return None
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
     # anything else falls through to the full path, which normalizes.
@@ -268,6 +269,11 @@ def member_request(request: HeartbeatRequest, client_host: str | None) -> Member
             None
             if request.owned is None
             else slices_from_wire(s.model_dump() for s in request.owned)
+        ),
+        standbys=(
+            None
+            if request.standbys is None
+            else slices_from_wire(s.model_dump() for s in request.standbys)
         ),
     )
 

@@ -102,6 +102,7 @@ async def describe(connection: AsyncConnection, group_id: str) -> GroupDescripti
                 target=_slices_json(m.target),
                 stuck=_stuck_calls(stuck.get(m.member_id)),
                 endpoint=endpoints.get(m.member_id),
+                standbys=_slices_json(m.standbys),
             )
             for m in members
         ],

@@ -130,7 +130,7 @@ _REAP_AND_READ_MEMBER = text(
         me.member_epoch, me.previous_member_epoch, me.subscribed_topics,
         me.subscribed_topic_regex, me.assignor, me.allow_individual_commit,
         me.session_timeout_ms, me.owned, me.assigned, me.target, me.joined_at,
-        me.last_heartbeat, me.expires_at
+        me.last_heartbeat, me.expires_at, me.standbys
     FROM (SELECT 1) AS one LEFT JOIN me ON true
     """
 )
@@ -242,6 +242,7 @@ _MEMBER_COLUMNS = (
     Member.joined_at,
     Member.last_heartbeat,
     Member.expires_at,
+    Member.standbys,
 )
 
 
@@ -276,6 +277,7 @@ def _member_from_row(row: Any) -> MemberRecord:
         joined_at,
         last_heartbeat,
         expires_at,
+        standbys,
     ) = row
     return MemberRecord(
         group_id,
@@ -296,6 +298,7 @@ def _member_from_row(row: Any) -> MemberRecord:
         joined_at,
         last_heartbeat,
         expires_at,
+        slices_from_wire(standbys),
     )
 
 
@@ -412,6 +415,7 @@ def _member_values(member: MemberRecord) -> dict[str, Any]:
         "owned": slices_to_wire(member.owned),
         "assigned": slices_to_wire(member.assigned),
         "target": slices_to_wire(member.target),
+        "standbys": slices_to_wire(member.standbys),
     }
 
 

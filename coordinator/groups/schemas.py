@@ -37,6 +37,8 @@ MAX_REGEX_CHARS = 1_000
 # A member reports one entry per key its threads cannot stop: a handful, even on a bad day.
 MAX_STUCK_CALLS = 1_000
 MAX_ENDPOINT_CHARS = 1_000
+# A streams instance keeps standbys of about num_standby_replicas times its own share.
+MAX_STANDBY_SLICES = MAX_OWNED_SLICES
 
 # Where a member serves queries, e.g. a streams instance's ``http://10.0.0.5:7070``: an HTTP
 # base URL (scheme and host, an optional path), never anything a browser would run.
@@ -102,6 +104,9 @@ class HeartbeatRequest(StrictModel):
     # Where the member serves queries (docs/api.md, "Member endpoints"): None leaves what it
     # last advertised; a member sends it when it joins.
     endpoint: Endpoint | None = None
+    # The key ranges the member keeps warm standbys of (docs/api.md, "Standby key ranges"):
+    # None leaves what it last reported, [] clears it.
+    standbys: Annotated[list[SliceJson], Field(max_length=MAX_STANDBY_SLICES)] | None = None
 
     @field_validator("subscribed_topic_regex")
     @classmethod
@@ -120,12 +125,12 @@ class HeartbeatRequest(StrictModel):
             and self.subscribed_topic_regex is None
         ):
             raise ValueError("a join needs subscribed_topics or subscribed_topic_regex")
-        if self.owned is not None:
+        for name, entries in (("owned", self.owned), ("standbys", self.standbys)):
             seen: set[tuple[str, int]] = set()
-            for entry in self.owned:
+            for entry in entries or ():
                 key = (entry.topic, entry.partition)
                 if key in seen:
-                    raise ValueError(f"owned lists {entry.topic}-{entry.partition} twice")
+                    raise ValueError(f"{name} lists {entry.topic}-{entry.partition} twice")
                 seen.add(key)
         return self
 
@@ -186,6 +191,7 @@ class MemberDescription(BaseModel):
     target: list[SliceJson]
     stuck: list[StuckCallDescription] = Field(default_factory=list)
     endpoint: str | None = None
+    standbys: list[SliceJson] = Field(default_factory=list)
 
 
 class GroupDescription(BaseModel):

@@ -10,6 +10,16 @@ from dataclasses import dataclass
 from client.protocol.keyspace import HASH_SPACE, KeyRange, normalize, subtract
 from coordinator.core.assignment import GroupAssignment, GroupSpec, MemberSpec
 from coordinator.core.assignors.base import AssignmentBuilder
+from coordinator.core.assignors.tiles import (
+    FreeTiles,
+    common_count,
+    complement,
+    full_tiles,
+    majority_runs,
+    merge_runs,
+    prefix_runs,
+    run_count,
+)
 
 # member id -> partition number -> key ranges it may keep claiming (disjoint across members)
 _Claims = dict[str, dict[int, list[KeyRange]]]
@@ -62,6 +72,14 @@ class StickyJoinAssignor:
     long the churn (exact equal shares would hand every member a new sliver on every change).
     The ranges of a member are the same on every topic of the set. Members that do not allow
     individual commit stand by while the numbers are split (see ``RoundRobinAssignor``).
+
+    *Warm standbys* (``MemberSpec.standbys``, docs/streams.md "Standby key ranges") decide only
+    among choices the rules above leave open, so balance and stickiness are exactly as without
+    them, and a group with no standbys gets the same assignment: among members holding as
+    much, the extra quota goes to those with standbys of what nobody keeps; a free number goes
+    first to a member with room that holds a standby of it (most of its hashes first); a member
+    with no seat sits where it holds most standby hashes; a member short of its tiles takes
+    free tiles its standbys cover before growing its own ranges.
     """
 
     name = "sticky-join"
@@ -81,16 +99,17 @@ class _CoPartitionedSet:
 
     def assign(self, group: GroupSpec, builder: AssignmentBuilder) -> None:
         claims = self._valid_claims()
+        warm = self._standby_claims()
         topics_of = _TopicsOf(self.topics)
         sharers = [member for member in self.members if member.allow_individual_commit]
         splittable = all(group.can_split(topic) for topic in self.topics)
         if splittable and len(sharers) > self.numbers:
-            for member, number, ranges in _split_numbers(sharers, claims, self.numbers):
+            for member, number, ranges in _split_numbers(sharers, claims, warm, self.numbers):
                 for topic in topics_of(member):
                     for keys in ranges:
                         builder.add(member.member_id, topic, number, keys)
             return
-        for member, numbers in _whole_numbers(list(self.members), claims, self.numbers):
+        for member, numbers in _whole_numbers(list(self.members), claims, warm, self.numbers):
             for topic in topics_of(member):
                 for number in numbers:
                     builder.add_whole(member.member_id, topic, number)
@@ -120,6 +139,25 @@ class _CoPartitionedSet:
                 if granted:
                     claims[member_id][number] = granted
         return claims
+
+    def _standby_claims(self) -> _Claims:
+        """The ranges each member keeps standbys of, by partition number over its topics of
+        the set: where it would take over warm. Unlike claims, they may overlap."""
+        topics = set(self.topics)
+        warm: _Claims = {}
+        for member in self.members:
+            by_number: dict[int, list[KeyRange]] = defaultdict(list)
+            for piece in member.standbys:
+                if (
+                    piece.topic in topics
+                    and piece.topic in member.subscribed_topics
+                    and piece.partition < self.numbers
+                ):
+                    by_number[piece.partition].append(piece.keys)
+            warm[member.member_id] = {
+                number: normalize(set(ranges)) for number, ranges in by_number.items()
+            }
+        return warm
 
 
 def _co_partitioned_sets(group: GroupSpec) -> list[_CoPartitionedSet]:
@@ -188,14 +226,30 @@ def _total(ranges: Iterable[KeyRange]) -> int:
 
 
 def _whole_numbers(
-    members: list[MemberSpec], claims: _Claims, numbers: int
+    members: list[MemberSpec], claims: _Claims, warm: _Claims, numbers: int
 ) -> list[tuple[MemberSpec, list[int]]]:
     base, extra = divmod(numbers, len(members))
     held = {
         member.member_id: sum(_total(ranges) for ranges in claims[member.member_id].values())
         for member in members
     }
-    by_holding = sorted(members, key=lambda member: (-held[member.member_id], member.order_key))
+    claimed = {number for by_number in claims.values() for number in by_number}
+    orphans_warm = {
+        member.member_id: sum(
+            _total(ranges)
+            for number, ranges in warm[member.member_id].items()
+            if number not in claimed
+        )
+        for member in members
+    }
+    by_holding = sorted(
+        members,
+        key=lambda member: (
+            -held[member.member_id],
+            -orphans_warm[member.member_id],
+            member.order_key,
+        ),
+    )
     quota = {
         member.member_id: base + (1 if rank < extra else 0)
         for rank, member in enumerate(by_holding)
@@ -214,6 +268,10 @@ def _whole_numbers(
             owner[number] = member_id
             kept[member_id].append(number)
     free = [number for number in range(numbers) if number not in owner]
+    for number, member_id in _warm_heirs(free, members, warm, kept, quota):
+        owner[number] = member_id
+        kept[member_id].append(number)
+    free = [number for number in free if number not in owner]
     cursor = 0
     for member in sorted(
         members, key=lambda member: (len(kept[member.member_id]), member.order_key)
@@ -224,8 +282,37 @@ def _whole_numbers(
     return [(member, sorted(kept[member.member_id])) for member in members]
 
 
+def _warm_heirs(
+    free: list[int],
+    members: list[MemberSpec],
+    warm: _Claims,
+    kept: dict[str, list[int]],
+    quota: dict[str, int],
+) -> list[tuple[int, str]]:
+    """Free numbers, lowest first, each to the member with room holding most of its hashes
+    in standbys (then the one holding fewest numbers); indexed by number, so a group without
+    standbys pays nothing and a big one only for what its standbys cover."""
+    holders: dict[int, list[tuple[int, tuple[int, str, str], str]]] = defaultdict(list)
+    for member in members:
+        for number, ranges in warm[member.member_id].items():
+            holders[number].append((-_total(ranges), member.order_key, member.member_id))
+    heirs = []
+    room = {member_id: quota[member_id] - len(numbers) for member_id, numbers in kept.items()}
+    for number in free:
+        candidates = [
+            (hashes, quota[member_id] - room[member_id], order, member_id)
+            for hashes, order, member_id in holders.get(number, ())
+            if room[member_id] > 0
+        ]
+        if candidates:
+            member_id = min(candidates)[3]
+            room[member_id] -= 1
+            heirs.append((number, member_id))
+    return heirs
+
+
 def _split_numbers(
-    sharers: list[MemberSpec], claims: _Claims, numbers: int
+    sharers: list[MemberSpec], claims: _Claims, warm: _Claims, numbers: int
 ) -> list[tuple[MemberSpec, int, list[KeyRange]]]:
     base, extra = divmod(len(sharers), numbers)
     claimants = [0] * numbers
@@ -251,14 +338,30 @@ def _split_numbers(
         if member.member_id not in seat_of:
             while len(seated[number]) >= capacity[number]:
                 number += 1
-            seat_of[member.member_id] = number
-            seated[number].append(member)
+            seat = _warmest_seat(warm[member.member_id], seated, capacity, number)
+            seat_of[member.member_id] = seat
+            seated[seat].append(member)
     result: list[tuple[MemberSpec, int, list[KeyRange]]] = []
     for number, members in enumerate(seated):
         members.sort(key=lambda member: member.order_key)
-        for member, ranges in _share_number(members, claims, number):
+        for member, ranges in _share_number(members, claims, warm, number):
             result.append((member, number, ranges))
     return result
+
+
+def _warmest_seat(
+    warm: dict[int, list[KeyRange]],
+    seated: list[list[MemberSpec]],
+    capacity: list[int],
+    lowest: int,
+) -> int:
+    """The number with room where the member holds most standby hashes, else ``lowest``."""
+    rooms = [
+        (-_total(ranges), number)
+        for number, ranges in warm.items()
+        if len(seated[number]) < capacity[number]
+    ]
+    return min(rooms)[1] if rooms else lowest
 
 
 # A number shared by k members is cut into a power-of-two grid of about k * TILES_PER_MEMBER
@@ -271,35 +374,43 @@ TILES_PER_MEMBER = 16
 # a group that shrinks does not re-cut (and move) on every leave; finer grids are free to adopt.
 GRID_SLACK = 4
 
-_Run = tuple[int, int]  # inclusive tile indexes
-
 
 def _share_number(
-    members: list[MemberSpec], claims: _Claims, number: int
+    members: list[MemberSpec], claims: _Claims, warm: _Claims, number: int
 ) -> list[tuple[MemberSpec, list[KeyRange]]]:
     """Whole tiles of one number's hash space, balanced within one tile; members keep the
-    tiles they held up to their quota, and fill up next to what they keep where they can."""
+    tiles they held up to their quota, and fill up with free tiles their standbys cover, then
+    next to what they keep, where they can."""
     held = [claims[member.member_id].get(number, []) for member in members]
     tiles = _tile_grid(len(members), held)
     tile_size = HASH_SPACE // tiles
-    runs = _majority_runs(held, tile_size)
+    runs = majority_runs(held, tile_size)
     counts = [sum(last - first + 1 for first, last in member_runs) for member_runs in runs]
+    covered = [full_tiles(warm[member.member_id].get(number, []), tile_size) for member in members]
+    orphans = complement(sorted(run for member_runs in runs for run in member_runs), tiles)
+    warmth = [common_count(member_covered, orphans) for member_covered in covered]
     base, extra = divmod(tiles, len(members))
-    by_holding = sorted(range(len(members)), key=lambda index: (-counts[index], index))
+    by_holding = sorted(
+        range(len(members)), key=lambda index: (-counts[index], -warmth[index], index)
+    )
     quotas = [base] * len(members)
     for index in by_holding[:extra]:
         quotas[index] += 1
     kept = [
-        _prefix_runs(member_runs, quota) for member_runs, quota in zip(runs, quotas, strict=True)
+        prefix_runs(member_runs, quota) for member_runs, quota in zip(runs, quotas, strict=True)
     ]
-    free = _FreeTiles(
-        _complement(sorted(run for member_runs in kept for run in member_runs), tiles)
-    )
-    short = [index for index in range(len(members)) if _count(kept[index]) < quotas[index]]
+    free = FreeTiles(complement(sorted(run for member_runs in kept for run in member_runs), tiles))
+    short = [index for index in range(len(members)) if run_count(kept[index]) < quotas[index]]
+    for index in sorted(short, key=lambda index: -warmth[index]):
+        if covered[index]:
+            wanted = quotas[index] - run_count(kept[index])
+            kept[index] = merge_runs([*kept[index], *free.take_within(covered[index], wanted)])
     for index in short:
-        kept[index] = free.extend_adjacent(kept[index], quotas[index] - _count(kept[index]))
+        kept[index] = free.extend_adjacent(kept[index], quotas[index] - run_count(kept[index]))
     for index in short:
-        kept[index] = _merge([*kept[index], *free.take_lowest(quotas[index] - _count(kept[index]))])
+        kept[index] = merge_runs(
+            [*kept[index], *free.take_lowest(quotas[index] - run_count(kept[index]))]
+        )
     return [
         (
             member,
@@ -326,118 +437,3 @@ def _tile_grid(members: int, held: list[list[KeyRange]]) -> int:
     if seen and needed <= previous <= GRID_SLACK * needed:
         return previous
     return needed
-
-
-def _majority_runs(held: list[list[KeyRange]], tile_size: int) -> list[list[_Run]]:
-    """Per member, the tiles it holds: whole tiles it held, and a tile held in parts (after a
-    re-cut of the grid, or ranges from another assignor) goes to whoever held most of it."""
-    runs: list[list[_Run]] = [[] for _ in held]
-    partial: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for index, ranges in enumerate(held):
-        for keys in ranges:
-            first_full = -(-keys.start // tile_size)
-            last_full = (keys.end + 1) // tile_size - 1
-            if first_full <= last_full:
-                runs[index].append((first_full, last_full))
-            for tile in {keys.start // tile_size, keys.end // tile_size}:
-                if not first_full <= tile <= last_full:
-                    start = max(keys.start, tile * tile_size)
-                    end = min(keys.end, (tile + 1) * tile_size - 1)
-                    partial[tile].append((end - start + 1, index))
-    for tile, pieces in partial.items():
-        amounts: dict[int, int] = defaultdict(int)
-        for amount, index in pieces:
-            amounts[index] += amount
-        winner = min(amounts, key=lambda index: (-amounts[index], index))
-        runs[winner].append((tile, tile))
-    return [_merge(member_runs) for member_runs in runs]
-
-
-def _merge(runs: Iterable[_Run]) -> list[_Run]:
-    merged: list[_Run] = []
-    for first, last in sorted(runs):
-        if merged and first <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
-        else:
-            merged.append((first, last))
-    return merged
-
-
-def _count(runs: list[_Run]) -> int:
-    return sum(last - first + 1 for first, last in runs)
-
-
-def _prefix_runs(runs: list[_Run], quota: int) -> list[_Run]:
-    kept: list[_Run] = []
-    for first, last in runs:
-        if quota <= 0:
-            break
-        length = min(last - first + 1, quota)
-        kept.append((first, first + length - 1))
-        quota -= length
-    return kept
-
-
-def _complement(runs: list[_Run], tiles: int) -> list[_Run]:
-    free: list[_Run] = []
-    cursor = 0
-    for first, last in runs:
-        if first > cursor:
-            free.append((cursor, first - 1))
-        cursor = max(cursor, last + 1)
-    if cursor < tiles:
-        free.append((cursor, tiles - 1))
-    return free
-
-
-class _FreeTiles:
-    """Free tile runs, found by either end so a member can grow its own runs first."""
-
-    def __init__(self, runs: list[_Run]) -> None:
-        self._last_of = dict(runs)
-        self._first_of = {last: first for first, last in runs}
-
-    def extend_adjacent(self, runs: list[_Run], wanted: int) -> list[_Run]:
-        grown = list(runs)
-        for index, (first, last) in enumerate(runs):
-            if wanted <= 0:
-                break
-            free_last = self._last_of.get(last + 1)
-            if free_last is not None:
-                taken = min(wanted, free_last - last)
-                self._remove(last + 1, free_last)
-                if last + 1 + taken <= free_last:
-                    self._add(last + 1 + taken, free_last)
-                last += taken
-                wanted -= taken
-            free_first = self._first_of.get(first - 1)
-            if wanted > 0 and free_first is not None:
-                taken = min(wanted, first - free_first)
-                self._remove(free_first, first - 1)
-                if free_first <= first - 1 - taken:
-                    self._add(free_first, first - 1 - taken)
-                first -= taken
-                wanted -= taken
-            grown[index] = (first, last)
-        return _merge(grown)
-
-    def take_lowest(self, wanted: int) -> list[_Run]:
-        taken: list[_Run] = []
-        while wanted > 0:
-            first = min(self._last_of)
-            last = self._last_of[first]
-            length = min(wanted, last - first + 1)
-            self._remove(first, last)
-            if first + length <= last:
-                self._add(first + length, last)
-            taken.append((first, first + length - 1))
-            wanted -= length
-        return taken
-
-    def _add(self, first: int, last: int) -> None:
-        self._last_of[first] = last
-        self._first_of[last] = first
-
-    def _remove(self, first: int, last: int) -> None:
-        del self._last_of[first]
-        del self._first_of[last]
