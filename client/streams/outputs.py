@@ -94,6 +94,7 @@ class Outputs:
         if self.failure is not None:
             raise self.failure
         partitions: dict[str, list[int]] = {}
+        waiting = self._waiting
         for task in tasks:
             if not task.outgoing:
                 continue
@@ -107,7 +108,11 @@ class Outputs:
                             await self._producer.partitions_for(record.topic)
                         )
                     partition = self._partitioner(record.key, known, known)
-                self._waiting.setdefault((record.topic, partition), []).append((task, record))
+                at = (record.topic, partition)
+                queue = waiting.get(at)
+                if queue is None:
+                    queue = waiting[at] = []
+                queue.append((task, record))
         await self._hand_over(everything=False)
 
     async def flush(self) -> None:
