@@ -104,9 +104,7 @@ class Outputs:
                 if partition is None:
                     known = partitions.get(record.topic)
                     if known is None:
-                        known = partitions[record.topic] = sorted(
-                            await self._producer.partitions_for(record.topic)
-                        )
+                        known = partitions[record.topic] = await self._partitions(task, record)
                     partition = self._partitioner(record.key, known, known)
                 at = (record.topic, partition)
                 queue = waiting.get(at)
@@ -114,6 +112,16 @@ class Outputs:
                     queue = waiting[at] = []
                 queue.append((task, record))
         await self._hand_over(everything=False)
+
+    async def _partitions(self, task: StreamTask, record: Outgoing) -> list[int]:
+        """The partitions of the record's topic, in order; a topic the producer cannot learn
+        (absent, not authorized, no broker within its ``request_timeout_ms``) fails the task
+        as a failed send does."""
+        try:
+            return sorted(await self._producer.partitions_for(record.topic))
+        except Exception as error:
+            self._fail(task, error)
+            raise self.failure or error from error
 
     async def flush(self) -> None:
         """Until everything given to ``send`` is acknowledged; ``SendFailed`` if anything

@@ -186,3 +186,14 @@ async def test_a_record_over_the_request_size_is_refused_before_it_is_handed_ove
     with pytest.raises(SendFailed, match="max_request_size"):
         await out.send(cast(Any, [huge]))
     assert producer.batches == []
+
+
+async def test_a_topic_whose_partitions_cannot_be_learnt_fails_the_task() -> None:
+    class NoTopic(Producer):
+        async def partitions_for(self, topic: str) -> set[int]:
+            raise RuntimeError("unknown topic")
+
+    out, woken = outputs(NoTopic())
+    with pytest.raises(SendFailed, match="unknown topic"):
+        await out.send(cast(Any, [Task("a", [sink(b"k", topic="missing")])]))
+    assert woken == ["failure"]
