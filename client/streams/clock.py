@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 NO_TIME = -1
 
 
-@dataclass(frozen=True, slots=True)
-class Buffered:
+class Buffered(NamedTuple):
+    """A named tuple, made once per record: a frozen dataclass's ``__init__`` (an
+    ``object.__setattr__`` per field) is several times slower to make."""
+
     timestamp: int
     record: Any
 
@@ -41,6 +43,8 @@ class TaskInputs:
         if max_idle_ms < 0:
             raise ValueError("max_idle_ms must not be negative")
         self._order = list(inputs)
+        # Most tasks read one input: its head is the next record, with no choice to make.
+        self._one = len(self._order) == 1
         self._queues: dict[Hashable, deque[Buffered]] = {name: deque() for name in inputs}
         self._partition_time: dict[Hashable, int] = dict.fromkeys(inputs, NO_TIME)
         self._empty_since: dict[Hashable, int] = {}
@@ -66,6 +70,17 @@ class TaskInputs:
     def choose(self, now_ms: int) -> tuple[Hashable, Buffered] | Wait | None:
         """The next record to process and its input (taken off the buffer), a ``Wait``, or
         None when nothing is buffered."""
+        if self._one:
+            name = self._order[0]
+            queue = self._queues[name]
+            if not queue:
+                return None
+            head = queue.popleft()
+            if head.timestamp > self._partition_time[name]:
+                self._partition_time[name] = head.timestamp
+                if head.timestamp > self._stream_time:
+                    self._stream_time = head.timestamp
+            return name, head
         heads = [(name, queue[0]) for name, queue in self._queues.items() if queue]
         if not heads:
             return None

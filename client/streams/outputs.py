@@ -2,13 +2,29 @@
 and followed until acknowledged, so the commit protocol marks an input only after everything
 it produced is in Kafka.
 
-A failed delivery (a sink record or a changelog write) is fatal to the instance, as under
-Kafka Streams' at-least-once: it is logged at ERROR naming the task, nothing processed since
-the last commit is marked from then on (the runtime stops; whoever takes the keys processes
-those records again), and the failure is kept, so no later flush can pass over it: before,
-a flush that met one failure forgot the other sends, and the next commit marked inputs whose
-outputs never reached Kafka. A failed send of a task already halted by a lost membership is
-only a warning: its inputs are never committed by this instance anyway.
+Records go to the producer as whole record batches, one per topic-partition (aiokafka's
+``create_batch``/``send_batch``), not one ``send`` each: a ``send`` costs a future, a metadata
+look-up and, on its acknowledgement, a ``RecordMetadata`` per record, which was a third of the
+word count's CPU (bench/README.md, "rate_cpu_1 after batching the outputs"). The wire is the
+same: aiokafka's own ``send`` builds these batches too. What a round produced for a partition
+waits here while the batch handed over before it is unacknowledged (as ``send`` appends to the
+batch the producer is collecting meanwhile), and goes out with the next round, or when that
+batch is acknowledged (``wake``), or at a flush. Each partition's records keep their order:
+batches of a partition are handed over in order, and the producer has one request at a time
+per broker in flight, so they are written in order.
+
+The gate is asked for every task whose records a batch holds right before the batch is
+handed over, with no ``await`` between the question and the hand-over; a task it refuses has
+its records left out of the batch ("outputs withheld").
+
+A failed delivery (a batch holding a sink record or a changelog write) is fatal to the
+instance, as under Kafka Streams' at-least-once: it is logged at ERROR naming each task with
+records in the batch, nothing processed since the last commit is marked from then on (the
+runtime stops; whoever takes the keys processes those records again), and the failure is
+kept, so no later flush can pass over it: before, a flush that met one failure forgot the
+other sends, and the next commit marked inputs whose outputs never reached Kafka. A failed
+send of a task already halted by a lost membership is only a warning: its inputs are never
+committed by this instance anyway.
 """
 
 from __future__ import annotations
@@ -19,13 +35,25 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from aiokafka.errors import MessageSizeTooLargeError
+
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
-from client.streams.ports import Producer
+from client.streams.partitioner import RememberingPartitioner
+from client.streams.ports import Batch, Producer
 from client.streams.state import StateManager
-from client.streams.task import StreamTask, TaskState
+from client.streams.task import Outgoing, StreamTask, TaskState
 
 logger = logging.getLogger(__name__)
+
+# aiokafka's default ``max_request_size``, which the streams producer keeps (StreamsApp): a
+# record larger than this is refused before it is handed over, as ``send`` refuses it.
+MAX_REQUEST_SIZE = 1_048_576
+# The headers of a record that has none: the batch builder wants a list and never changes it.
+_NO_HEADERS: list[tuple[str, bytes]] = []
+
+Partition = tuple[str, int]
+Waiting = list[tuple[StreamTask, Outgoing]]
 
 
 class Outputs:
@@ -38,71 +66,164 @@ class Outputs:
         state: StateManager,
         gate: TaskGate,
         on_failure: Callable[[], None],
+        wake: Callable[[], None] = lambda: None,
+        max_request_size: int = MAX_REQUEST_SIZE,
     ) -> None:
         self._producer = producer
         self._state = state
         self._gate = gate
         self._on_failure = on_failure
+        self._wake = wake
+        self._max_request_size = max_request_size
+        self._partitioner = RememberingPartitioner()
+        # Records given to ``send`` and not yet handed over, per topic-partition, in order.
+        self._waiting: dict[Partition, Waiting] = {}
+        # The delivery of the last batch handed over per topic-partition.
+        self._last: dict[Partition, asyncio.Future[Any]] = {}
         # Handed over and not yet looked at, oldest first: deliveries complete about in
-        # order, so each ``send`` looks at the done ones at the head (no callback per record).
-        self._sends: deque[tuple[StreamTask, asyncio.Future[Any]]] = deque()
+        # order, so each ``send`` looks at the done ones at the head.
+        self._sends: deque[tuple[tuple[StreamTask, ...], asyncio.Future[Any]]] = deque()
         self._reported: set[StreamTask] = set()
         self.failure: SendFailed | None = None
 
     async def send(self, tasks: Iterable[StreamTask]) -> None:
-        """Hand the tasks' outputs over; ``SendFailed`` once a delivery failed, so a failure
-        stops the instance within a round of being known, not at the next commit."""
+        """Hand the tasks' outputs over (those of a partition whose last batch is still
+        unacknowledged wait for it); ``SendFailed`` once a delivery failed, so a failure stops
+        the instance within a round of being known, not at the next commit."""
         self._look_at_done()
         if self.failure is not None:
             raise self.failure
+        partitions: dict[str, list[int]] = {}
+        waiting = self._waiting
         for task in tasks:
             if not task.outgoing:
                 continue
             outgoing, task.outgoing = task.outgoing, []
-            for index, record in enumerate(outgoing):
-                # Asked per record: handing one over may wait for the producer's buffer,
-                # and the session deadline may pass meanwhile.
-                if not self._gate.may_send(task):
-                    self._withheld(task, len(outgoing) - index)
-                    break
-                try:
-                    delivery = await self._producer.send(
-                        record.topic,
-                        value=record.value,
-                        key=record.key,
-                        partition=record.partition,
-                        headers=list(record.headers) or None,
-                    )
-                except Exception as error:
-                    # Refused before it was queued (too large, the producer closed): the
-                    # same failure as a delivery that failed later.
-                    self._fail(task, error)
-                    raise self.failure or error from error
-                if record.changelog_of is not None:
-                    delivery.add_done_callback(self._note_written)
-                self._sends.append((task, delivery))
+            for record in outgoing:
+                partition = record.partition
+                if partition is None:
+                    known = partitions.get(record.topic)
+                    if known is None:
+                        known = partitions[record.topic] = await self._partitions(task, record)
+                    partition = self._partitioner(record.key, known, known)
+                at = (record.topic, partition)
+                queue = waiting.get(at)
+                if queue is None:
+                    queue = waiting[at] = []
+                queue.append((task, record))
+        await self._hand_over(everything=False)
+
+    async def _partitions(self, task: StreamTask, record: Outgoing) -> list[int]:
+        """The partitions of the record's topic, in order; a topic the producer cannot learn
+        (absent, not authorized, no broker within its ``request_timeout_ms``) fails the task
+        as a failed send does."""
+        try:
+            return sorted(await self._producer.partitions_for(record.topic))
+        except Exception as error:
+            self._fail(task, error)
+            raise self.failure or error from error
 
     async def flush(self) -> None:
-        """Until everything handed over is acknowledged; ``SendFailed`` if anything handed
-        over since the instance started failed (this flush's sends or earlier ones)."""
+        """Until everything given to ``send`` is acknowledged; ``SendFailed`` if anything
+        handed over since the instance started failed (this flush's sends or earlier ones)."""
         if self.failure is None:
+            await self._hand_over(everything=True)
             await self._producer.flush()
             self._look_at_done()
         if self.failure is not None:
             raise self.failure
 
+    async def _hand_over(self, *, everything: bool) -> None:
+        refused: dict[StreamTask, int] = {}
+        try:
+            for at in list(self._waiting):
+                last = self._last.get(at)
+                if not everything and last is not None and not last.done():
+                    continue
+                await self._send_batches(at, self._waiting.pop(at), refused)
+        finally:
+            for task, count in refused.items():
+                self._withheld(task, count)
+
+    async def _send_batches(
+        self, at: Partition, waiting: Waiting, refused: dict[StreamTask, int]
+    ) -> None:
+        """``waiting``'s records in as few batches as the producer's batch size allows, each
+        batch's tasks asked at the gate after the previous batch was handed over."""
+        index = 0
+        while index < len(waiting):
+            batch = self._producer.create_batch()
+            members: dict[StreamTask, None] = {}
+            changelog = False
+            for task, record in waiting[index:]:
+                if task in refused:
+                    refused[task] += 1
+                elif task not in members and not self._gate.may_send(task):
+                    refused[task] = 1
+                elif (
+                    batch.append(
+                        timestamp=None,
+                        key=record.key,
+                        value=record.value,
+                        headers=list(record.headers) if record.headers else _NO_HEADERS,
+                    )
+                    is None
+                ):
+                    break
+                else:
+                    members[task] = None
+                    changelog = changelog or record.changelog_of is not None
+                index += 1
+            if batch.record_count():
+                await self._send_batch(at, batch, tuple(members), changelog)
+
+    async def _send_batch(
+        self, at: Partition, batch: Batch, tasks: tuple[StreamTask, ...], changelog: bool
+    ) -> None:
+        count = batch.record_count()
+        try:
+            if count == 1 and batch.size() > self._max_request_size:
+                raise MessageSizeTooLargeError(
+                    f"a record of {batch.size()} bytes is larger than the producer's "
+                    f"max_request_size ({self._max_request_size})"
+                )
+            batch.close()
+            delivery = await self._producer.send_batch(batch, at[0], partition=at[1])
+        except Exception as error:
+            # Refused before it was queued (too large, the producer closed): the same
+            # failure as a delivery that failed later.
+            for task in tasks:
+                self._fail(task, error)
+            raise self.failure or error from error
+        if changelog:
+            delivery.add_done_callback(lambda done: self._note_written(done, count))
+        delivery.add_done_callback(self._delivered)
+        self._last[at] = delivery
+        self._sends.append((tasks, delivery))
+
     def _look_at_done(self) -> None:
         sends = self._sends
         while sends and sends[0][1].done():
-            task, delivery = sends.popleft()
+            tasks, delivery = sends.popleft()
             error = asyncio.CancelledError() if delivery.cancelled() else delivery.exception()
             if error is not None:
-                self._fail(task, error)
+                for task in tasks:
+                    self._fail(task, error)
 
-    def _note_written(self, delivery: asyncio.Future[Any]) -> None:
-        if not delivery.cancelled() and delivery.exception() is None:
-            metadata = delivery.result()
-            self._state.note_written(metadata.topic, metadata.partition, metadata.offset)
+    def _delivered(self, delivery: asyncio.Future[Any]) -> None:
+        """Records that waited for this batch's acknowledgement may go now: wake the runtime
+        rather than leave them to its next tick."""
+        if self._waiting:
+            self._wake()
+
+    def _note_written(self, delivery: asyncio.Future[Any], count: int) -> None:
+        if delivery.cancelled() or delivery.exception() is not None:
+            return
+        metadata = delivery.result()
+        if metadata is not None:
+            # The batch's metadata carries its first record's offset.
+            last = metadata.offset + count - 1
+            self._state.note_written(metadata.topic, metadata.partition, last)
 
     def _fail(self, task: StreamTask, error: BaseException) -> None:
         if task in self._reported:

@@ -1,6 +1,7 @@
-"""The producer's partitioner for sink records: Kafka's default (murmur2 of the key, as
-aiokafka's ``DefaultPartitioner`` and the Java client compute it, so records land where any
-Kafka client would put them), with each key's hash remembered.
+"""The partitioner of sink records (``client.streams.outputs`` asks it, since it hands the
+producer whole batches of one partition): Kafka's default (murmur2 of the key, as aiokafka's
+``DefaultPartitioner`` and the Java client compute it, so records land where any Kafka client
+would put them), with each key's hash remembered.
 
 aiokafka computes murmur2 in Python, about 7% of the word count's CPU in ``rate_cpu_1``
 (bench/README.md): a stream's keys repeat (words, users, customers), so the hash of a key

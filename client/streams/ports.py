@@ -29,20 +29,39 @@ class StreamSource(RecordSource, Protocol):
     def resume(self, partitions: list[TopicPartition]) -> None: ...
 
 
-class Producer(Protocol):
-    """What ``client.streams.outputs`` hands records to: ``send`` queues one and returns
-    its delivery (a future of its metadata: topic, partition, offset); ``flush`` waits for
-    every queued one."""
+class Batch(Protocol):
+    """A record batch being filled for one topic-partition (aiokafka's ``BatchBuilder``)."""
 
-    async def send(
+    def append(
         self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        *,
+        timestamp: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+    ) -> object | None:
+        """Add a record; None when the batch is full (its first record always fits)."""
+
+    def record_count(self) -> int: ...
+
+    def size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Producer(Protocol):
+    """What ``client.streams.outputs`` hands records to, a batch at a time: ``send_batch``
+    queues a batch and returns its delivery (a future of its first record's metadata: topic,
+    partition, offset), waiting while the partition's previous batch is queued; ``flush``
+    waits for every queued one; ``partitions_for`` says a topic's partitions."""
+
+    def create_batch(self) -> Batch: ...
+
+    async def send_batch(
+        self, batch: Batch, topic: str, *, partition: int
     ) -> asyncio.Future[Any]: ...
+
+    async def partitions_for(self, topic: str) -> set[int]: ...
 
     async def flush(self) -> None: ...
 

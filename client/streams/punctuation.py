@@ -50,6 +50,9 @@ class Punctuations:
     def due(self, kind: PunctuationType, now_ms: int) -> list[tuple[Schedule, int]]:
         """The schedules of ``kind`` that fire at ``now_ms``, in firing order, each moved to
         its next due time. A schedule seen for the first time is aligned after ``now_ms``."""
+        if not self._schedules:
+            # Asked after every record: most tasks schedule nothing.
+            return []
         self._schedules = [entry for entry in self._schedules if not entry.cancelled]
         firing = []
         for entry in self._schedules:

@@ -102,7 +102,8 @@ class StreamsRuntime(LifecycleHooks):
         self._closings: dict[TaskId, asyncio.Task[None]] = {}
         self._round_lock = asyncio.Lock()
         self._held_back: list[tuple[TopicPartition, Any, int]] = []
-        self._outputs = Outputs(producer, state, self._gate, on_failure=self._work.set)
+        wake = self._work.set
+        self._outputs = Outputs(producer, state, gate, on_failure=wake, wake=wake)
         self._stop = asyncio.get_running_loop().create_future()
         self._finishing = False
         # Once ``run`` ended by itself (a failed processor or send), ``revoking``, ``lost`` and

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from client.protocol.keyspace import KeyRange, in_ranges, key_hash
+from client.protocol.keyspace import KeyRange, in_ranges, key_hash, normalize
 from client.streams.cache import MISSING, CacheBudget, Entries, StoreCache
 from client.streams.errors import StoreKeyOutsideTask, StreamsError
 from client.streams.topology import StoreSpec
@@ -169,6 +169,8 @@ class TaskStore:
         self._spec = spec
         self._backend = backend
         self._ranges = list(ranges)
+        # A task over the whole key space holds every key: its writes need no hash.
+        self._everything = normalize(self._ranges) == [KeyRange.full()]
         self._changelog = changelog
         self.cache = None if cache is None else StoreCache(cache, self._write_out)
         # Forwards each entry as it leaves the cache (``TaskContext.forward_on_flush``).
@@ -258,7 +260,7 @@ class TaskStore:
         raw = self._spec.key_serde.serialize(key)
         if raw is None:
             raise StreamsError(f"store '{self.name}': a store key cannot be None")
-        if check and not in_ranges(self._ranges, key_hash(raw, 0)):
+        if check and not self._everything and not in_ranges(self._ranges, key_hash(raw, 0)):
             raise StoreKeyOutsideTask(
                 f"store '{self.name}': key {key!r} hashes outside this task's key range; "
                 "re-key the stream through a topic (a sink and a source) before storing by it"

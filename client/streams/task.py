@@ -37,7 +37,7 @@ from client.streams.processor import (
 )
 from client.streams.punctuation import Punctuations
 from client.streams.stores import BytesStore, ChangelogWrite, TaskStore
-from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
+from client.streams.topology import BuiltTopology, SinkNode, StoreSpec, SubTopology
 from client.streams.window_store import TaskWindowStore, WindowBackend
 from client.tracing import RecordSpan, RecordTracer
 
@@ -143,6 +143,12 @@ class StreamTask:
             for name in subtopology.stores
         }
         self._processors: dict[str, Processor] = {}
+        # Each node's children with the sink each is (None for a processor), looked up once
+        # here rather than per forward.
+        self._routes: dict[str, tuple[tuple[str, SinkNode | None], ...]] = {
+            parent: tuple((child, topology.sinks.get(child)) for child in children)
+            for parent, children in topology.children.items()
+        }
         self._current: Record | None = None
         self._node: str | None = None
         self._headers: Headers = ()
@@ -306,13 +312,12 @@ class StreamTask:
         self._node = name
 
     def _forward_from(self, parent: str, key: Any, value: Any, to: str | None) -> None:
-        children = self._topology.children[parent]
+        routes = self._routes[parent]
         if to is not None:
-            if to not in children:
+            routes = tuple(route for route in routes if route[0] == to)
+            if not routes:
                 raise StreamsError(f"node '{parent}' has no child named '{to}'")
-            children = (to,)
-        for child in children:
-            sink = self._topology.sinks.get(child)
+        for child, sink in routes:
             if sink is not None:
                 self.outgoing.append(
                     Outgoing(
@@ -320,7 +325,8 @@ class StreamTask:
                         None,
                         sink.key_serde.serialize(key),
                         sink.value_serde.serialize(value),
-                        headers=self._headers,
+                        None,
+                        self._headers,
                     )
                 )
                 continue

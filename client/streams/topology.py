@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from client.streams.errors import TopologyError
@@ -117,16 +118,33 @@ class BuiltTopology:
         return sorted({topic for source in self.sources.values() for topic in source.topics})
 
     def source_of_topic(self, topic: str) -> SourceNode:
-        for source in self.sources.values():
-            if topic in source.topics:
-                return source
-        raise TopologyError(f"no source reads topic '{topic}'")
+        source = self._source_by_topic.get(topic)
+        if source is None:
+            raise TopologyError(f"no source reads topic '{topic}'")
+        return source
 
     def subtopology_of_topic(self, topic: str) -> SubTopology:
+        sub = self._subtopology_by_topic.get(topic)
+        if sub is None:
+            raise TopologyError(f"no sub-topology reads topic '{topic}'")
+        return sub
+
+    # Both asked for every record (its task, its source): dicts made once, not scans.
+    @cached_property
+    def _source_by_topic(self) -> dict[str, SourceNode]:
+        found: dict[str, SourceNode] = {}
+        for source in self.sources.values():
+            for topic in source.topics:
+                found.setdefault(topic, source)
+        return found
+
+    @cached_property
+    def _subtopology_by_topic(self) -> dict[str, SubTopology]:
+        found: dict[str, SubTopology] = {}
         for sub in self.subtopologies:
-            if topic in sub.source_topics:
-                return sub
-        raise TopologyError(f"no sub-topology reads topic '{topic}'")
+            for topic in sub.source_topics:
+                found.setdefault(topic, sub)
+        return found
 
 
 @dataclass

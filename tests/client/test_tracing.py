@@ -30,7 +30,7 @@ from tests.client.test_worker import config, group, running
 from tests.fixtures.coordinator import MakeDatabase
 from tests.fixtures.services import MakeTopic
 from tests.streams.harness import increments
-from tests.streams.test_runtime_offline import WORDS, Producer, word_count_runtime
+from tests.streams.test_runtime_offline import WORDS, Batch, Producer, word_count_runtime
 from tests.streams.test_task import Rec
 from tests.test_metrics import join_and_commit, serving
 from tests.waiting import until
@@ -254,9 +254,9 @@ class HeaderProducer(Producer):
         super().__init__()
         self.headers: list[tuple[str, list[tuple[str, bytes]]]] = []
 
-    async def send(self, topic: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        self.headers.append((topic, list(kwargs.get("headers") or [])))
-        return await super().send(topic, *args, **kwargs)
+    async def send_batch(self, batch: Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        self.headers.extend((topic, headers) for _, _, headers in batch.records)
+        return await super().send_batch(batch, topic, partition=partition)
 
     def to(self, topic: str) -> list[list[tuple[str, bytes]]]:
         return [headers for sent_to, headers in self.headers if sent_to == topic]

@@ -27,31 +27,62 @@ from tests.waiting import until
 WORDS = TopicPartition("words", 0)
 
 
-class Producer:
-    """Acknowledges every record at once, at the next offset of its topic-partition."""
+class Batch:
+    """A batch of at most ``limit`` records (the real one's limit is in bytes), so a round's
+    outputs for a partition take several."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+        self.closed = False
+
+    def append(
+        self,
+        *,
+        timestamp: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+    ) -> object | None:
+        if self.closed or len(self.records) >= self.limit:
+            return None
+        self.records.append((key, value, list(headers)))
+        return len(self.records) - 1
+
+    def record_count(self) -> int:
+        return len(self.records)
+
+    def size(self) -> int:
+        return sum(len(key or b"") + len(value or b"") for key, value, _ in self.records)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Producer:
+    """Acknowledges every batch at once, at the next offsets of its topic-partition."""
+
+    def __init__(self, batch_records: int = 3) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.batches: list[tuple[str, int, int]] = []
+        self._batch_records = batch_records
         self._offsets: dict[tuple[str, int], int] = {}
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any]:
-        self.sent.append((topic, key, value))
-        at = (topic, partition or 0)
+    def create_batch(self) -> Batch:
+        return Batch(self._batch_records)
+
+    async def send_batch(self, batch: Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        assert batch.records, "an empty batch was sent"
+        self.sent.extend((topic, key, value) for key, value, _ in batch.records)
+        self.batches.append((topic, partition, batch.record_count()))
+        at = (topic, partition)
         offset = self._offsets.get(at, 0)
-        self._offsets[at] = offset + 1
+        self._offsets[at] = offset + batch.record_count()
         delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         delivery.set_result(
             RecordMetadata(
                 topic=topic,
-                partition=at[1],
+                partition=partition,
                 topic_partition=TopicPartition(*at),
                 offset=offset,
                 timestamp=-1,
@@ -60,6 +91,9 @@ class Producer:
             )
         )
         return delivery
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
 
     async def flush(self) -> None:
         return None
@@ -223,19 +257,11 @@ class GatedProducer(Producer):
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any]:
-        if key == self.held:
+    async def send_batch(self, batch: Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        if any(key == self.held for key, _, _ in batch.records):
             self.holding.set()
             await self.release.wait()
-        return await super().send(topic, value, key, partition, timestamp_ms, headers)
+        return await super().send_batch(batch, topic, partition=partition)
 
 
 async def test_records_a_partial_revocation_keeps_reach_the_heir_in_offset_order() -> None:

@@ -74,23 +74,10 @@ class CutProducer(AIOKafkaProducer):
         self.cut = False
         self._stranded: list[asyncio.Future[Any]] = []
 
-    async def send(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: Any = None,
-    ) -> asyncio.Future[Any]:
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future[Any]:
         if not self.cut:
-            delivery: asyncio.Future[Any] = await super().send(
-                topic,
-                value=value,
-                key=key,
-                partition=partition,
-                timestamp_ms=timestamp_ms,
-                headers=headers,
+            delivery: asyncio.Future[Any] = await super().send_batch(
+                batch, topic, partition=partition
             )
             return delivery
         stranded: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
