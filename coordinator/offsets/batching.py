@@ -290,15 +290,19 @@ class CommitBatcher:
     ) -> tuple[list[Outcome], dict[repository.GroupPartitionKey, CommittedOffsets]]:
         """Each request's outcome, and the new states the admitted ones leave (for the caller
         to write and commit)."""
-        standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
-        committing_members = {
-            (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
-        }
-        requested = {
-            (pending.group_id, entry.topic, entry.partition)
-            for pending in batch
-            for entry in pending.request.partitions
-        }
+        standalone_groups: set[str] = set()
+        committing_members: set[tuple[str, str]] = set()
+        requested: set[repository.GroupPartitionKey] = set()
+        for pending in batch:
+            group_id = pending.group_id
+            member_id = pending.request.member_id
+            if member_id is None:
+                standalone_groups.add(group_id)
+            else:
+                committing_members.add((group_id, member_id))
+            requested.update(
+                [(group_id, entry.topic, entry.partition) for entry in pending.request.partitions]
+            )
         read = await repository.lock_batch(
             connection, standalone_groups, committing_members, requested
         )
@@ -325,11 +329,15 @@ class CommitBatcher:
             r if isinstance(r, KeyrangeError | _Undecided) else _UNDECIDED for r in refusals
         ]
         admitted = [(index, p) for index, p in enumerate(batch) if refusals[index] is None]
-        keys = {
-            (pending.group_id, entry.topic, entry.partition)
-            for _, pending in admitted
-            for entry in pending.request.partitions
-        }
+        keys = (
+            requested
+            if len(admitted) == len(batch)
+            else {
+                (pending.group_id, entry.topic, entry.partition)
+                for _, pending in admitted
+                for entry in pending.request.partitions
+            }
+        )
         locked = await repository.states_of(read.rows, keys)
         if len(locked) < len(keys):
             admitted = await _add_partitions(

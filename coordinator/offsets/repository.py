@@ -25,6 +25,7 @@ import asyncio
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol
 
 import asyncpg
@@ -91,12 +92,18 @@ def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     """An ``int8multirange`` in Postgres' text form, which is canonical: ``{}`` or
     ``{[a,b),[c,d)}``; an unbounded range, which no commit stores, is skipped as
     ``_ranges_from_db`` skips it."""
+    if len(text) <= 2:
+        return ()
+    if "(" not in text and ",)" not in text:  # every range bounded: the bounds, in one split
+        bounds = [int(bound) for bound in text[2:-2].replace("),[", ",").split(",")]
+        return tuple(
+            [(lower, upper - 1) for lower, upper in zip(bounds[::2], bounds[1::2], strict=True)]
+        )
     ranges = []
-    if len(text) > 2:
-        for part in text[2:-2].split("),["):
-            lower, _, upper = part.partition(",")
-            if lower and upper:
-                ranges.append((int(lower), int(upper) - 1))
+    for part in text[2:-2].split("),["):
+        lower, _, upper = part.partition(",")
+        if lower and upper:
+            ranges.append((int(lower), int(upper) - 1))
     return tuple(ranges)
 
 
@@ -131,17 +138,22 @@ def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[str], ...]:
     parameter order (the stable offsets' and the metadata's literals are built by the caller)."""
     ranges, starts, ends, offsets = [], [], [], []
     for state in states:
-        ranges.append('"{' + ",".join([f"[{start},{end}]" for start, end in state.ranges]) + '}"')
+        # ``%`` and ``map`` format in C: a batch formats a few columns per partition.
+        ranges.append('"{' + ",".join(map(_RANGE.__mod__, state.ranges)) + '}"')
         pieces = state.pieces
         if pieces:
-            starts.append('"{' + ",".join([str(piece[0]) for piece in pieces]) + '}"')
-            ends.append('"{' + ",".join([str(piece[1]) for piece in pieces]) + '}"')
-            offsets.append('"{' + ",".join([str(piece[2]) for piece in pieces]) + '}"')
+            starts.append('"{' + ",".join(map(str, map(_first, pieces))) + '}"')
+            ends.append('"{' + ",".join(map(str, map(_second, pieces))) + '}"')
+            offsets.append('"{' + ",".join(map(str, map(_third, pieces))) + '}"')
         else:  # a slice's watermarks are dropped once the stable offset passes them
             starts.append('"{}"')
             ends.append('"{}"')
             offsets.append('"{}"')
     return ranges, starts, ends, offsets
+
+
+_RANGE = "[%d,%d]"
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 # The commit statements run on the driver connection: at the rates commits come, SQLAlchemy's
@@ -379,15 +391,17 @@ async def states_of(
     time (``coordinator.offsets.pacing``)."""
     wanted = [key for key in keys if key in rows]
     states: dict[GroupPartitionKey, CommittedOffsets] = {}
+    of_pieces = CommittedOffsets.of_pieces
     for start in range(0, len(wanted), PARTITIONS_PER_TURN):
         if start:
             await asyncio.sleep(0)
         for key in wanted[start : start + PARTITIONS_PER_TURN]:
             row = rows[key]
-            states[key] = CommittedOffsets.of_pieces(
+            starts = row[7]
+            states[key] = of_pieces(
                 row[4],
-                _ranges_from_text(row[6]),
-                tuple(zip(row[7], row[8], row[9], strict=True)),
+                _ranges_from_text(row[6]) if len(row[6]) > 2 else (),
+                tuple(zip(starts, row[8], row[9], strict=True)) if starts else (),
                 row[10],
             )
     return states
