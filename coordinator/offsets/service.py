@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
 from coordinator.core.offsets import (
+    MAX_REACHED,
+    OK,
     CommitOutcome,
     PartitionCommitResult,
     apply_classic_commit,
@@ -218,13 +220,13 @@ async def apply_request(
         else:
             states[key] = state
             changed.append(key)
-        if outcome is CommitOutcome.OK:
+        if outcome is OK:
             ok += 1
             replies.append((entry.topic, entry.partition, None, state.stable_offset))
         else:
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             replies.append((entry.topic, entry.partition, outcome.value, state.stable_offset))
-            if outcome is CommitOutcome.MAX_REACHED:
+            if outcome is MAX_REACHED:
                 rebalance_needed = True
                 log.warning(
                     "partition holds too many individual-commit ranges",
@@ -237,7 +239,7 @@ async def apply_request(
         advanced += result.stable_offset_advanced
     tally.advanced += advanced
     if ok:
-        outcomes[CommitOutcome.OK] = outcomes.get(CommitOutcome.OK, 0) + ok
+        outcomes[OK] = outcomes.get(OK, 0) + ok
     return AppliedRequest(CommitResult(tuple(replies), rebalance_needed), changed)
 
 
