@@ -472,7 +472,12 @@ def _refusal(
     """Why ``pending`` may not be applied in this batch; None when it is admitted, and
     ``_NEW_GROUP`` when it would be once its group exists."""
     request = pending.request
-    individual = any(entry.ranges or entry.watermarks for entry in request.partitions)
+    # A loop, not ``any`` over a generator: this runs for every request of every batch.
+    individual = False
+    for entry in request.partitions:
+        if entry.ranges or entry.watermarks:
+            individual = True
+            break
     if request.member_id is None and pending.group_id not in committers.live_members:
         return switch_refusal(individual, switch) or _NEW_GROUP
     return commit_refusal(
