@@ -102,6 +102,7 @@ class CommitBatcher:
         self._workers: list[asyncio.Task[None]] = []
         self._worker_count = settings.commit_batch_workers
         self._idle_workers = 0
+        self._written = repository.WrittenStates()
 
     @property
     def idle_workers(self) -> int:
@@ -236,7 +237,7 @@ class CommitBatcher:
         started_ns = time.time_ns()
         async with _begun(connection):
             outcomes, changed = await self._decide_and_apply(connection, batch, tally)
-            await repository.write_and_commit(connection, changed)
+            await repository.write_and_commit(connection, changed, self._written)
         # Counted once the transaction committed: a failed batch's requests are re-run.
         tally.add_to_metrics()
         traced = [pending.trace for pending in batch if pending.trace is not None]
@@ -338,7 +339,7 @@ class CommitBatcher:
                 for entry in pending.request.partitions
             }
         )
-        locked = await repository.states_of(read.rows, keys)
+        locked = await repository.states_of(read.rows, keys, self._written)
         if len(locked) < len(keys):
             admitted = await _add_partitions(
                 connection, admitted, locked, outcomes, self._settings.max_partitions_per_group
