@@ -359,10 +359,10 @@ def storage_worker(
                 window.fail(f"{type(exc).__name__}: {exc}")
                 continue
             window.record(time.perf_counter() - started)
-            errors = sum(1 for p in result.reply.partitions if p.error is not None)
+            errors = sum(1 for p in result.partitions if p[2] is not None)
             if errors and window.measuring:
                 window.partition_errors += errors
-                window.failures[f"partition errors: {result.reply.partitions}"] += 1
+                window.failures[f"partition errors: {result.partitions}"] += 1
 
     return run
 

@@ -161,9 +161,32 @@ class CommittedOffsets:
         return tuple(map(itemgetter(2), self.pieces))
 
     def _check_invariants(self) -> None:
+        # One chained comparison per range and per piece while all is well (the coordinator
+        # checks a few states per partition it commits); the checks that name the broken
+        # invariant run only when one is.
         stable = self.stable_offset
         if not 0 <= stable <= OFFSET_MAX:
             raise ValueError(f"stable_offset must be within [0, 2**63-1], got {stable}")
+        floor = stable  # the next range must start above this
+        for start, end in self.ranges:
+            if not floor < start <= end <= OFFSET_MAX:
+                self._explain_ranges()
+            floor = end + 1
+        previous_end = HASH_MIN - 1  # the first piece starts at HASH_MIN or above
+        previous_offset = -1
+        for start, end, offset in self.pieces:
+            if not (
+                previous_end < start <= end <= HASH_MAX
+                and stable < offset <= OFFSET_MAX
+                and (offset != previous_offset or start != previous_end + 1)
+            ):
+                self._explain_pieces()
+            previous_end = end
+            previous_offset = offset
+
+    def _explain_ranges(self) -> None:
+        """Raise for the first range that breaks an invariant."""
+        stable = self.stable_offset
         previous_end: int | None = None
         for start, end in self.ranges:
             if not start <= end <= OFFSET_MAX:
@@ -179,6 +202,10 @@ class CommittedOffsets:
                     "ranges must be sorted, disjoint and non-adjacent"
                 )
             previous_end = end
+
+    def _explain_pieces(self) -> None:
+        """Raise for the first piece that breaks an invariant."""
+        stable = self.stable_offset
         previous_piece: Piece | None = None
         for piece in self.pieces:
             start, end, offset = piece

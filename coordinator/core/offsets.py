@@ -43,7 +43,12 @@ class CommitOutcome(enum.Enum):
         return None if self is CommitOutcome.OK else self.value
 
 
-@dataclass
+# The members as module constants: reading one through its class costs ten times as much, and
+# a commit reads a few per partition.
+OK, TOO_OLD, MAX_REACHED = CommitOutcome.OK, CommitOutcome.TOO_OLD, CommitOutcome.MAX_REACHED
+
+
+@dataclass(slots=True)
 class PartitionCommitResult:
     state: CommittedOffsets
     outcome: CommitOutcome
@@ -68,15 +73,50 @@ def apply_individual_commit(
     watermarks are refused separately when they would grow the stored state past its limit.
     """
     stable = state.stable_offset
-    fresh = _clipped_ranges(ranges, floor=stable)
-    too_old = bool(ranges) and not fresh
-    merged_ranges = _merge_ranges(state.ranges, fresh) if fresh else state.ranges
-    raised_pieces = _raise_watermarks(state.pieces, watermarks, floor=stable)
+    stored_ranges = state.ranges
+    stored_pieces = state.pieces
+    fresh = _clipped_ranges(ranges, floor=stable) if ranges else ()
+    merged_ranges = _merge_ranges(stored_ranges, fresh) if fresh else stored_ranges
+    raised_pieces = (
+        _raise_watermarks(stored_pieces, watermarks, floor=stable) if watermarks else stored_pieces
+    )
+    candidate = _settle(stable, merged_ranges, raised_pieces, state.metadata)
+    # The common case settles once: nothing near a limit, so nothing to refuse.
+    if len(candidate.ranges) > max_ic_ranges or len(candidate.pieces) > max_watermark_pieces:
+        candidate, outcome = _within_limits(
+            state, merged_ranges, raised_pieces, max_ic_ranges, max_watermark_pieces
+        )
+    else:
+        outcome = OK
+    if outcome is OK and ranges and not fresh:
+        outcome = TOO_OLD
+    advanced = candidate.stable_offset > stable
+    return PartitionCommitResult(
+        candidate,
+        outcome,
+        advanced,
+        # The metadata is the stored one: the other fields say whether anything changed.
+        outcome is OK
+        and bool(ranges or watermarks)
+        and not advanced
+        and candidate.ranges == stored_ranges
+        and candidate.pieces == stored_pieces,
+    )
 
+
+def _within_limits(
+    state: CommittedOffsets,
+    merged_ranges: Sequence[OffsetRange],
+    raised_pieces: Sequence[Piece],
+    max_ic_ranges: int,
+    max_watermark_pieces: int,
+) -> tuple[CommittedOffsets, CommitOutcome]:
+    """The settled state with the ranges, the watermarks, or both refused where they would
+    grow the stored state past its limit; ``MAX_REACHED`` when any part was refused."""
     apply_ranges, apply_watermarks = True, True
     while True:
         candidate = _settle(
-            stable,
+            state.stable_offset,
             merged_ranges if apply_ranges else state.ranges,
             raised_pieces if apply_watermarks else state.pieces,
             state.metadata,
@@ -93,29 +133,24 @@ def apply_individual_commit(
         # count; the loop ends within three rounds because a refused part never comes back.
         apply_ranges = apply_ranges and not ranges_refused
         apply_watermarks = apply_watermarks and not pieces_refused
-
-    if not (apply_ranges and apply_watermarks):
-        outcome = CommitOutcome.MAX_REACHED
-    elif too_old:
-        outcome = CommitOutcome.TOO_OLD
-    else:
-        outcome = CommitOutcome.OK
-    carried = bool(ranges) or bool(watermarks)
-    return PartitionCommitResult(
-        state=candidate,
-        outcome=outcome,
-        stable_offset_advanced=candidate.stable_offset > stable,
-        duplicate=outcome is CommitOutcome.OK and carried and candidate == state,
-    )
+    if apply_ranges and apply_watermarks:
+        return candidate, OK
+    return candidate, MAX_REACHED
 
 
 def apply_classic_commit(state: CommittedOffsets, offset: int) -> PartitionCommitResult:
     """A plain offset commit: the stable offset moves forward only (an admin reset may go back)."""
     _check_offset(offset, "committed offset")
-    settled = _settle(max(state.stable_offset, offset), state.ranges, state.pieces, state.metadata)
+    stable = state.stable_offset
+    if offset > stable:
+        # ``_settle`` keeps every piece when the stable offset does not move past this one.
+        pieces = tuple(piece for piece in state.pieces if piece[2] > offset)
+        settled = _settle(offset, state.ranges, pieces, state.metadata)
+    else:
+        settled = _settle(stable, state.ranges, state.pieces, state.metadata)
     return PartitionCommitResult(
         state=settled,
-        outcome=CommitOutcome.OK,
+        outcome=OK,
         stable_offset_advanced=settled.stable_offset > state.stable_offset,
         duplicate=settled == state,
     )
@@ -165,6 +200,10 @@ def _exceeds(count: int, stored_count: int, limit: int) -> bool:
 # (start, end); itemgetter runs in C, where a commit's bisects spend most of their time.
 _start = itemgetter(0)
 _end = itemgetter(1)
+# Up to this many stored ranges or pieces, a commit re-merges all of them: finding the stretch
+# it touches by bisection costs more than the merge it saves. Partitions that members commit
+# often hold a few.
+_SHORT = 8
 
 
 def _coalesce(sorted_ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
@@ -189,6 +228,8 @@ def _merge_ranges(
 
     Only the stored stretch that ``fresh`` spans (with its touching neighbours) is re-merged.
     """
+    if len(stored) <= _SHORT:
+        return _coalesce(sorted([*stored, *fresh]))
     span_start: int = min(fresh)[0]
     span_end: int = max(map(_end, fresh))
     low = bisect_left(stored, span_start - 1, key=_end)
@@ -212,6 +253,13 @@ def _raise_watermarks(
         if not 0 <= offset <= OFFSET_MAX:
             _check_offset(offset, "watermark offset")
     effective = [piece for piece in raises if piece[2] > floor]
+    if len(effective) == 1:  # the common case: a member commits one watermark per slice
+        lift = effective[0]
+        if len(stored) <= _SHORT:
+            return _raise_one(stored, lift)
+        low = bisect_left(stored, lift[0] - 1, key=_end)
+        high = bisect_right(stored, lift[1] + 1, key=_start)
+        return [*stored[:low], *_raise_one(stored[low:high], lift), *stored[high:]]
     if not effective:
         return stored
     span_start = min(effective)[0]
@@ -220,10 +268,7 @@ def _raise_watermarks(
     # recomputed; the rest are kept as they are.
     low = bisect_left(stored, span_start - 1, key=_end)
     high = bisect_right(stored, span_end + 1, key=_start)
-    if len(effective) == 1:  # the common case: a member commits one watermark per slice
-        middle = _raise_one(stored[low:high], effective[0])
-    else:
-        middle = _upper_envelope([*stored[low:high], *effective])
+    middle = _upper_envelope([*stored[low:high], *effective])
     return [*stored[:low], *middle, *stored[high:]]
 
 
@@ -315,14 +360,22 @@ def _settle(
     """Move the stable offset to the first offset not known processed and drop what it passed.
 
     Known processed: below min W over the whole hash space, or inside an IC range. Ranges are
-    non-adjacent, so after skipping the one range that may hold the candidate we are done.
+    non-adjacent, so after skipping the one range that may hold the candidate we are done, and
+    the ranges kept are those after it. Every piece must be above ``stable``.
     """
     lowest = _full_space_minimum(pieces)
-    new_stable = stable if lowest is None else max(stable, lowest)
-    index = bisect_right(ranges, new_stable, key=_start) - 1
-    if index >= 0 and ranges[index][1] >= new_stable:
-        new_stable = ranges[index][1] + 1
-    new_stable = min(new_stable, OFFSET_MAX)
-    kept_ranges = ranges[bisect_right(ranges, new_stable, key=_start) :]
-    kept_pieces = [piece for piece in pieces if piece[2] > new_stable]
-    return CommittedOffsets.of_pieces(new_stable, tuple(kept_ranges), tuple(kept_pieces), metadata)
+    new_stable = stable if lowest is None or lowest < stable else lowest
+    index = bisect_right(ranges, new_stable, key=_start) if ranges else 0
+    if index and ranges[index - 1][1] >= new_stable:
+        new_stable = ranges[index - 1][1] + 1
+        if new_stable > OFFSET_MAX:
+            new_stable = OFFSET_MAX
+    kept_ranges = ranges[index:] if index else ranges
+    # Every piece is above the stable offset it was computed against: only a move drops any.
+    kept_pieces = pieces if new_stable == stable else [p for p in pieces if p[2] > new_stable]
+    return CommittedOffsets.of_pieces(
+        new_stable,
+        kept_ranges if type(kept_ranges) is tuple else tuple(kept_ranges),
+        kept_pieces if type(kept_pieces) is tuple else tuple(kept_pieces),
+        metadata,
+    )

@@ -102,6 +102,7 @@ class CommitBatcher:
         self._workers: list[asyncio.Task[None]] = []
         self._worker_count = settings.commit_batch_workers
         self._idle_workers = 0
+        self._written = repository.WrittenStates()
 
     @property
     def idle_workers(self) -> int:
@@ -236,7 +237,7 @@ class CommitBatcher:
         started_ns = time.time_ns()
         async with _begun(connection):
             outcomes, changed = await self._decide_and_apply(connection, batch, tally)
-            await repository.write_and_commit(connection, changed)
+            await repository.write_and_commit(connection, changed, self._written)
         # Counted once the transaction committed: a failed batch's requests are re-run.
         tally.add_to_metrics()
         traced = [pending.trace for pending in batch if pending.trace is not None]
@@ -290,15 +291,19 @@ class CommitBatcher:
     ) -> tuple[list[Outcome], dict[repository.GroupPartitionKey, CommittedOffsets]]:
         """Each request's outcome, and the new states the admitted ones leave (for the caller
         to write and commit)."""
-        standalone_groups = {p.group_id for p in batch if p.request.member_id is None}
-        committing_members = {
-            (p.group_id, p.request.member_id) for p in batch if p.request.member_id is not None
-        }
-        requested = {
-            (pending.group_id, entry.topic, entry.partition)
-            for pending in batch
-            for entry in pending.request.partitions
-        }
+        standalone_groups: set[str] = set()
+        committing_members: set[tuple[str, str]] = set()
+        requested: set[repository.GroupPartitionKey] = set()
+        for pending in batch:
+            group_id = pending.group_id
+            member_id = pending.request.member_id
+            if member_id is None:
+                standalone_groups.add(group_id)
+            else:
+                committing_members.add((group_id, member_id))
+            requested.update(
+                [(group_id, entry.topic, entry.partition) for entry in pending.request.partitions]
+            )
         read = await repository.lock_batch(
             connection, standalone_groups, committing_members, requested
         )
@@ -325,12 +330,16 @@ class CommitBatcher:
             r if isinstance(r, KeyrangeError | _Undecided) else _UNDECIDED for r in refusals
         ]
         admitted = [(index, p) for index, p in enumerate(batch) if refusals[index] is None]
-        keys = {
-            (pending.group_id, entry.topic, entry.partition)
-            for _, pending in admitted
-            for entry in pending.request.partitions
-        }
-        locked = await repository.states_of(read.rows, keys)
+        keys = (
+            requested
+            if len(admitted) == len(batch)
+            else {
+                (pending.group_id, entry.topic, entry.partition)
+                for _, pending in admitted
+                for entry in pending.request.partitions
+            }
+        )
+        locked = await repository.states_of(read.rows, keys, self._written)
         if len(locked) < len(keys):
             admitted = await _add_partitions(
                 connection, admitted, locked, outcomes, self._settings.max_partitions_per_group
@@ -464,7 +473,12 @@ def _refusal(
     """Why ``pending`` may not be applied in this batch; None when it is admitted, and
     ``_NEW_GROUP`` when it would be once its group exists."""
     request = pending.request
-    individual = any(entry.ranges or entry.watermarks for entry in request.partitions)
+    # A loop, not ``any`` over a generator: this runs for every request of every batch.
+    individual = False
+    for entry in request.partitions:
+        if entry.ranges or entry.watermarks:
+            individual = True
+            break
     if request.member_id is None and pending.group_id not in committers.live_members:
         return switch_refusal(individual, switch) or _NEW_GROUP
     return commit_refusal(

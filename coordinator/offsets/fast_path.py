@@ -29,7 +29,7 @@ from coordinator.auth import admitted
 from coordinator.body_limit import ClientGone, declares_too_much, read_body, too_large
 from coordinator.offsets import service
 from coordinator.offsets.commit_tracing import CommitTrace
-from coordinator.offsets.schemas import CommitReply, CommitRequest
+from coordinator.offsets.schemas import CommitRequest
 from coordinator.problems import error_response
 from coordinator.settings import Settings
 from coordinator.validation import GroupId
@@ -74,14 +74,13 @@ async def serve_commit(
     """Answer one commit request, errors included; its status, or None when the client left
     before sending its whole body."""
     try:
-        reply = await _commit(scope, receive, raw_group_id, trace)
+        body = await _commit(scope, receive, raw_group_id, trace)
     except ClientGone:
         return None
     except Exception as exc:
         response = error_response(exc)
         await response(scope, receive, send)
         return response.status_code
-    body = reply.model_dump_json().encode()
     await send(
         {
             "type": "http.response.start",
@@ -108,7 +107,8 @@ def commit_group(scope: Scope) -> str | None:
 
 async def _commit(
     scope: Scope, receive: Receive, raw_group_id: str, trace: CommitTrace | None
-) -> CommitReply:
+) -> bytes:
+    """The reply's body, as ``CommitReply`` (the route's declared model) would write it."""
     state = scope["app"].state
     settings: Settings = state.settings
     content_type = ""
@@ -152,7 +152,7 @@ async def _commit(
         # Flagged only once the commit's transaction is over: committers hold the group row
         # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.
         await state.on_max_ic_reached(group_id)
-    reply: CommitReply = result.reply
+    reply: bytes = result.body()
     return reply
 
 

@@ -25,6 +25,7 @@ import asyncio
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol
 
 import asyncpg
@@ -91,12 +92,18 @@ def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
     """An ``int8multirange`` in Postgres' text form, which is canonical: ``{}`` or
     ``{[a,b),[c,d)}``; an unbounded range, which no commit stores, is skipped as
     ``_ranges_from_db`` skips it."""
+    if len(text) <= 2:
+        return ()
+    if "(" not in text and ",)" not in text:  # every range bounded: the bounds, in one split
+        bounds = [int(bound) for bound in text[2:-2].replace("),[", ",").split(",")]
+        return tuple(
+            [(lower, upper - 1) for lower, upper in zip(bounds[::2], bounds[1::2], strict=True)]
+        )
     ranges = []
-    if len(text) > 2:
-        for part in text[2:-2].split("),["):
-            lower, _, upper = part.partition(",")
-            if lower and upper:
-                ranges.append((int(lower), int(upper) - 1))
+    for part in text[2:-2].split("),["):
+        lower, _, upper = part.partition(",")
+        if lower and upper:
+            ranges.append((int(lower), int(upper) - 1))
     return tuple(ranges)
 
 
@@ -131,17 +138,63 @@ def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[str], ...]:
     parameter order (the stable offsets' and the metadata's literals are built by the caller)."""
     ranges, starts, ends, offsets = [], [], [], []
     for state in states:
-        ranges.append('"{' + ",".join([f"[{start},{end}]" for start, end in state.ranges]) + '}"')
+        # Postgres' own text for the ranges (``_canonical_ranges``), quoted by the caller.
+        ranges.append(_canonical_ranges(state))
         pieces = state.pieces
         if pieces:
-            starts.append('"{' + ",".join([str(piece[0]) for piece in pieces]) + '}"')
-            ends.append('"{' + ",".join([str(piece[1]) for piece in pieces]) + '}"')
-            offsets.append('"{' + ",".join([str(piece[2]) for piece in pieces]) + '}"')
+            starts.append('"{' + ",".join(map(str, map(_first, pieces))) + '}"')
+            ends.append('"{' + ",".join(map(str, map(_second, pieces))) + '}"')
+            offsets.append('"{' + ",".join(map(str, map(_third, pieces))) + '}"')
         else:  # a slice's watermarks are dropped once the stable offset passes them
             starts.append('"{}"')
             ends.append('"{}"')
             offsets.append('"{}"')
     return ranges, starts, ends, offsets
+
+
+def _canonical_ranges(state: CommittedOffsets) -> str:
+    """The IC ranges of ``state`` as Postgres writes an ``int8multirange`` (``{[a,b),...}``),
+    which ``WrittenStates`` compares with what the next batch reads back."""
+    return "{" + ",".join([f"[{start},{end + 1})" for start, end in state.ranges]) + "}"
+
+
+# ``%`` and ``map`` format in C: a batch formats a few columns per partition.
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+class WrittenStates:
+    """The state a batcher last wrote to each row, so a row read back unchanged is not decoded
+    again (decoding a small state cost about as much as the algebra's work on it). A row is
+    taken from here only when every column the decoding reads equals what was written (the IC
+    ranges as Postgres' text), so a row someone else wrote since (an admin reset, another
+    coordinator), or a write whose transaction failed, is decoded as usual. Forgets everything
+    past ``capacity`` rows, to stay bounded."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._states: dict[GroupPartitionKey, tuple[str, CommittedOffsets]] = {}
+        self._capacity = capacity
+
+    def remember(self, key: GroupPartitionKey, ranges_text: str, state: CommittedOffsets) -> None:
+        if len(self._states) >= self._capacity and key not in self._states:
+            self._states.clear()
+        self._states[key] = (ranges_text, state)
+
+    def of_row(self, key: GroupPartitionKey, row: asyncpg.Record) -> CommittedOffsets | None:
+        """The state of a ``lock_batch`` row, if it is the one last written to it."""
+        known = self._states.get(key)
+        if known is None:
+            return None
+        ranges_text, state = known
+        starts = row[7]
+        if (
+            row[6] != ranges_text
+            or row[4] != state.stable_offset
+            or row[10] != state.metadata
+            or len(starts) != len(state.pieces)
+            or (starts and tuple(zip(starts, row[8], row[9], strict=True)) != state.pieces)
+        ):
+            return None
+        return state
 
 
 # The commit statements run on the driver connection: at the rates commits come, SQLAlchemy's
@@ -373,21 +426,29 @@ async def lock_batch(
 
 
 async def states_of(
-    rows: Mapping[GroupPartitionKey, asyncpg.Record], keys: Iterable[GroupPartitionKey]
+    rows: Mapping[GroupPartitionKey, asyncpg.Record],
+    keys: Iterable[GroupPartitionKey],
+    written: WrittenStates,
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
-    """The stored states of ``keys`` among ``rows`` of ``lock_batch``, decoded a turn at a
-    time (``coordinator.offsets.pacing``)."""
+    """The stored states of ``keys`` among ``rows`` of ``lock_batch``, taken from ``written``
+    or decoded, a turn at a time (``coordinator.offsets.pacing``)."""
     wanted = [key for key in keys if key in rows]
     states: dict[GroupPartitionKey, CommittedOffsets] = {}
+    of_pieces = CommittedOffsets.of_pieces
     for start in range(0, len(wanted), PARTITIONS_PER_TURN):
         if start:
             await asyncio.sleep(0)
         for key in wanted[start : start + PARTITIONS_PER_TURN]:
             row = rows[key]
-            states[key] = CommittedOffsets.of_pieces(
+            state = written.of_row(key, row)
+            if state is not None:
+                states[key] = state
+                continue
+            starts = row[7]
+            states[key] = of_pieces(
                 row[4],
-                _ranges_from_text(row[6]),
-                tuple(zip(row[7], row[8], row[9], strict=True)),
+                _ranges_from_text(row[6]) if len(row[6]) > 2 else (),
+                tuple(zip(starts, row[8], row[9], strict=True)) if starts else (),
                 row[10],
             )
     return states
@@ -436,18 +497,21 @@ async def write_partitions(
     """Store ``states`` into rows the caller has locked; their columns are formatted a turn
     at a time (``coordinator.offsets.pacing``)."""
     if states:
-        await connection.execute(_WRITE_PARTITIONS, *await _write_parameters(states))
+        parameters, _ = await _write_parameters(states)
+        await connection.execute(_WRITE_PARTITIONS, *parameters)
 
 
 async def write_and_commit(
-    connection: asyncpg.Connection, states: Mapping[GroupPartitionKey, CommittedOffsets]
+    connection: asyncpg.Connection,
+    states: Mapping[GroupPartitionKey, CommittedOffsets],
+    written: WrittenStates,
 ) -> None:
     """Store ``states`` as ``write_partitions`` does and commit the transaction, in one round
-    trip; or only commit, when nothing changed."""
+    trip, and remember them in ``written``; or only commit, when nothing changed."""
     if not states:
         await connection.execute("COMMIT;")
         return
-    parameters = await _write_parameters(states)
+    parameters, ranges_texts = await _write_parameters(states)
     if connection not in _PREPARED:
         try:
             await connection.execute(_PREPARE_WRITE)
@@ -458,6 +522,8 @@ async def write_and_commit(
             raise
         _PREPARED.add(connection)
     await connection.execute(_WRITE_AND_COMMIT.format(", ".join(map(_constant, parameters))))
+    for key, ranges_text in ranges_texts.items():
+        written.remember(key, ranges_text, states[key])
 
 
 def _constant(literal: str) -> str:
@@ -466,8 +532,11 @@ def _constant(literal: str) -> str:
     return "E'" + literal.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-async def _write_parameters(states: Mapping[GroupPartitionKey, CommittedOffsets]) -> list[str]:
-    """The write statement's nine array literals, formatted a turn at a time."""
+async def _write_parameters(
+    states: Mapping[GroupPartitionKey, CommittedOffsets],
+) -> tuple[list[str], dict[GroupPartitionKey, str]]:
+    """The write statement's nine array literals, formatted a turn at a time, and the IC
+    ranges' text of each state."""
     ordered = sorted(states)
     columns: tuple[list[str], ...] = ([], [], [], [])
     for start in range(0, len(ordered), PARTITIONS_PER_TURN):
@@ -477,12 +546,15 @@ async def _write_parameters(states: Mapping[GroupPartitionKey, CommittedOffsets]
         for column, values in zip(columns, part, strict=True):
             column.extend(values)
     written = [states[key] for key in ordered]
-    return [
+    ranges_texts, *pieces_columns = columns
+    parameters = [
         *_key_arrays(ordered),
         _int_array([state.stable_offset for state in written]),
-        *["{" + ",".join(column) + "}" for column in columns],
+        '{"' + '","'.join(ranges_texts) + '"}',
+        *["{" + ",".join(column) + "}" for column in pieces_columns],
         _text_array([state.metadata for state in written]),
     ]
+    return parameters, dict(zip(ordered, ranges_texts, strict=True))
 
 
 async def read_partitions(

@@ -10,6 +10,7 @@ and applies it with ``apply_request``, whose new states the pure algebra in
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from client.protocol.committed import CommittedOffsets
 from coordinator import metrics
 from coordinator.core.offsets import (
+    MAX_REACHED,
+    OK,
     CommitOutcome,
     PartitionCommitResult,
     apply_classic_commit,
@@ -41,10 +44,71 @@ _COMMITTED_BY_OUTCOME = {
 }
 
 
+# One partition's line of a commit's reply: topic, partition, error name, last stable offset.
+PartitionReply = tuple[str, int, str | None, int]
+
+
 @dataclass(frozen=True)
 class CommitResult:
-    reply: CommitReply
+    """A commit's per-partition outcomes, as plain tuples: the route writes them as JSON
+    directly (``body``), which costs a fraction of building and dumping a ``CommitReply``."""
+
+    partitions: tuple[PartitionReply, ...]
     rebalance_needed: bool
+
+    @property
+    def reply(self) -> CommitReply:
+        """The reply as the route's declared model, for in-process callers."""
+        return CommitReply.model_validate(
+            {
+                "partitions": [
+                    {
+                        "topic": topic,
+                        "partition": partition,
+                        "error": error,
+                        "last_stable_offset": stable,
+                    }
+                    for topic, partition, error, stable in self.partitions
+                ]
+            }
+        )
+
+    def body(self) -> bytes:
+        """The reply's JSON, byte for byte what ``reply.model_dump_json()`` writes (a test
+        holds them equal), from fragments: a commit's reply is the route's per-request work."""
+        return b'{"partitions":[%s]}' % b",".join(
+            [
+                _PARTITION_REPLY
+                % (
+                    _QUOTED_TOPICS.get(topic) or _quoted_topic(topic),
+                    partition,
+                    _QUOTED_ERRORS[error],
+                    stable,
+                )
+                for topic, partition, error, stable in self.partitions
+            ]
+        )
+
+
+_PARTITION_REPLY = b'{"topic":%s,"partition":%d,"error":%s,"last_stable_offset":%d}'
+_QUOTED_ERRORS: dict[str | None, bytes] = {None: b"null"} | {
+    outcome.error_name: json.dumps(outcome.error_name).encode()
+    for outcome in CommitOutcome
+    if outcome.error_name is not None
+}
+# Topic names as JSON strings, quoted once each; cleared when it grows past this many names
+# (a coordinator serves a few thousand topics at most).
+_QUOTED_TOPICS: dict[str, bytes] = {}
+_QUOTED_TOPICS_MAX = 10_000
+
+
+def _quoted_topic(topic: str) -> bytes:
+    if len(_QUOTED_TOPICS) >= _QUOTED_TOPICS_MAX:
+        _QUOTED_TOPICS.clear()
+    # Topic names are ASCII letters, digits, '.', '_' and '-' (coordinator.validation), which
+    # pydantic and json write alike.
+    quoted = _QUOTED_TOPICS[topic] = json.dumps(topic, ensure_ascii=False).encode()
+    return quoted
 
 
 def check_limits(request: CommitRequest, settings: Settings) -> None:
@@ -69,7 +133,10 @@ def check_limits(request: CommitRequest, settings: Settings) -> None:
 
 
 def _apply(
-    entry: PartitionCommitRequest, state: CommittedOffsets, settings: Settings
+    entry: PartitionCommitRequest,
+    state: CommittedOffsets,
+    max_ic_ranges: int,
+    max_watermark_pieces: int,
 ) -> PartitionCommitResult:
     if entry.offset is not None:
         result = apply_classic_commit(state, entry.offset)
@@ -78,8 +145,8 @@ def _apply(
             state,
             entry.ranges,
             entry.watermarks,
-            max_ic_ranges=settings.max_ic_ranges_per_partition,
-            max_watermark_pieces=settings.max_watermark_pieces_per_partition,
+            max_ic_ranges=max_ic_ranges,
+            max_watermark_pieces=max_watermark_pieces,
         )
     if entry.metadata is not None and result.state.metadata != entry.metadata:
         new_state = CommittedOffsets.of_pieces(
@@ -94,7 +161,7 @@ def _apply(
 @dataclass(frozen=True)
 class AppliedRequest:
     result: CommitResult
-    changed: frozenset[tuple[str, int]]
+    changed: list[tuple[str, int]]
 
 
 @dataclass
@@ -129,57 +196,51 @@ async def apply_request(
     In place, so that several requests applied in one transaction each see the state the
     previous one left; the caller writes the keys in ``changed`` back.
     """
-    replies: list[dict[str, object]] = []
-    changed: set[tuple[str, int]] = set()
+    replies: list[PartitionReply] = []
+    changed: list[tuple[str, int]] = []
     rebalance_needed = False
     advanced = 0
     # An enum member hashes in Python: the common outcome is counted without a dict.
     ok = 0
     outcomes = tally.outcomes
+    max_ic_ranges = settings.max_ic_ranges_per_partition
+    max_watermark_pieces = settings.max_watermark_pieces_per_partition
     for index, entry in enumerate(request.partitions):
         if index and not index % PARTITIONS_PER_TURN:
             await asyncio.sleep(0)
         key = (entry.topic, entry.partition)
-        result = _apply(entry, states[key], settings)
-        if not result.duplicate:
-            states[key] = result.state
-            changed.add(key)
-        if result.outcome is CommitOutcome.MAX_REACHED:
-            rebalance_needed = True
-            log.warning(
-                "partition holds too many individual-commit ranges",
-                extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
-            )
-        elif result.duplicate:
+        result = _apply(entry, states[key], max_ic_ranges, max_watermark_pieces)
+        state = result.state
+        outcome = result.outcome
+        if result.duplicate:
             log.debug(
                 "duplicate commit accepted",
                 extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
             )
-        advanced += result.stable_offset_advanced
-        outcome = result.outcome
-        if outcome is CommitOutcome.OK:
+        else:
+            states[key] = state
+            changed.append(key)
+        if outcome is OK:
             ok += 1
+            replies.append((entry.topic, entry.partition, None, state.stable_offset))
         else:
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        replies.append(
-            {
-                "topic": entry.topic,
-                "partition": entry.partition,
-                "error": None if outcome is CommitOutcome.OK else outcome.value,
-                "last_stable_offset": result.state.stable_offset,
-            }
-        )
-    if len(replies) > PARTITIONS_PER_TURN:
-        await asyncio.sleep(0)
+            replies.append((entry.topic, entry.partition, outcome.value, state.stable_offset))
+            if outcome is MAX_REACHED:
+                rebalance_needed = True
+                log.warning(
+                    "partition holds too many individual-commit ranges",
+                    extra={
+                        "group_id": group_id,
+                        "topic": entry.topic,
+                        "partition": entry.partition,
+                    },
+                )
+        advanced += result.stable_offset_advanced
     tally.advanced += advanced
     if ok:
-        outcomes[CommitOutcome.OK] = outcomes.get(CommitOutcome.OK, 0) + ok
-    return AppliedRequest(
-        # One validation of the whole reply runs in pydantic's core, cheaper than a model
-        # per partition built in Python.
-        CommitResult(CommitReply.model_validate({"partitions": replies}), rebalance_needed),
-        frozenset(changed),
-    )
+        outcomes[OK] = outcomes.get(OK, 0) + ok
+    return AppliedRequest(CommitResult(tuple(replies), rebalance_needed), changed)
 
 
 def offsets_reply(stored: Sequence[repository.StoredPartition]) -> list[PartitionOffsetsReply]:

@@ -405,3 +405,34 @@ def _sample(collector: Collector, suffix: str) -> float:
         for sample in metric.samples
         if sample.name.endswith(suffix)
     )
+
+
+async def test_a_row_written_by_someone_else_is_read_as_stored(engine: AsyncEngine) -> None:
+    """The batcher keeps the states it wrote, to skip decoding rows read back unchanged; a
+    row changed since (here as an admin reset or another coordinator would) is read anew."""
+    batcher = CommitBatcher(engine, settings_for_tests())
+    batcher.start()
+    try:
+        ranges = {"topic": "t", "partition": 0, "ranges": [[5, 6], [9, 9]]}
+        first = await batcher.submit("batch-written", commit_request(ranges))
+        assert first.reply.partitions[0].last_stable_offset == 0
+        async with engine.begin() as connection:
+            await connection.execute(
+                text(
+                    "UPDATE partition_offsets SET ic_ranges = '{[7,9)}' "
+                    "WHERE group_id = 'batch-written'"
+                )
+            )
+        filled = await batcher.submit(
+            "batch-written", commit_request({"topic": "t", "partition": 0, "ranges": [[0, 6]]})
+        )
+        # The stored [7, 8] fills the gap: 9. The batcher's own write ([5, 6], [9, 9]) would give 7.
+        assert filled.reply.partitions[0].last_stable_offset == 9
+        assert await stored(engine, "batch-written") == [("t", 0, 9, ())]
+        again = await batcher.submit(
+            "batch-written", commit_request({"topic": "t", "partition": 0, "ranges": [[11, 12]]})
+        )
+        assert again.reply.partitions[0].last_stable_offset == 9
+        assert await stored(engine, "batch-written") == [("t", 0, 9, ((11, 12),))]
+    finally:
+        await batcher.close()

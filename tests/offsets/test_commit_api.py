@@ -12,6 +12,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from coordinator.app import create_app
+from coordinator.core.offsets import CommitOutcome
+from coordinator.offsets.schemas import CommitReply
+from coordinator.offsets.service import CommitResult
 from tests.fixtures.coordinator import MakeDatabase, insert_live_member, settings_for_tests
 
 HALF = 2**62
@@ -151,6 +154,30 @@ async def test_commit_is_all_or_nothing_on_bad_input(api: httpx.AsyncClient) -> 
         assert reply.headers["content-type"] == "application/problem+json"
         assert reply.json()["error"] == "INVALID_REQUEST"
     assert await stored(api, "atomic") == before
+
+
+async def test_replies_are_the_bytes_their_declared_model_writes(api: httpx.AsyncClient) -> None:
+    """The route writes a reply from fragments, not through ``CommitReply``."""
+    first = await commit(
+        api,
+        "reply-bytes",
+        {"topic": "t.a_b-1", "partition": 0, "ranges": [[5, 9]]},
+        {"topic": "t", "partition": 3, "offset": 4},
+    )
+    too_old = await commit(api, "reply-bytes", {"topic": "t", "partition": 3, "ranges": [[1, 2]]})
+    assert too_old.json()["partitions"][0]["error"] == "INDIVIDUAL_COMMIT_TOO_OLD"
+    for reply in (first, too_old):
+        assert reply.status_code == 200, reply.text
+        written = CommitReply.model_validate_json(reply.content).model_dump_json().encode()
+        assert reply.content == written
+    every_outcome = CommitResult(
+        tuple(
+            ("t", number, outcome.error_name, 2**63 - 1 - number)
+            for number, outcome in enumerate(CommitOutcome)
+        ),
+        rebalance_needed=True,
+    )
+    assert every_outcome.body() == every_outcome.reply.model_dump_json().encode()
 
 
 async def test_bodies_that_are_not_json_objects_are_refused_with_their_location(
