@@ -9,7 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from coordinator import migrate
 from coordinator.db.models import Base
@@ -101,20 +101,7 @@ async def test_members_stored_before_stuck_calls_existed_report_none(
 ) -> None:
     """Migration 0004 gives rows of older members an empty report, not NULL: the admin API
     and the gauges read every live member's list."""
-    url = await make_migrated_database()
-    config = migrate.alembic_config(url)
-    await asyncio.to_thread(command.downgrade, config, "0003")
-    engine = create_async_engine(url)
-    async with engine.begin() as connection:
-        await connection.execute(text("INSERT INTO groups (group_id) VALUES ('old')"))
-        await connection.execute(
-            text(
-                "INSERT INTO members (group_id, member_id, member_epoch, previous_member_epoch, "
-                "subscribed_topics, allow_individual_commit, session_timeout_ms, expires_at) "
-                "VALUES ('old', 'm-old', 1, 0, '{t}', true, 1000, now())"
-            )
-        )
-    await asyncio.to_thread(command.upgrade, config, "head")
+    engine = await member_stored_at(await make_migrated_database(), "0003")
     async with engine.connect() as connection:
         row = (
             await connection.execute(
@@ -130,9 +117,20 @@ async def test_members_stored_before_standbys_existed_report_none(
 ) -> None:
     """Migration 0006 gives rows of older members an empty list, not NULL: the assignor reads
     every member's standbys."""
-    url = await make_migrated_database()
+    engine = await member_stored_at(await make_migrated_database(), "0005")
+    async with engine.connect() as connection:
+        row = (
+            await connection.execute(text("SELECT standbys FROM members WHERE member_id = 'm-old'"))
+        ).one()
+        assert row.standbys == []
+    await engine.dispose()
+
+
+async def member_stored_at(url: str, revision: str) -> AsyncEngine:
+    """An engine on ``url`` after a member row ('old', 'm-old') was stored at ``revision``
+    and the schema upgraded to head: what a migration leaves in an older member's columns."""
     config = migrate.alembic_config(url)
-    await asyncio.to_thread(command.downgrade, config, "0005")
+    await asyncio.to_thread(command.downgrade, config, revision)
     engine = create_async_engine(url)
     async with engine.begin() as connection:
         await connection.execute(text("INSERT INTO groups (group_id) VALUES ('old')"))
@@ -144,9 +142,4 @@ async def test_members_stored_before_standbys_existed_report_none(
             )
         )
     await asyncio.to_thread(command.upgrade, config, "head")
-    async with engine.connect() as connection:
-        row = (
-            await connection.execute(text("SELECT standbys FROM members WHERE member_id = 'm-old'"))
-        ).one()
-        assert row.standbys == []
-    await engine.dispose()
+    return engine

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,13 @@ class TopicReader:
             highwater = self._consumer.highwater(self._tp)
             if highwater is not None and await self._consumer.position(self._tp) >= highwater:
                 return self.records
+
+    async def counted_at_least(self, truth: Mapping[str, int]) -> bool:
+        """Read on; whether every key of ``truth``, and no other, has a latest count at
+        least its truth (at-least-once: a crash's uncommitted records count again)."""
+        await self.poll()
+        latest = self.latest()
+        return set(latest) == set(truth) and all(latest[word] >= truth[word] for word in truth)
 
     def latest(self) -> dict[str, Any]:
         """The last value per key, decoded as text keys and JSON-or-int64 values."""
