@@ -510,6 +510,9 @@ class ChaosRun:
             await _restart(replica)
         elif fault.kind == kinds.POSTGRES_STOP:
             await asyncio.to_thread(self.postgres.stop)
+            # The database commits until the stop has taken hold, so a heartbeat sent just
+            # after the stop began may still renew a session: the fault starts once it is down.
+            started = time.monotonic()
             await asyncio.sleep(fault.duration_s)
             await asyncio.to_thread(self.postgres.start)
         elif fault.kind == kinds.COORDINATOR_LINK:
