@@ -6,23 +6,33 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from coordinator.db.models import Member, PartitionOffsets, TopicConfig, TopicMetadata
+
+# Built once: every locked heartbeat reads both, and a statement built per call costs more
+# Python than its round trip and leaves reference cycles for the collector.
+_ALL_PARTITION_COUNTS = select(TopicMetadata.topic, TopicMetadata.partition_count)
+_PARTITION_COUNTS = _ALL_PARTITION_COUNTS.where(
+    TopicMetadata.topic.in_(bindparam("topics", expanding=True))
+)
+_RANGE_FETCH = select(TopicConfig.topic, TopicConfig.accept_range_fetch).where(
+    TopicConfig.topic.in_(bindparam("topics", expanding=True))
+)
 
 
 async def read_partition_counts(
     connection: AsyncConnection, topics: Collection[str] | None = None
 ) -> dict[str, int]:
     """Known partition counts; all of them when ``topics`` is None (regex subscriptions)."""
-    query = select(TopicMetadata.topic, TopicMetadata.partition_count)
-    if topics is not None:
-        if not topics:
-            return {}
-        query = query.where(TopicMetadata.topic.in_(sorted(topics)))
-    result = await connection.execute(query)
+    if topics is None:
+        result = await connection.execute(_ALL_PARTITION_COUNTS)
+    elif not topics:
+        return {}
+    else:
+        result = await connection.execute(_PARTITION_COUNTS, {"topics": sorted(topics)})
     return {row.topic: int(row.partition_count) for row in result}
 
 
@@ -30,11 +40,7 @@ async def read_range_fetch(connection: AsyncConnection, topics: Collection[str])
     """Explicit per-topic ``accept.range.fetch``; topics without a row use the default."""
     if not topics:
         return {}
-    result = await connection.execute(
-        select(TopicConfig.topic, TopicConfig.accept_range_fetch).where(
-            TopicConfig.topic.in_(sorted(topics))
-        )
-    )
+    result = await connection.execute(_RANGE_FETCH, {"topics": sorted(topics)})
     return {row.topic: bool(row.accept_range_fetch) for row in result}
 
 

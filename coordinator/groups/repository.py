@@ -1,4 +1,5 @@
-"""All SQL of group membership.
+"""All SQL of group membership (what every locked heartbeat runs is built once, in
+``coordinator.groups.statements``).
 
 Serialisation: every change to a group's membership or assignments runs under that group's
 row lock (``lock_group``), taken first in the transaction, so coordinator replicas sharing
@@ -23,10 +24,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, literal_column, select, text, update
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy import bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import Boolean, Integer, Text
 
 from coordinator.core.assignment import Slice, slices_from_wire, slices_to_wire
@@ -34,11 +34,9 @@ from coordinator.core.heartbeat import SENT_FIELDS
 from coordinator.core.membership import GroupRecord, MemberRecord
 from coordinator.core.topic_pattern import matching_topics
 from coordinator.db.models import (
-    Group,
     Member,
 )
-
-_ONE_MILLISECOND: ColumnElement[Any] = literal_column("interval '1 millisecond'")
+from coordinator.groups import statements
 
 # A plain row lock, not an upsert: a lock that writes no new row version neither makes
 # commits (which insert the group row if it is missing) wait for this transaction, nor, being
@@ -223,29 +221,6 @@ class Subscription:
         )
 
 
-_MEMBER_COLUMNS = (
-    Member.group_id,
-    Member.member_id,
-    Member.instance_id,
-    Member.client_id,
-    Member.client_host,
-    Member.member_epoch,
-    Member.previous_member_epoch,
-    Member.subscribed_topics,
-    Member.subscribed_topic_regex,
-    Member.assignor,
-    Member.allow_individual_commit,
-    Member.session_timeout_ms,
-    Member.owned,
-    Member.assigned,
-    Member.target,
-    Member.joined_at,
-    Member.last_heartbeat,
-    Member.expires_at,
-    Member.standbys,
-)
-
-
 def _group_from_row(row: Any) -> GroupRecord:
     return GroupRecord(
         group_id=row.group_id,
@@ -314,52 +289,35 @@ async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRecord:
 async def find_group(
     connection: AsyncConnection, group_id: str, *, lock: bool
 ) -> GroupRecord | None:
-    query = select(
-        Group.group_id,
-        Group.assignor,
-        Group.group_epoch,
-        Group.rebalance_requested,
-        Group.rebalance_reason,
-    ).where(Group.group_id == group_id)
-    if lock:
-        # NO KEY UPDATE serialises membership changes of the group without blocking the
-        # KEY SHARE lock that writing its offset rows takes (their foreign key): a commit
-        # holding a member row FOR SHARE must not wait on a heartbeat that waits on it.
-        query = query.with_for_update(key_share=True)
-    row = (await connection.execute(query)).one_or_none()
+    query = statements.FIND_GROUP_LOCKED if lock else statements.FIND_GROUP
+    row = (await connection.execute(query, {"group_id": group_id})).one_or_none()
     return None if row is None else _group_from_row(row)
 
 
 async def save_group(connection: AsyncConnection, group: GroupRecord) -> None:
     await connection.execute(
-        update(Group)
-        .where(Group.group_id == group.group_id)
-        .values(
-            assignor=group.assignor,
-            group_epoch=group.group_epoch,
-            rebalance_requested=group.rebalance_requested,
-            rebalance_reason=group.rebalance_reason,
-        )
+        statements.SAVE_GROUP,
+        {
+            "key_group_id": group.group_id,
+            "new_assignor": group.assignor,
+            "new_group_epoch": group.group_epoch,
+            "new_rebalance_requested": group.rebalance_requested,
+            "new_rebalance_reason": group.rebalance_reason,
+        },
     )
 
 
 async def delete_expired_members(connection: AsyncConnection, group_id: str) -> list[str]:
     """Remove members whose session ran out; the group row must be locked by the caller."""
-    result = await connection.execute(
-        delete(Member)
-        .where(Member.group_id == group_id, Member.expires_at <= func.now())
-        .returning(Member.member_id)
-    )
+    result = await connection.execute(statements.DELETE_EXPIRED_MEMBERS, {"group_id": group_id})
     return sorted(row.member_id for row in result)
 
 
 async def read_members(
     connection: AsyncConnection, group_id: str, *, live_only: bool = False
 ) -> list[MemberRecord]:
-    query = select(*_MEMBER_COLUMNS).where(Member.group_id == group_id)
-    if live_only:
-        query = query.where(Member.expires_at > func.now())
-    result = await connection.execute(query.order_by(Member.member_id))
+    query = statements.READ_LIVE_MEMBERS if live_only else statements.READ_MEMBERS
+    result = await connection.execute(query, {"group_id": group_id})
     return [_member_from_row(row) for row in result]
 
 
@@ -367,7 +325,7 @@ async def read_member(
     connection: AsyncConnection, group_id: str, member_id: str
 ) -> MemberRecord | None:
     result = await connection.execute(
-        select(*_MEMBER_COLUMNS).where(Member.group_id == group_id, Member.member_id == member_id)
+        statements.READ_MEMBER, {"group_id": group_id, "member_id": member_id}
     )
     row = result.one_or_none()
     return None if row is None else _member_from_row(row)
@@ -401,49 +359,37 @@ async def reap_and_read_member(
 
 
 def _member_values(member: MemberRecord) -> dict[str, Any]:
+    """The parameters of the statements that write a member (``coordinator.groups.statements``)."""
     return {
-        "instance_id": member.instance_id,
-        "client_id": member.client_id,
-        "client_host": member.client_host,
-        "member_epoch": member.member_epoch,
-        "previous_member_epoch": member.previous_member_epoch,
-        "subscribed_topics": list(member.subscribed_topics),
-        "subscribed_topic_regex": member.subscribed_topic_regex,
-        "assignor": member.assignor,
-        "allow_individual_commit": member.allow_individual_commit,
-        "session_timeout_ms": member.session_timeout_ms,
-        "owned": slices_to_wire(member.owned),
-        "assigned": slices_to_wire(member.assigned),
-        "target": slices_to_wire(member.target),
-        "standbys": slices_to_wire(member.standbys),
+        "key_group_id": member.group_id,
+        "key_member_id": member.member_id,
+        "new_instance_id": member.instance_id,
+        "new_client_id": member.client_id,
+        "new_client_host": member.client_host,
+        "new_member_epoch": member.member_epoch,
+        "new_previous_member_epoch": member.previous_member_epoch,
+        "new_subscribed_topics": list(member.subscribed_topics),
+        "new_subscribed_topic_regex": member.subscribed_topic_regex,
+        "new_assignor": member.assignor,
+        "new_allow_individual_commit": member.allow_individual_commit,
+        "new_session_timeout_ms": member.session_timeout_ms,
+        "new_owned": slices_to_wire(member.owned),
+        "new_assigned": slices_to_wire(member.assigned),
+        "new_target": slices_to_wire(member.target),
+        "new_standbys": slices_to_wire(member.standbys),
     }
 
 
 async def insert_member(connection: AsyncConnection, member: MemberRecord) -> None:
-    await connection.execute(
-        insert(Member).values(
-            group_id=member.group_id,
-            member_id=member.member_id,
-            last_heartbeat=func.now(),
-            expires_at=func.now() + member.session_timeout_ms * _ONE_MILLISECOND,
-            **_member_values(member),
-        )
-    )
+    await connection.execute(statements.INSERT_MEMBER, _member_values(member))
 
 
 async def save_member(
     connection: AsyncConnection, member: MemberRecord, *, heartbeat: bool
 ) -> None:
     """Write a member back; ``heartbeat`` also renews its session (only its own request may)."""
-    values = _member_values(member)
-    if heartbeat:
-        values["last_heartbeat"] = func.now()
-        values["expires_at"] = func.now() + member.session_timeout_ms * _ONE_MILLISECOND
-    await connection.execute(
-        update(Member)
-        .where(Member.group_id == member.group_id, Member.member_id == member.member_id)
-        .values(**values)
-    )
+    statement = statements.SAVE_AND_RENEW_MEMBER if heartbeat else statements.SAVE_MEMBER
+    await connection.execute(statement, _member_values(member))
 
 
 async def save_targets(
@@ -470,9 +416,7 @@ async def notify(connection: AsyncConnection, channel: str, payload: str) -> Non
 
 async def delete_member(connection: AsyncConnection, group_id: str, member_id: str) -> bool:
     result = await connection.execute(
-        delete(Member)
-        .where(Member.group_id == group_id, Member.member_id == member_id)
-        .returning(Member.member_id)
+        statements.DELETE_MEMBER, {"group_id": group_id, "member_id": member_id}
     )
     return result.one_or_none() is not None
 
