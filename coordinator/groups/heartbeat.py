@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
+import secrets
+import time
 from dataclasses import replace
 from functools import lru_cache
 
@@ -70,6 +71,27 @@ log = logging.getLogger(__name__)
 def heartbeat_interval(session_timeout_ms: int, settings: Settings) -> int:
     """A third of the session at most, so two lost heartbeats never expire a member."""
     return max(1, min(settings.heartbeat_interval_ms, session_timeout_ms // 3))
+
+
+class _JoinOrderIds:
+    """Member ids that sort after every id this process issued before (the clock's
+    nanoseconds, fixed width and never repeated, then 64 random bits that keep ids of
+    different replicas apart).
+
+    The round-robin assignor deals in member-id order, so with ids in join order a newcomer is
+    dealt last and moves only the members of the partition it joins, not every member after
+    its place in a random order (docs/membership.md, "Subscriptions"). Replicas' clocks that
+    disagree, or one stepped back, only cost movement, never safety."""
+
+    def __init__(self) -> None:
+        self._last_ns = 0
+
+    def issue(self) -> str:
+        self._last_ns = max(time.time_ns(), self._last_ns + 1)
+        return f"m-{self._last_ns:016x}{secrets.token_hex(8)}"
+
+
+new_member_id = _JoinOrderIds().issue
 
 
 def _requested_subscription(request: HeartbeatRequest) -> TopicSubscription | None:
@@ -212,7 +234,7 @@ async def heartbeat(
         request=member_request(request, client_host),
         session_limits=session_limits(settings),
         default_assignor=settings.default_assignor,
-        new_member_id=f"m-{uuid.uuid4().hex}",
+        new_member_id=new_member_id(),
         max_members=settings.max_members_per_group,
     )
     if request.member_epoch > JOIN_EPOCH:
