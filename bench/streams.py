@@ -251,6 +251,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dsl-lines", type=int, default=4_000)
     parser.add_argument("--dsl-rounds", type=int, default=3)
     parser.add_argument("--windowed-records", type=int, default=8_000)
+    parser.add_argument("--windowed-users", type=int, default=5_000)
     parser.add_argument("--cpu-records", type=int, default=100_000)
     parser.add_argument(
         "--cache-max-bytes",
