@@ -243,17 +243,26 @@ class Scheduler:
         or its call was stopped first. No call of ``process`` happened, so nothing counts it
         as a failure, retries or dead-letters it. Asking the hand-out guard notices a loss
         the pool saw, and the loss gives the record back with everything else; a record
-        whose slice is still ours (a heartbeat answered after the deadline the pool read,
-        a revocation of another slice) is sent again, first in its lane."""
+        whose key is still ours (a heartbeat answered after the deadline the pool read, a
+        revocation of another slice or of another part of its own) is sent again, first in
+        its lane. A partial revocation ends the lease of the whole slice it cuts, so a
+        record of the kept part goes again under the kept part's new lease: given back, it
+        would wait for this member's restart while the member lives on, holding its
+        slice's commit point below it."""
         attempt.number -= 1
         detach(attempt)
         if not self._source.may_hand_out():
             return
-        stopping = self._lifecycle.stopping
-        if attempt.withdrawn or stopping or attempt.lease is None or not attempt.lease.valid:
+        if attempt.withdrawn or self._lifecycle.stopping or attempt.lease is None:
             self.give_back(attempt)
-        else:
-            attempt.lane.retries.appendleft(attempt)
+            return
+        if not attempt.lease.valid:
+            tp, _, hashed = attempt.item
+            attempt.lease = self._source.gate.lease(tp, hashed)
+            if attempt.lease is None:
+                self.give_back(attempt)
+                return
+        attempt.lane.retries.appendleft(attempt)
 
     def resolve(self, observer: Observer, error: BaseException | None) -> None:
         if observer.resolved:

@@ -428,6 +428,37 @@ async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_th
     assert 1 not in source.marked
 
 
+async def test_a_record_a_partial_revocation_kept_is_sent_again_under_the_kept_lease() -> None:
+    """A revocation of part of a slice ends the whole slice's lease: a record of the kept part
+    waiting for the pool is refused, and must be sent again under the kept part's lease, not
+    given back (which would leave it to this member's restart: lost while the member lives)."""
+    source = Source()
+    ran: list[int] = []
+    release = threading.Event()
+
+    def handle(record: Any) -> None:
+        ran.append(record.offset)
+        if record.offset == 0:
+            release.wait(30)
+
+    revoked = {TP: [KeyRange(1_000, KeyRange.full().end)]}
+    try:
+        async with runtime_over(source, handle) as (runtime, running):
+            source.put(0)
+            source.put(1)
+            await until(lambda: ran == [0] and source.handed == [0, 1], 30, "1 waits for 0")
+            # What the consumer's release does: the gate first, then the runtime's hook.
+            source.revoke(revoked)
+            runtime.revoking(revoked)
+            release.set()
+            await until(lambda: source.marked == [0, 1], 30, "both processed")
+            assert not running.done()
+    finally:
+        release.set()
+    assert ran == [0, 1]
+    assert source.given_back == []
+
+
 @pytest.mark.slow
 async def test_records_a_dead_process_never_started_are_not_counted_as_its_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
