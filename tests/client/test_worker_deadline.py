@@ -398,8 +398,12 @@ async def test_a_record_a_pool_did_not_start_is_sent_again_while_the_membership_
     assert source.given_back == []
 
 
-async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_the_loss() -> None:
-    source = Source()
+@asynccontextmanager
+async def offset_1_waiting_for_the_thread(
+    source: Source,
+) -> AsyncIterator[tuple[WorkerRuntime, asyncio.Task[None], list[int], threading.Event]]:
+    """A runtime on one thread, running offset 0 until ``release`` is set, with offset 1
+    handed out and waiting for that thread; ``ran`` lists the offsets handled so far."""
     ran: list[int] = []
     release = threading.Event()
 
@@ -413,17 +417,23 @@ async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_th
             source.put(0)
             source.put(1)
             await until(lambda: ran == [0] and source.handed == [0, 1], 30, "1 waits for 0")
-            # The deadline passes while offset 1 waits for the thread, and nothing on the
-            # loop has asked the hand-out guard since: the refusal is the first to know.
-            source.deadline_at = time.monotonic() - 1
-            release.set()
-            await until(lambda: 1 in source.given_back, 30, "offset 1 given back")
-            assert source.lost
-            # Neither a failure (at_least_once would have stopped the runtime) nor processed.
-            assert not running.done()
-            assert runtime.stats.failed == 0
+            yield runtime, running, ran, release
     finally:
         release.set()
+
+
+async def test_a_record_a_pool_did_not_start_past_the_deadline_goes_back_with_the_loss() -> None:
+    source = Source()
+    async with offset_1_waiting_for_the_thread(source) as (runtime, running, ran, release):
+        # The deadline passes while offset 1 waits for the thread, and nothing on the
+        # loop has asked the hand-out guard since: the refusal is the first to know.
+        source.deadline_at = time.monotonic() - 1
+        release.set()
+        await until(lambda: 1 in source.given_back, 30, "offset 1 given back")
+        assert source.lost
+        # Neither a failure (at_least_once would have stopped the runtime) nor processed.
+        assert not running.done()
+        assert runtime.stats.failed == 0
     assert ran == [0]
     assert 1 not in source.marked
 
@@ -433,28 +443,14 @@ async def test_a_record_a_partial_revocation_kept_is_sent_again_under_the_kept_l
     waiting for the pool is refused, and must be sent again under the kept part's lease, not
     given back (which would leave it to this member's restart: lost while the member lives)."""
     source = Source()
-    ran: list[int] = []
-    release = threading.Event()
-
-    def handle(record: Any) -> None:
-        ran.append(record.offset)
-        if record.offset == 0:
-            release.wait(30)
-
     revoked = {TP: [KeyRange(1_000, KeyRange.full().end)]}
-    try:
-        async with runtime_over(source, handle) as (runtime, running):
-            source.put(0)
-            source.put(1)
-            await until(lambda: ran == [0] and source.handed == [0, 1], 30, "1 waits for 0")
-            # What the consumer's release does: the gate first, then the runtime's hook.
-            source.revoke(revoked)
-            runtime.revoking(revoked)
-            release.set()
-            await until(lambda: source.marked == [0, 1], 30, "both processed")
-            assert not running.done()
-    finally:
+    async with offset_1_waiting_for_the_thread(source) as (runtime, running, ran, release):
+        # What the consumer's release does: the gate first, then the runtime's hook.
+        source.revoke(revoked)
+        runtime.revoking(revoked)
         release.set()
+        await until(lambda: source.marked == [0, 1], 30, "both processed")
+        assert not running.done()
     assert ran == [0, 1]
     assert source.given_back == []
 
