@@ -83,7 +83,7 @@ async def _timed(
     output: str,
     done: Callable[[list[Any]], bool],
     topics: tuple[str, ...] = (),
-    shares: list[float] | None = None,
+    shares: list[list[tuple[int, int]]] | None = None,
 ) -> tuple[float, float]:
     """Start ``instances`` processes, wait until the group settled (``topics`` owned too),
     then time ``feed`` to ``done(output records)``: the seconds, and the CPU seconds the
@@ -110,7 +110,7 @@ async def _timed(
             await asyncio.sleep(0.2)
         if shares is not None:
             shares.extend(
-                [tuple(keys) for piece in member["owned"] for keys in piece["ranges"]]
+                [(keys[0], keys[1]) for piece in member["owned"] for keys in piece["ranges"]]
                 for member in await group_members(stack.coordinator_url, app_id)
             )
         running = [psutil.Process(process.process.pid) for process in processes]
@@ -219,7 +219,7 @@ async def windowed_speedup(
     windows = {(key, stamp // MINUTE_MS) for key, _, stamp in views}
     seconds: dict[int, float] = {}
     cpu: dict[int, float] = {}
-    owned: list[Any] = []
+    owned: list[list[tuple[int, int]]] = []
     for instances in (1, 4):
         source, output = await new_topics(stack, "views", "windows")
         env = {
