@@ -38,17 +38,6 @@ from coordinator.db.models import (
 )
 from coordinator.groups import statements
 
-# A plain row lock, not an upsert: a lock that writes no new row version neither makes
-# commits (which insert the group row if it is missing) wait for this transaction, nor, being
-# NO KEY UPDATE, the foreign-key checks of rows that reference the group.
-_LOCK_GROUP = text(
-    """
-    SELECT group_id, assignor, group_epoch, rebalance_requested, rebalance_reason
-    FROM groups WHERE group_id = :group_id
-    FOR NO KEY UPDATE
-    """
-)
-
 _CREATE_GROUP = text(
     "INSERT INTO groups (group_id) VALUES (:group_id) ON CONFLICT (group_id) DO NOTHING"
 )
@@ -278,11 +267,16 @@ def _member_from_row(row: Any) -> MemberRecord:
 
 
 async def lock_group(connection: AsyncConnection, group_id: str) -> GroupRecord:
-    """Create the group if new and lock its row until the transaction ends."""
-    row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one_or_none()
+    """Create the group if new and lock its row until the transaction ends: a plain row
+    lock (``statements.FIND_GROUP_LOCKED``), not an upsert, since a lock that writes no new
+    row version neither makes commits (which insert the group row if it is missing) wait for
+    this transaction, nor, being NO KEY UPDATE, the foreign-key checks of rows that reference
+    the group."""
+    locked = {"group_id": group_id}
+    row = (await connection.execute(statements.FIND_GROUP_LOCKED, locked)).one_or_none()
     if row is None:
-        await connection.execute(_CREATE_GROUP, {"group_id": group_id})
-        row = (await connection.execute(_LOCK_GROUP, {"group_id": group_id})).one()
+        await connection.execute(_CREATE_GROUP, locked)
+        row = (await connection.execute(statements.FIND_GROUP_LOCKED, locked)).one()
     return _group_from_row(row)
 
 
