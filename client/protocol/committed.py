@@ -116,6 +116,26 @@ class CommittedOffsets:
         cls._assign(state, stable_offset, ranges, pieces, metadata)
         return state
 
+    @classmethod
+    def of_canonical_pieces(
+        cls,
+        stable_offset: int,
+        ranges: tuple[tuple[int, int], ...],
+        pieces: tuple[Piece, ...],
+        metadata: str | None,
+    ) -> CommittedOffsets:
+        """``of_pieces`` without the invariant checks, for the coordinator's C merge
+        (``coordinator/core/_commit.c``), which builds canonical states only: the checks cost
+        a third of what is left of a partition's merge, and tests/core/test_commit_native.py
+        holds its states equal to the Python merge's, which are checked."""
+        state = cls.__new__(cls)
+        fields = state.__dict__
+        fields["stable_offset"] = stable_offset
+        fields["ranges"] = ranges
+        fields["pieces"] = pieces
+        fields["metadata"] = metadata
+        return state
+
     def _assign(
         self,
         stable_offset: int,

@@ -29,6 +29,11 @@ from client.protocol import error_names as names
 from client.protocol.committed import OFFSET_MAX, CommittedOffsets, Piece
 from client.protocol.keyspace import HASH_MAX, HASH_MIN, check_key_range
 
+try:
+    from coordinator.core import _commit as native
+except ImportError:  # installed without a C compiler: every commit is merged in Python
+    native = None  # type: ignore[assignment]
+
 OffsetRange = tuple[int, int]
 
 
@@ -71,7 +76,50 @@ def apply_individual_commit(
     Ranges wholly below the stable offset are ignored (``TOO_OLD`` when that is all of them),
     ranges straddling it are clipped; watermarks at or below it are no-ops. Ranges and
     watermarks are refused separately when they would grow the stored state past its limit.
+
+    The common case (a small state, nothing near a limit) is merged by the C module
+    ``coordinator.core._commit`` where it is installed; it leaves everything else to
+    ``merge_in_python``, which decides the same.
     """
+    if native is not None:
+        merged = native.apply(
+            state.stable_offset,
+            state.ranges,
+            state.pieces,
+            ranges,
+            watermarks,
+            max_ic_ranges,
+            max_watermark_pieces,
+        )
+        if merged is not None:
+            stable, kept_ranges, kept_pieces, too_old, advanced, duplicate = merged
+            return PartitionCommitResult(
+                CommittedOffsets.of_canonical_pieces(
+                    stable, kept_ranges, kept_pieces, state.metadata
+                ),
+                TOO_OLD if too_old else OK,
+                advanced,
+                duplicate,
+            )
+    return merge_in_python(
+        state,
+        ranges,
+        watermarks,
+        max_ic_ranges=max_ic_ranges,
+        max_watermark_pieces=max_watermark_pieces,
+    )
+
+
+def merge_in_python(
+    state: CommittedOffsets,
+    ranges: Sequence[OffsetRange],
+    watermarks: Sequence[Piece],
+    *,
+    max_ic_ranges: int,
+    max_watermark_pieces: int,
+) -> PartitionCommitResult:
+    """``apply_individual_commit`` in Python: every case, and the reference the C module is
+    tested against."""
     stable = state.stable_offset
     stored_ranges = state.ranges
     stored_pieces = state.pieces

@@ -462,6 +462,9 @@ class Model:
 
 
 class CommitMachine(RuleBasedStateMachine):
+    # The C merge where it is installed (tests/core/test_commit_native.py runs the Python one).
+    merge = staticmethod(apply_individual_commit)
+
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
@@ -502,8 +505,12 @@ class CommitMachine(RuleBasedStateMachine):
             Watermark(keys, max(0, before.stable_offset + distance))
             for keys, distance in relative_raises
         ]
-        result = commit(
-            before, ranges, raises, max_ic_ranges=MAX_RANGES, max_watermark_pieces=MAX_PIECES
+        result = self.merge(
+            before,
+            ranges,
+            [(w.keys.start, w.keys.end, w.offset) for w in raises],
+            max_ic_ranges=MAX_RANGES,
+            max_watermark_pieces=MAX_PIECES,
         )
 
         # The first of: both parts, watermarks only, ranges only, neither; whose applied
