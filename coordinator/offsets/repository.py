@@ -25,7 +25,6 @@ import asyncio
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any, Protocol
 
 import asyncpg
@@ -36,10 +35,11 @@ from client.protocol.committed import CommittedOffsets
 from coordinator.core.fence import MemberStanding
 from coordinator.db.models import PartitionOffsets
 from coordinator.db.switches import STORED_SWITCH
+from coordinator.offsets import literals
 from coordinator.offsets.pacing import PARTITIONS_PER_TURN
 
 TopicPartitionKey = tuple[str, int]
-GroupPartitionKey = tuple[str, str, int]
+GroupPartitionKey = literals.GroupPartitionKey
 
 _STATE_COLUMNS = (
     PartitionOffsets.topic,
@@ -84,117 +84,42 @@ def _state_of(row: _Row) -> CommittedOffsets:
 def _locked_state_of(row: asyncpg.Record) -> CommittedOffsets:
     """A row of ``_LOCK_PARTITIONS`` (columns by position) as the algebra's value."""
     return CommittedOffsets.of_pieces(
-        row[3], _ranges_from_text(row[4]), tuple(zip(row[5], row[6], row[7], strict=True)), row[8]
+        row[3],
+        literals.ranges_from_text(row[4]),
+        tuple(zip(row[5], row[6], row[7], strict=True)),
+        row[8],
     )
-
-
-def _ranges_from_text(text: str) -> tuple[tuple[int, int], ...]:
-    """An ``int8multirange`` in Postgres' text form, which is canonical: ``{}`` or
-    ``{[a,b),[c,d)}``; an unbounded range, which no commit stores, is skipped as
-    ``_ranges_from_db`` skips it."""
-    if len(text) <= 2:
-        return ()
-    if "(" not in text and ",)" not in text:  # every range bounded: the bounds, in one split
-        bounds = [int(bound) for bound in text[2:-2].replace("),[", ",").split(",")]
-        return tuple(
-            [(lower, upper - 1) for lower, upper in zip(bounds[::2], bounds[1::2], strict=True)]
-        )
-    ranges = []
-    for part in text[2:-2].split("),["):
-        lower, _, upper = part.partition(",")
-        if lower and upper:
-            ranges.append((int(lower), int(upper) - 1))
-    return tuple(ranges)
-
-
-def _text_array(values: Sequence[str | None]) -> str:
-    """A ``text[]`` literal: every element quoted, so none can be read as NULL or split.
-
-    Each distinct value is quoted once: a batch's keys repeat a few group ids and topics."""
-    quoted = {
-        value: "NULL"
-        if value is None
-        else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        for value in set(values)
-    }
-    return "{" + ",".join(map(quoted.__getitem__, values)) + "}"
-
-
-def _int_array(values: Iterable[int]) -> str:
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def _key_arrays(ordered: Sequence[GroupPartitionKey]) -> tuple[str, str, str]:
-    """(group, topic, partition) keys as the three array literals the statements unnest."""
-    return (
-        _text_array([key[0] for key in ordered]),
-        _text_array([key[1] for key in ordered]),
-        _int_array([key[2] for key in ordered]),
-    )
-
-
-def _state_columns(states: Sequence[CommittedOffsets]) -> tuple[list[str], ...]:
-    """New states as the elements of one array literal per column, in the write statement's
-    parameter order (the stable offsets' and the metadata's literals are built by the caller)."""
-    ranges, starts, ends, offsets = [], [], [], []
-    for state in states:
-        # Postgres' own text for the ranges (``_canonical_ranges``), quoted by the caller.
-        ranges.append(_canonical_ranges(state))
-        pieces = state.pieces
-        if pieces:
-            starts.append('"{' + ",".join(map(str, map(_first, pieces))) + '}"')
-            ends.append('"{' + ",".join(map(str, map(_second, pieces))) + '}"')
-            offsets.append('"{' + ",".join(map(str, map(_third, pieces))) + '}"')
-        else:  # a slice's watermarks are dropped once the stable offset passes them
-            starts.append('"{}"')
-            ends.append('"{}"')
-            offsets.append('"{}"')
-    return ranges, starts, ends, offsets
-
-
-def _canonical_ranges(state: CommittedOffsets) -> str:
-    """The IC ranges of ``state`` as Postgres writes an ``int8multirange`` (``{[a,b),...}``),
-    which ``WrittenStates`` compares with what the next batch reads back."""
-    return "{" + ",".join([f"[{start},{end + 1})" for start, end in state.ranges]) + "}"
-
-
-# ``%`` and ``map`` format in C: a batch formats a few columns per partition.
-_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class WrittenStates:
     """The state a batcher last wrote to each row, so a row read back unchanged is not decoded
     again (decoding a small state cost about as much as the algebra's work on it). A row is
-    taken from here only when every column the decoding reads equals what was written (the IC
-    ranges as Postgres' text), so a row someone else wrote since (an admin reset, another
-    coordinator), or a write whose transaction failed, is decoded as usual. Forgets everything
-    past ``capacity`` rows, to stay bounded."""
+    taken from here only when its state's text (``_STATE_TEXT``) and its metadata equal what
+    was written, so a row someone else wrote since (an admin reset, another coordinator), or
+    a write whose transaction failed, is decoded as usual. Forgets everything past
+    ``capacity`` rows, to stay bounded."""
 
     def __init__(self, capacity: int = 100_000) -> None:
         self._states: dict[GroupPartitionKey, tuple[str, CommittedOffsets]] = {}
         self._capacity = capacity
 
-    def remember(self, key: GroupPartitionKey, ranges_text: str, state: CommittedOffsets) -> None:
-        if len(self._states) >= self._capacity and key not in self._states:
+    def remember(
+        self,
+        keys: Sequence[GroupPartitionKey],
+        state_texts: Sequence[str],
+        states: Sequence[CommittedOffsets],
+    ) -> None:
+        """The states a batch wrote, with their text, key by key."""
+        if len(self._states) + len(keys) > self._capacity:
             self._states.clear()
-        self._states[key] = (ranges_text, state)
+        self._states.update(zip(keys, zip(state_texts, states, strict=True), strict=True))
 
     def of_row(self, key: GroupPartitionKey, row: asyncpg.Record) -> CommittedOffsets | None:
         """The state of a ``lock_batch`` row, if it is the one last written to it."""
         known = self._states.get(key)
-        if known is None:
+        if known is None or row[6] != known[0] or row[7] != known[1].metadata:
             return None
-        ranges_text, state = known
-        starts = row[7]
-        if (
-            row[6] != ranges_text
-            or row[4] != state.stable_offset
-            or row[10] != state.metadata
-            or len(starts) != len(state.pieces)
-            or (starts and tuple(zip(starts, row[8], row[9], strict=True)) != state.pieces)
-        ):
-            return None
-        return state
+        return known[1]
 
 
 # The commit statements run on the driver connection: at the rates commits come, SQLAlchemy's
@@ -274,26 +199,33 @@ _WRITE_PARTITIONS = """
 """
 
 
+# A partition row's state (all but the metadata) as one text, in Postgres' own output of each
+# column: ``stable|{[a,b),...}|{starts}|{ends}|{offsets}``. The write's literals are that same
+# text (``coordinator.offsets._literals``), so a row read back unchanged is recognised by one
+# string comparison (``WrittenStates``), and a row that is not is decoded from it
+# (``literals.state_of_text``). None of the columns is NULL, and no column's text holds a
+# ``|``.
+_STATE_TEXT = "concat_ws('|', p.stable_offset, p.ic_ranges, p.wm_starts, p.wm_ends, p.wm_offsets)"
+
 # A batch's one reading statement: the fence's facts, the switch and the partition rows, with
 # every lock, in one round trip. ``UNION ALL`` runs its branches one after the other, so the
 # locks are still taken groups, then members, then partitions. It locks the rows of every
 # request of the batch, refused or not: a refused request's rows are read, never written, and
 # their locks end with the transaction. Columns by branch (``kind``): 0 a group
 # (``number``: its live members), 1 a member (``number``, ``previous``: its epochs, ``flag``:
-# alive), 2 the switch (``flag``), 3 a partition row (``number``: the partition, then its
-# state).
+# alive), 2 the switch (``flag``), 3 a partition row (``number``: the partition, ``state``:
+# its state as ``_STATE_TEXT``, and its ``metadata``).
 _LOCK_BATCH = f"""
     SELECT 0 AS kind, g.group_id, NULL::text AS name,
            (SELECT count(*) FROM members m
             WHERE m.group_id = g.group_id AND m.expires_at > now()) AS number,
-           NULL::bigint AS previous, NULL::bool AS flag, NULL::text AS ic_ranges,
-           NULL::bigint[] AS wm_starts, NULL::bigint[] AS wm_ends, NULL::bigint[] AS wm_offsets,
+           NULL::bigint AS previous, NULL::bool AS flag, NULL::text AS state,
            NULL::text AS metadata
     FROM (SELECT group_id FROM groups WHERE group_id = ANY($1::text::text[])
           ORDER BY group_id FOR SHARE) AS g
     UNION ALL
     SELECT 1, m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
-           m.expires_at > now(), NULL, NULL, NULL, NULL, NULL
+           m.expires_at > now(), NULL, NULL
     FROM (SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch, m.expires_at
           FROM members m
           JOIN unnest($2::text::text[], $3::text::text[]) AS requested(group_id, member_id)
@@ -301,10 +233,9 @@ _LOCK_BATCH = f"""
           ORDER BY m.group_id, m.member_id
           FOR SHARE OF m) AS m
     UNION ALL
-    SELECT 2, NULL, NULL, NULL, NULL, ({STORED_SWITCH}), NULL, NULL, NULL, NULL, NULL
+    SELECT 2, NULL, NULL, NULL, NULL, ({STORED_SWITCH}), NULL, NULL
     UNION ALL
-    SELECT 3, p.group_id, p.topic, p.partition, p.stable_offset, NULL, p.ic_ranges::text,
-           p.wm_starts, p.wm_ends, p.wm_offsets, p.metadata
+    SELECT 3, p.group_id, p.topic, p.partition, NULL, NULL, {_STATE_TEXT}, p.metadata
     FROM (SELECT stored.group_id, stored.topic, stored.partition, stored.stable_offset,
                  stored.ic_ranges, stored.wm_starts, stored.wm_ends, stored.wm_offsets,
                  stored.metadata
@@ -321,8 +252,8 @@ _LOCK_BATCH = f"""
 # the transaction. The write is a statement prepared once per connection (``PREPARE``, which
 # outlives a rolled-back transaction), so Postgres plans it once rather than per batch, and
 # its parameters, text literals already, are sent as escaped string constants
-# (``_constant``). If the write fails, Postgres skips the ``COMMIT`` and the transaction is
-# rolled back as any failed batch's.
+# (``literals.sql_constant``). If the write fails, Postgres skips the ``COMMIT`` and the
+# transaction is rolled back as any failed batch's.
 _WRITE_NAME = "keyrange_write_partitions"
 _PREPARE_WRITE = f"PREPARE {_WRITE_NAME} ({', '.join(['text'] * 9)}) AS {_WRITE_PARTITIONS}"
 _WRITE_AND_COMMIT = f"EXECUTE {_WRITE_NAME} ({{}});\nCOMMIT;"
@@ -358,15 +289,15 @@ async def lock_committers(
     standings: dict[tuple[str, str], MemberStanding] = {}
     switch_rows: list[asyncpg.Record] = []
     if standalone_groups:
-        rows = await connection.fetch(_LOCK_GROUPS, _text_array(sorted(standalone_groups)))
+        rows = await connection.fetch(_LOCK_GROUPS, literals.text_array(sorted(standalone_groups)))
         live_members = {row["group_id"]: int(row["live_members"]) for row in rows}
         switch_rows += rows[:1]
     if members:
         ordered = sorted(members)
         rows = await connection.fetch(
             _LOCK_MEMBERS,
-            _text_array([group for group, _ in ordered]),
-            _text_array([member for _, member in ordered]),
+            literals.text_array([group for group, _ in ordered]),
+            literals.text_array([member for _, member in ordered]),
         )
         standings = {
             (row["group_id"], row["member_id"]): MemberStanding(
@@ -403,10 +334,10 @@ async def lock_batch(
     ordered_members = sorted(members)
     rows = await connection.fetch(
         _LOCK_BATCH,
-        _text_array(sorted(standalone_groups)),
-        _text_array([group for group, _ in ordered_members]),
-        _text_array([member for _, member in ordered_members]),
-        *_key_arrays(sorted(keys)),
+        literals.text_array(sorted(standalone_groups)),
+        literals.text_array([group for group, _ in ordered_members]),
+        literals.text_array([member for _, member in ordered_members]),
+        *literals.key_arrays(sorted(keys)),
     )
     live_members: dict[str, int] = {}
     standings: dict[tuple[str, str], MemberStanding] = {}
@@ -434,23 +365,13 @@ async def states_of(
     or decoded, a turn at a time (``coordinator.offsets.pacing``)."""
     wanted = [key for key in keys if key in rows]
     states: dict[GroupPartitionKey, CommittedOffsets] = {}
-    of_pieces = CommittedOffsets.of_pieces
+    of_row = written.of_row
     for start in range(0, len(wanted), PARTITIONS_PER_TURN):
         if start:
             await asyncio.sleep(0)
         for key in wanted[start : start + PARTITIONS_PER_TURN]:
             row = rows[key]
-            state = written.of_row(key, row)
-            if state is not None:
-                states[key] = state
-                continue
-            starts = row[7]
-            states[key] = of_pieces(
-                row[4],
-                _ranges_from_text(row[6]) if len(row[6]) > 2 else (),
-                tuple(zip(starts, row[8], row[9], strict=True)) if starts else (),
-                row[10],
-            )
+            states[key] = of_row(key, row) or literals.state_of_text(row[6], row[7])
     return states
 
 
@@ -459,7 +380,7 @@ async def lock_existing(
 ) -> dict[GroupPartitionKey, CommittedOffsets]:
     """Lock the rows of ``keys`` that exist FOR UPDATE, without writing them (no new row
     versions), and read their state, decoded a turn at a time (``coordinator.offsets.pacing``)."""
-    rows = await connection.fetch(_LOCK_PARTITIONS, *_key_arrays(sorted(set(keys))))
+    rows = await connection.fetch(_LOCK_PARTITIONS, *literals.key_arrays(sorted(set(keys))))
     states: dict[GroupPartitionKey, CommittedOffsets] = {}
     for start in range(0, len(rows), PARTITIONS_PER_TURN):
         if start:
@@ -487,7 +408,7 @@ async def create_partitions(
     """Insert the rows of ``keys`` that are missing, which only a partition's first commits
     meet, then lock and read them all."""
     ordered = sorted(set(keys))
-    await connection.execute(_CREATE_PARTITIONS, *_key_arrays(ordered))
+    await connection.execute(_CREATE_PARTITIONS, *literals.key_arrays(ordered))
     return await lock_existing(connection, ordered)
 
 
@@ -497,7 +418,7 @@ async def write_partitions(
     """Store ``states`` into rows the caller has locked; their columns are formatted a turn
     at a time (``coordinator.offsets.pacing``)."""
     if states:
-        parameters, _ = await _write_parameters(states)
+        parameters, _, _, _ = await literals.write_literals(states)
         await connection.execute(_WRITE_PARTITIONS, *parameters)
 
 
@@ -511,7 +432,7 @@ async def write_and_commit(
     if not states:
         await connection.execute("COMMIT;")
         return
-    parameters, ranges_texts = await _write_parameters(states)
+    parameters, ordered, ordered_states, state_texts = await literals.write_literals(states)
     if connection not in _PREPARED:
         try:
             await connection.execute(_PREPARE_WRITE)
@@ -521,40 +442,10 @@ async def write_and_commit(
             _PREPARED.add(connection)
             raise
         _PREPARED.add(connection)
-    await connection.execute(_WRITE_AND_COMMIT.format(", ".join(map(_constant, parameters))))
-    for key, ranges_text in ranges_texts.items():
-        written.remember(key, ranges_text, states[key])
-
-
-def _constant(literal: str) -> str:
-    """``literal`` as an SQL string constant, in the escape form, which reads the same
-    whatever ``standard_conforming_strings`` is."""
-    return "E'" + literal.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-async def _write_parameters(
-    states: Mapping[GroupPartitionKey, CommittedOffsets],
-) -> tuple[list[str], dict[GroupPartitionKey, str]]:
-    """The write statement's nine array literals, formatted a turn at a time, and the IC
-    ranges' text of each state."""
-    ordered = sorted(states)
-    columns: tuple[list[str], ...] = ([], [], [], [])
-    for start in range(0, len(ordered), PARTITIONS_PER_TURN):
-        if start:
-            await asyncio.sleep(0)
-        part = _state_columns([states[key] for key in ordered[start : start + PARTITIONS_PER_TURN]])
-        for column, values in zip(columns, part, strict=True):
-            column.extend(values)
-    written = [states[key] for key in ordered]
-    ranges_texts, *pieces_columns = columns
-    parameters = [
-        *_key_arrays(ordered),
-        _int_array([state.stable_offset for state in written]),
-        '{"' + '","'.join(ranges_texts) + '"}',
-        *["{" + ",".join(column) + "}" for column in pieces_columns],
-        _text_array([state.metadata for state in written]),
-    ]
-    return parameters, dict(zip(ordered, ranges_texts, strict=True))
+    await connection.execute(
+        _WRITE_AND_COMMIT.format(", ".join(map(literals.sql_constant, parameters)))
+    )
+    written.remember(ordered, state_texts, ordered_states)
 
 
 async def read_partitions(

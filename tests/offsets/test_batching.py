@@ -16,7 +16,7 @@ from sqlalchemy.pool import QueuePool
 from coordinator import metrics
 from coordinator.db.engine import make_engine
 from coordinator.errors import FencedMemberEpoch, KeyrangeError, UnknownMemberId
-from coordinator.offsets import repository
+from coordinator.offsets import literals, repository
 from coordinator.offsets.batching import CommitBatcher
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.offsets.service import CommitResult
@@ -434,5 +434,45 @@ async def test_a_row_written_by_someone_else_is_read_as_stored(engine: AsyncEngi
         )
         assert again.reply.partitions[0].last_stable_offset == 9
         assert await stored(engine, "batch-written") == [("t", 0, 9, ((11, 12),))]
+    finally:
+        await batcher.close()
+
+
+async def test_a_row_read_back_as_written_is_not_decoded_again(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Postgres' text of a row the batcher wrote is the text it remembered for it (ranges,
+    watermark pieces and metadata included), so the next commit takes the state it kept."""
+    decoded: list[str] = []
+    decode = literals.state_of_text
+
+    def counting(text: str, metadata: str | None) -> repository.CommittedOffsets:
+        decoded.append(text)
+        return decode(text, metadata)
+
+    monkeypatch.setattr(literals, "state_of_text", counting)
+    batcher = CommitBatcher(engine, settings_for_tests())
+    batcher.start()
+    try:
+        entry = {
+            "topic": "t",
+            "partition": 0,
+            "ranges": [[5, 6], [9, 9], [2**62, 2**62 + 3]],
+            "watermarks": [[0, 2**62 - 1, 12], [2**62, 2**63 - 1, 4]],
+            "metadata": 'a "quoted" \\ note, {braces} | bars',
+        }
+        first = await batcher.submit("batch-read-back", commit_request(entry))
+        # Both watermarks cover the whole key space: the stable offset moves to the lower, 4.
+        assert first.reply.partitions[0].last_stable_offset == 4
+        assert decoded == []  # a new row is read where it is created, from its columns
+        second = await batcher.submit(
+            "batch-read-back",
+            commit_request({"topic": "t", "partition": 0, "ranges": [[20, 21]]}),
+        )
+        assert decoded == []
+        assert second.reply.partitions[0].last_stable_offset == 4
+        assert await stored(engine, "batch-read-back") == [
+            ("t", 0, 4, ((5, 6), (9, 9), (20, 21), (2**62, 2**62 + 3)))
+        ]
     finally:
         await batcher.close()

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from coordinator.db import quotas
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
-from coordinator.offsets import repository
+from coordinator.offsets import literals, repository
 from coordinator.offsets.batching import CommitBatcher
 from coordinator.offsets.schemas import CommitRequest
 from coordinator.offsets.service import CommitResult
@@ -224,10 +224,10 @@ async def test_text_parameters_and_ranges_keep_every_character_and_range(
 
 
 def test_ranges_read_as_text_are_the_ranges_stored() -> None:
-    assert repository._ranges_from_text("{}") == ()
-    assert repository._ranges_from_text("{[5,6),[7,10)}") == ((5, 5), (7, 9))
+    assert literals.ranges_from_text("{}") == ()
+    assert literals.ranges_from_text("{[5,6),[7,10)}") == ((5, 5), (7, 9))
     # Unbounded ranges are no commit's; skipped as the binary reading skips them.
-    assert repository._ranges_from_text("{(,3),[7,10),[12,)}") == ((7, 9),)
+    assert literals.ranges_from_text("{(,3),[7,10),[12,)}") == ((7, 9),)
 
 
 async def test_a_write_prepared_unbeknown_to_the_batcher_costs_one_batch(
