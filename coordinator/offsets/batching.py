@@ -29,7 +29,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import cast
 
 import asyncpg
@@ -45,8 +44,14 @@ from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import KeyrangeError, ServiceUnavailable
 from coordinator.offsets import repository
 from coordinator.offsets.commit_tracing import CommitTrace
+from coordinator.offsets.pacing import PARTITIONS_PER_TURN
 from coordinator.offsets.schemas import CommitRequest
-from coordinator.offsets.service import CommitResult, CommitTally, apply_request
+from coordinator.offsets.service import (
+    CommitResult,
+    CommitTally,
+    apply_request,
+    apply_small_request,
+)
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,17 +61,26 @@ log = logging.getLogger(__name__)
 _ATTEMPTS_ALONE = 3
 
 
-@dataclass
 class _Pending:
-    group_id: str
-    request: CommitRequest
-    # The tenant whose group cap the group counts against, should this commit create it.
-    scope: str
-    # Its spans while tracing is on (``coordinator.offsets.commit_tracing``).
-    trace: CommitTrace | None = None
-    reply: asyncio.Future[CommitResult] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    """A queued request and the future its submitter awaits."""
+
+    # Slots and a plain constructor: one is made per commit request.
+    __slots__ = ("group_id", "reply", "request", "scope", "trace")
+
+    def __init__(
+        self,
+        group_id: str,
+        request: CommitRequest,
+        # The tenant whose group cap the group counts against, should this commit create it.
+        scope: str,
+        # Its spans while tracing is on (``coordinator.offsets.commit_tracing``).
+        trace: CommitTrace | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.request = request
+        self.scope = scope
+        self.trace = trace
+        self.reply: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
 
 
 class _Undecided:
@@ -344,19 +358,18 @@ class CommitBatcher:
             admitted = await _add_partitions(
                 connection, admitted, locked, outcomes, self._settings.max_partitions_per_group
             )
-        states: dict[str, dict[tuple[str, int], CommittedOffsets]] = {}
-        for (group_id, topic, partition), state in locked.items():
-            states.setdefault(group_id, {})[(topic, partition)] = state
         changed: dict[repository.GroupPartitionKey, CommittedOffsets] = {}
         tally.requests = len(admitted)
+        settings = self._settings
         for index, pending in admitted:
-            group_states = states[pending.group_id]
-            applied = await apply_request(
-                pending.group_id, pending.request, group_states, self._settings, tally
+            request = pending.request
+            outcomes[index] = (
+                apply_small_request(pending.group_id, request, locked, changed, settings, tally)
+                if len(request.partitions) <= PARTITIONS_PER_TURN
+                else await apply_request(
+                    pending.group_id, request, locked, changed, settings, tally
+                )
             )
-            for topic, partition in applied.changed:
-                changed[(pending.group_id, topic, partition)] = group_states[(topic, partition)]
-            outcomes[index] = applied.result
         return outcomes, changed
 
 

@@ -158,12 +158,6 @@ def _apply(
     return result
 
 
-@dataclass(frozen=True)
-class AppliedRequest:
-    result: CommitResult
-    changed: list[tuple[str, int]]
-
-
 @dataclass
 class CommitTally:
     """What the requests of one batch did to the metrics, added to them once per batch: a
@@ -182,22 +176,72 @@ class CommitTally:
             _COMMITTED_BY_OUTCOME[outcome].inc(count)
 
 
+# A batch's locked states, by (group, topic, partition).
+States = dict[repository.GroupPartitionKey, CommittedOffsets]
+
+
 async def apply_request(
     group_id: str,
     request: CommitRequest,
-    states: dict[tuple[str, int], CommittedOffsets],
+    states: States,
+    changed: States,
     settings: Settings,
     tally: CommitTally,
-) -> AppliedRequest:
+) -> CommitResult:
     """Apply an admitted request to the locked ``states`` in place, giving other requests a
-    turn now and then (``coordinator.offsets.pacing``), and count its partitions' outcomes
-    in ``tally``.
+    turn now and then (``coordinator.offsets.pacing``), note the states it changed in
+    ``changed`` for the caller to write back, and count its partitions' outcomes in ``tally``.
 
     In place, so that several requests applied in one transaction each see the state the
-    previous one left; the caller writes the keys in ``changed`` back.
+    previous one left. A request of one turn or less, which is nearly every one, is better
+    applied by ``apply_small_request``, with no coroutine.
     """
+    entries = request.partitions
     replies: list[PartitionReply] = []
-    changed: list[tuple[str, int]] = []
+    rebalance_needed = False
+    for start in range(0, len(entries), PARTITIONS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        rebalance_needed |= _apply_entries(
+            group_id,
+            entries[start : start + PARTITIONS_PER_TURN],
+            states,
+            changed,
+            settings,
+            tally,
+            replies,
+        )
+    return CommitResult(tuple(replies), rebalance_needed)
+
+
+def apply_small_request(
+    group_id: str,
+    request: CommitRequest,
+    states: States,
+    changed: States,
+    settings: Settings,
+    tally: CommitTally,
+) -> CommitResult:
+    """``apply_request`` for a request of at most ``PARTITIONS_PER_TURN`` partitions, in one
+    go."""
+    replies: list[PartitionReply] = []
+    rebalance_needed = _apply_entries(
+        group_id, request.partitions, states, changed, settings, tally, replies
+    )
+    return CommitResult(tuple(replies), rebalance_needed)
+
+
+def _apply_entries(
+    group_id: str,
+    entries: Sequence[PartitionCommitRequest],
+    states: States,
+    changed: States,
+    settings: Settings,
+    tally: CommitTally,
+    replies: list[PartitionReply],
+) -> bool:
+    """Apply ``entries`` to ``states``, adding their replies; whether one of them reached the
+    limit of IC ranges (the client should rebalance)."""
     rebalance_needed = False
     advanced = 0
     # An enum member hashes in Python: the common outcome is counted without a dict.
@@ -205,10 +249,8 @@ async def apply_request(
     outcomes = tally.outcomes
     max_ic_ranges = settings.max_ic_ranges_per_partition
     max_watermark_pieces = settings.max_watermark_pieces_per_partition
-    for index, entry in enumerate(request.partitions):
-        if index and not index % PARTITIONS_PER_TURN:
-            await asyncio.sleep(0)
-        key = (entry.topic, entry.partition)
+    for entry in entries:
+        key = (group_id, entry.topic, entry.partition)
         result = _apply(entry, states[key], max_ic_ranges, max_watermark_pieces)
         state = result.state
         outcome = result.outcome
@@ -218,8 +260,7 @@ async def apply_request(
                 extra={"group_id": group_id, "topic": entry.topic, "partition": entry.partition},
             )
         else:
-            states[key] = state
-            changed.append(key)
+            states[key] = changed[key] = state
         if outcome is OK:
             ok += 1
             replies.append((entry.topic, entry.partition, None, state.stable_offset))
@@ -240,7 +281,7 @@ async def apply_request(
     tally.advanced += advanced
     if ok:
         outcomes[OK] = outcomes.get(OK, 0) + ok
-    return AppliedRequest(CommitResult(tuple(replies), rebalance_needed), changed)
+    return rebalance_needed
 
 
 def offsets_reply(stored: Sequence[repository.StoredPartition]) -> list[PartitionOffsetsReply]:
