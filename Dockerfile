@@ -20,10 +20,18 @@ COPY pyproject.toml ./
 RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = project['optional-dependencies']; print('\n'.join(project['dependencies'] + extras['server'] + extras['otel']))" > /tmp/requirements.txt \
     && pip install --no-cache-dir --requirement /tmp/requirements.txt
 
-# The package itself, without dependencies: they are all in the layer above. The slim base
-# has no C compiler, so the optional C key filter (client.protocol._keyfilter, for members'
-# fetches and streams restores) is not built: the image runs the coordinator, which reads no
-# records; workers built on it judge keys in Python (docs/architecture.md, "The raw filter").
+# A C compiler, in this stage only, for the package's optional C modules: the commit path's
+# merge and write literals (coordinator/core/_commit.c, coordinator/offsets/_literals.c; a
+# third of the coordinator's CPU per commit, docs/offsets.md) and the key filter
+# (client.protocol._keyfilter, for workers built on this image). The runtime stage gets the
+# built venv and no compiler. Debian's security updates replace these versions, so they are
+# not pinned.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
+# The package itself, without dependencies: they are all in the layer above.
 COPY README.m[d] ./
 COPY coordinator ./coordinator
 COPY client ./client

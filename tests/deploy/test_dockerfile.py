@@ -130,6 +130,18 @@ def test_dependencies_are_installed_before_the_source_is_copied(
     assert builder[copy_pyproject].arguments.split() == ["pyproject.toml", "./"]
 
 
+def test_the_builder_has_a_c_compiler_before_the_package_is_built(
+    stages: list[list[Instruction]],
+) -> None:
+    """The package's C modules (the commit path's merge and literals, the key filter) are
+    optional: without a compiler the build goes on and the coordinator runs the Python paths,
+    silently slower."""
+    builder = stages[0]
+    compiler = index_of(builder, "RUN", "gcc")
+    assert "libc6-dev" in builder[compiler].arguments
+    assert compiler < index_of(builder, "RUN", "--no-deps")
+
+
 def test_runtime_stage_gets_only_the_venv_and_no_build_tools(
     stages: list[list[Instruction]],
 ) -> None:
