@@ -178,19 +178,25 @@ class CommitBatcher:
         try:
             try:
                 async with _pooled_asyncpg(self._engine) as connection:
-                    while True:
-                        # A failed batch leaves all its requests to be re-run, so it ends here.
-                        rerun = await self._run(batch, connection)
-                        exhausted = self._pool_exhausted()
-                        if rerun or exhausted:
-                            break
-                        self._account(batch)
-                        batch = []
-                        if carried is None:
-                            if self._queue.empty():
+                    try:
+                        while True:
+                            # A batch that leaves work queued opens the next one's transaction
+                            # with its COMMIT, saving the next batch's BEGIN round trip.
+                            then_begin = carried is not None or not self._queue.empty()
+                            # A failed batch leaves its requests to be re-run: it ends here.
+                            rerun = await self._run(batch, connection, then_begin)
+                            exhausted = self._pool_exhausted()
+                            if rerun or exhausted:
                                 break
-                            carried = self._queue.get_nowait()
-                        batch, carried = self._take_batch(carried)
+                            self._account(batch)
+                            batch = []
+                            if carried is None:
+                                if self._queue.empty():
+                                    break
+                                carried = self._queue.get_nowait()
+                            batch, carried = self._take_batch(carried)
+                    finally:
+                        await _end_opened_transaction(connection)
             except _NoConnection as exc:
                 log.warning(
                     "no database connection for batched commits; trying them one by one",
@@ -245,13 +251,13 @@ class CommitBatcher:
             self._queue.task_done()
 
     async def _transaction(
-        self, batch: list[_Pending], connection: asyncpg.Connection
+        self, batch: list[_Pending], connection: asyncpg.Connection, then_begin: bool = False
     ) -> list[Outcome]:
         tally = CommitTally()
         started_ns = time.time_ns()
         async with _begun(connection):
             outcomes, changed = await self._decide_and_apply(connection, batch, tally)
-            await repository.write_and_commit(connection, changed, self._written)
+            await repository.write_and_commit(connection, changed, self._written, then_begin)
         # Counted once the transaction committed: a failed batch's requests are re-run.
         tally.add_to_metrics()
         traced = [pending.trace for pending in batch if pending.trace is not None]
@@ -261,15 +267,18 @@ class CommitBatcher:
                 trace.applied(started_ns, ended_ns, len(batch))
         return outcomes
 
-    async def _run(self, batch: list[_Pending], connection: asyncpg.Connection) -> list[_Pending]:
-        """Apply ``batch`` in one transaction on ``connection`` and answer what it decided.
+    async def _run(
+        self, batch: list[_Pending], connection: asyncpg.Connection, then_begin: bool
+    ) -> list[_Pending]:
+        """Apply ``batch`` in one transaction on ``connection`` and answer what it decided;
+        with ``then_begin``, leave the next batch's transaction open once it committed.
 
         Returns the requests to re-run alone: those it could not decide, or all of them when
         it failed. Re-runs are not batches of the queue: their own counter counts them.
         """
         metrics.COMMIT_BATCH_SIZE.observe(len(batch))
         try:
-            outcomes = await self._transaction(batch, connection)
+            outcomes = await self._transaction(batch, connection, then_begin)
         except Exception as exc:
             log.warning(
                 "batched commit failed; re-running its requests one by one",
@@ -470,14 +479,23 @@ async def _pooled_asyncpg(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connecti
 @contextlib.asynccontextmanager
 async def _begun(connection: asyncpg.Connection) -> AsyncIterator[None]:
     """A transaction the body ends itself (``repository.write_and_commit`` commits along with
-    the write, saving a round trip), rolled back if the body fails before it committed."""
-    await connection.execute("BEGIN;")
+    the write, saving a round trip), rolled back if the body fails before it committed. The
+    previous batch on the connection may have opened it already, with its ``COMMIT``."""
+    if not connection.is_in_transaction():
+        await connection.execute("BEGIN;")
     try:
         yield
     except BaseException:
         if connection.is_in_transaction() and not connection.is_closed():
             await connection.execute("ROLLBACK;")
         raise
+
+
+async def _end_opened_transaction(connection: asyncpg.Connection) -> None:
+    """Roll back a transaction a batch opened for a next batch that did not come (the pool
+    ran out, or a batch failed), so the connection goes back to the pool idle."""
+    if connection.is_in_transaction() and not connection.is_closed():
+        await connection.execute("ROLLBACK;")
 
 
 def _refusal(

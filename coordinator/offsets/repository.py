@@ -211,21 +211,23 @@ _STATE_TEXT = "concat_ws('|', p.stable_offset, p.ic_ranges, p.wm_starts, p.wm_en
 # every lock, in one round trip. ``UNION ALL`` runs its branches one after the other, so the
 # locks are still taken groups, then members, then partitions. It locks the rows of every
 # request of the batch, refused or not: a refused request's rows are read, never written, and
-# their locks end with the transaction. Columns by branch (``kind``): 0 a group
+# their locks end with the transaction. A member's liveness is judged at the statement's
+# start, not the transaction's: the previous batch on the connection may have begun the
+# transaction with its ``COMMIT`` (``write_and_commit``). Columns by branch (``kind``): 0 a group
 # (``number``: its live members), 1 a member (``number``, ``previous``: its epochs, ``flag``:
 # alive), 2 the switch (``flag``), 3 a partition row (``number``: the partition, ``state``:
 # its state as ``_STATE_TEXT``, and its ``metadata``).
 _LOCK_BATCH = f"""
     SELECT 0 AS kind, g.group_id, NULL::text AS name,
            (SELECT count(*) FROM members m
-            WHERE m.group_id = g.group_id AND m.expires_at > now()) AS number,
+            WHERE m.group_id = g.group_id AND m.expires_at > statement_timestamp()) AS number,
            NULL::bigint AS previous, NULL::bool AS flag, NULL::text AS state,
            NULL::text AS metadata
     FROM (SELECT group_id FROM groups WHERE group_id = ANY($1::text::text[])
           ORDER BY group_id FOR SHARE) AS g
     UNION ALL
     SELECT 1, m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch,
-           m.expires_at > now(), NULL, NULL
+           m.expires_at > statement_timestamp(), NULL, NULL
     FROM (SELECT m.group_id, m.member_id, m.member_epoch, m.previous_member_epoch, m.expires_at
           FROM members m
           JOIN unnest($2::text::text[], $3::text::text[]) AS requested(group_id, member_id)
@@ -426,11 +428,14 @@ async def write_and_commit(
     connection: asyncpg.Connection,
     states: Mapping[GroupPartitionKey, CommittedOffsets],
     written: WrittenStates,
+    then_begin: bool = False,
 ) -> None:
     """Store ``states`` as ``write_partitions`` does and commit the transaction, in one round
-    trip, and remember them in ``written``; or only commit, when nothing changed."""
+    trip, and remember them in ``written``; or only commit, when nothing changed. With
+    ``then_begin`` the same message opens the next transaction (the caller has one to run)."""
+    begin = "\nBEGIN;" if then_begin else ""
     if not states:
-        await connection.execute("COMMIT;")
+        await connection.execute("COMMIT;" + begin)
         return
     parameters, ordered, ordered_states, state_texts = await literals.write_literals(states)
     if connection not in _PREPARED:
@@ -443,7 +448,7 @@ async def write_and_commit(
             raise
         _PREPARED.add(connection)
     await connection.execute(
-        _WRITE_AND_COMMIT.format(", ".join(map(literals.sql_constant, parameters)))
+        _WRITE_AND_COMMIT.format(", ".join(map(literals.sql_constant, parameters))) + begin
     )
     written.remember(ordered, state_texts, ordered_states)
 

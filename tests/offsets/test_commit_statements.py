@@ -27,6 +27,7 @@ from tests.fixtures.coordinator import insert_live_member, settings_for_tests
 _NAMES = {
     "BEGIN;": "begin",
     "COMMIT;": "commit",
+    "ROLLBACK;": "rollback",
     repository._LOCK_BATCH: "lock batch",
     repository._LOCK_PARTITIONS: "lock partitions",
     repository._PREPARE_WRITE: "prepare write",
@@ -57,6 +58,8 @@ class Statements:
             name = _NAMES.get(query.query, query.query)
             if name.startswith(_WRITE_AND_COMMIT) and name.endswith("COMMIT;"):
                 name = "write and commit"
+            elif name.startswith(_WRITE_AND_COMMIT) and name.endswith("COMMIT;\nBEGIN;"):
+                name = "write, commit and begin"
             self.names.append(name)
 
     def take(self) -> Counter[str]:
@@ -248,3 +251,70 @@ async def test_a_write_prepared_unbeknown_to_the_batcher_costs_one_batch(
     outcomes, counted = await _one_batch(engine_, statements, [(group, _request(range(4), 20))])
     assert all(isinstance(o, CommitResult) for o in outcomes)
     assert counted == STEADY
+
+
+async def _queued_one_by_one(
+    engine: AsyncEngine,
+    statements: Statements,
+    commits: list[tuple[str, CommitRequest]],
+    **settings: object,
+) -> Counter[str]:
+    """``commits`` queued before the one worker runs, applied one per batch."""
+    batcher = CommitBatcher(
+        engine,
+        settings_for_tests(commit_batch_workers=1, commit_batch_max_requests=1, **settings),
+    )
+    statements.recording = True
+    replies = [asyncio.ensure_future(batcher.submit(group, request)) for group, request in commits]
+    await asyncio.sleep(0)
+    batcher.start()
+    assert all(isinstance(reply, CommitResult) for reply in await asyncio.gather(*replies))
+    await batcher.close()
+    statements.recording = False
+    return statements.take()
+
+
+async def test_batches_back_to_back_on_one_connection_share_their_begins(
+    engine: tuple[AsyncEngine, Statements],
+) -> None:
+    """A batch that leaves work queued opens the next one's transaction with its COMMIT; the
+    last one leaves the connection idle."""
+    engine_, statements = engine
+    group = "statements-back-to-back"
+    await _one_batch(engine_, statements, [(group, _request(range(4), 10))])
+    counted = await _queued_one_by_one(
+        engine_, statements, [(group, _request(range(4), 20 + i)) for i in range(4)]
+    )
+    assert counted == Counter(
+        {"begin": 1, "lock batch": 4, "write, commit and begin": 3, "write and commit": 1}
+    )
+    async with engine_.connect() as connection:
+        raw = await connection.get_raw_connection()
+        assert not raw.driver_connection.is_in_transaction()
+
+
+async def test_a_transaction_opened_for_a_batch_that_does_not_follow_is_rolled_back(
+    engine: tuple[AsyncEngine, Statements],
+) -> None:
+    """With no connection left in the pool (a pool of one, as this batcher is told), a worker
+    gives its connection back after each batch, so the transaction it opened for the next is
+    rolled back, and the next batch begins its own."""
+    engine_, statements = engine
+    group = "statements-pool-exhausted"
+    await _one_batch(engine_, statements, [(group, _request(range(4), 10))])
+    counted = await _queued_one_by_one(
+        engine_,
+        statements,
+        [(group, _request(range(4), 20 + i)) for i in range(2)],
+        db_pool_size=1,
+        db_max_overflow=0,
+    )
+    assert counted == Counter(
+        {
+            "begin": 2,
+            "lock batch": 2,
+            "write, commit and begin": 1,
+            "rollback": 1,
+            "write and commit": 1,
+        }
+    )
