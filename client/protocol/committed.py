@@ -129,11 +129,7 @@ class CommittedOffsets:
         a third of what is left of a partition's merge, and tests/core/test_commit_native.py
         holds its states equal to the Python merge's, which are checked."""
         state = cls.__new__(cls)
-        fields = state.__dict__
-        fields["stable_offset"] = stable_offset
-        fields["ranges"] = ranges
-        fields["pieces"] = pieces
-        fields["metadata"] = metadata
+        cls._assign(state, stable_offset, ranges, pieces, metadata, checked=False)
         return state
 
     def _assign(
@@ -142,6 +138,7 @@ class CommittedOffsets:
         ranges: tuple[tuple[int, int], ...],
         pieces: tuple[Piece, ...],
         metadata: str | None,
+        checked: bool = True,
     ) -> None:
         # Frozen: the fields are set in the instance's dictionary, which costs half of
         # object.__setattr__ four times; the coordinator builds a few states per partition
@@ -151,7 +148,8 @@ class CommittedOffsets:
         fields["ranges"] = ranges
         fields["pieces"] = pieces
         fields["metadata"] = metadata
-        self._check_invariants()
+        if checked:
+            self._check_invariants()
 
     @cached_property
     def watermarks(self) -> tuple[Watermark, ...]:
