@@ -29,7 +29,9 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from coordinator import metrics
+from coordinator.app import CoordinatorApp
 from coordinator.errors import ServiceUnavailable
+from coordinator.offsets.direct import DirectCommit, DirectCommits
 from coordinator.problems import error_response
 from coordinator.settings import Settings
 
@@ -45,16 +47,21 @@ class ReadDeadlines(HttpToolsProtocol):
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_connections: int | None = None
+    # Commits this protocol answers itself (``coordinator.offsets.direct``); None: all go
+    # through the ASGI application.
+    direct_commits: DirectCommits | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_deadline: asyncio.TimerHandle | None = None
+        self._direct = self.direct_commits
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # ``connections`` is uvicorn's set of this server's open connections, this one in it.
         if self.max_connections is not None and len(self.connections) > self.max_connections:
             self.app = _TooManyConnections(self.max_connections, len(self.connections))
+            self._direct = None
         self._arm(self.header_timeout_s, "headers")
 
     def on_message_begin(self) -> None:
@@ -65,13 +72,19 @@ class ReadDeadlines(HttpToolsProtocol):
             self._arm(self.header_timeout_s, "headers")
 
     def on_headers_complete(self) -> None:
-        super().on_headers_complete()
+        direct = None if self._direct is None else self._direct.begin(self, self._start_asgi_task)
+        if direct is None:
+            super().on_headers_complete()
+        else:
+            self.cycle = direct
         # A request without a body completes at once, and on_message_complete disarms this.
         self._arm(self.body_timeout_s, "body")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()
+        if isinstance(self.cycle, DirectCommit):
+            self.cycle.decide()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -132,9 +145,11 @@ class _TooManyConnections:
         metrics.HTTP_REQUESTS.labels(scope["method"], "unmatched", "503").inc()
 
 
-def read_deadlines(settings: Settings) -> type[ReadDeadlines]:
+def read_deadlines(
+    settings: Settings, direct_commits: DirectCommits | None = None
+) -> type[ReadDeadlines]:
     """The protocol class with the settings' deadlines and connection limit (uvicorn builds
-    one per connection)."""
+    one per connection), answering ``direct_commits`` itself when given."""
     return type(
         "ConfiguredReadDeadlines",
         (ReadDeadlines,),
@@ -142,6 +157,7 @@ def read_deadlines(settings: Settings) -> type[ReadDeadlines]:
             "header_timeout_s": settings.header_read_timeout_s,
             "body_timeout_s": settings.body_read_timeout_s,
             "max_connections": settings.max_connections,
+            "direct_commits": direct_commits,
         },
     )
 
@@ -200,10 +216,15 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        http=read_deadlines(settings),
+        http=read_deadlines(settings, _direct_commits(app)),
         timeout_keep_alive=settings.keep_alive_timeout_s,
         backlog=settings.max_connections,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=30,
     )
+
+
+def _direct_commits(app: Any) -> DirectCommits | None:
+    """The coordinator's commits answered by the protocol; none for another application."""
+    return DirectCommits(app) if isinstance(app, CoordinatorApp) else None

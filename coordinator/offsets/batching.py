@@ -143,9 +143,20 @@ class CommitBatcher:
         scope: str = WHOLE_COORDINATOR,
         trace: CommitTrace | None = None,
     ) -> CommitResult:
+        return await self.enqueue(group_id, request, scope, trace)
+
+    def enqueue(
+        self,
+        group_id: str,
+        request: CommitRequest,
+        scope: str = WHOLE_COORDINATOR,
+        trace: CommitTrace | None = None,
+    ) -> asyncio.Future[CommitResult]:
+        """Queue a request; the future its reply is set on. Synchronous, so the HTTP protocol
+        can hand a commit over without a task of its own (coordinator/offsets/direct.py)."""
         pending = _Pending(group_id, request, scope, trace)
         self._queue.put_nowait(pending)
-        return await pending.reply
+        return pending.reply
 
     async def _work(self) -> None:
         carried: _Pending | None = None

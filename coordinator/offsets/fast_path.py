@@ -12,12 +12,17 @@ and gives the same answers, problem documents included, and records the route me
 itself. The FastAPI route stays declared: it describes the endpoint in OpenAPI, and it answers
 through ``serve_commit`` as well the commits the fast path leaves to the router (those under a
 root path, whose matching is the router's business).
+
+The commits most clients send do not even come this far: the HTTP protocol answers them itself
+(``coordinator/offsets/direct.py``) with this module's checks and answers, and hands this
+handler every request it does not take.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -25,11 +30,12 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from coordinator import metrics
-from coordinator.auth import admitted
+from coordinator.auth import Principal, admitted
 from coordinator.body_limit import ClientGone, declares_too_much, read_body, too_large
 from coordinator.offsets import service
 from coordinator.offsets.commit_tracing import CommitTrace
 from coordinator.offsets.schemas import CommitRequest
+from coordinator.offsets.service import CommitResult
 from coordinator.problems import error_response
 from coordinator.settings import Settings
 from coordinator.validation import GroupId
@@ -44,6 +50,8 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 # the thread hand-off would cost more than it saves.
 _VALIDATE_IN_THREAD_BYTES = 256 * 1024
 
+Submission = tuple[CommitRequest, Principal]
+
 
 async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
     """Answer a commit that ``commit_group`` picked, and record the route metrics."""
@@ -53,8 +61,12 @@ async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_
     status = await serve_commit(scope, receive, send, raw_group_id, trace)
     if trace is not None:
         trace.end(status)
-    if status is None:
-        return
+    if status is not None:
+        record(status, started)
+
+
+def record(status: int, started: float) -> None:
+    """Count a commit answered with ``status``, and its latency since ``started``."""
     served = _SERVED if status == 200 else metrics.HTTP_REQUESTS.labels("POST", ROUTE, str(status))
     served.inc()
     _LATENCY.observe(time.perf_counter() - started)
@@ -74,13 +86,32 @@ async def serve_commit(
     """Answer one commit request, errors included; its status, or None when the client left
     before sending its whole body."""
     try:
-        body = await _commit(scope, receive, raw_group_id, trace)
+        group_id, reply = await _submit(scope, receive, raw_group_id, trace)
     except ClientGone:
         return None
     except Exception as exc:
-        response = error_response(exc)
-        await response(scope, receive, send)
-        return response.status_code
+        return await _answer_error(exc, scope, receive, send)
+    return await serve_submitted(scope, receive, send, group_id, reply)
+
+
+async def serve_submitted(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    group_id: str,
+    reply: Awaitable[CommitResult],
+) -> int:
+    """Answer a commit handed to the batcher once ``reply`` is decided; its status."""
+    try:
+        result = await reply
+        if result.rebalance_needed:
+            # Flagged only once the commit's transaction is over: committers hold the group
+            # row FOR SHARE, so updating it inside would deadlock two commits that both hit
+            # the cap.
+            await scope["app"].state.on_max_ic_reached(group_id)
+    except Exception as exc:
+        return await _answer_error(exc, scope, receive, send)
+    body = result.body()
     await send(
         {
             "type": "http.response.start",
@@ -90,6 +121,12 @@ async def serve_commit(
     )
     await send({"type": "http.response.body", "body": body})
     return 200
+
+
+async def _answer_error(exc: Exception, scope: Scope, receive: Receive, send: Send) -> int:
+    response = error_response(exc)
+    await response(scope, receive, send)
+    return response.status_code
 
 
 def commit_group(scope: Scope) -> str | None:
@@ -105,12 +142,9 @@ def commit_group(scope: Scope) -> str | None:
     return group_id
 
 
-async def _commit(
-    scope: Scope, receive: Receive, raw_group_id: str, trace: CommitTrace | None
-) -> bytes:
-    """The reply's body, as ``CommitReply`` (the route's declared model) would write it."""
-    state = scope["app"].state
-    settings: Settings = state.settings
+def checked_head(scope: Scope, settings: Settings, raw_group_id: str) -> str:
+    """The group id of a commit whose headers and path pass, in the route's order of checks:
+    the declared size, the path, the content type."""
     content_type = ""
     declared_length: bytes | None = None
     for name, value in scope["headers"]:
@@ -122,7 +156,7 @@ async def _commit(
     if declares_too_much(declared_length, limit):
         raise too_large(limit)
     try:
-        group_id = _GROUP_ID.validate_python(raw_group_id)
+        group_id: str = _GROUP_ID.validate_python(raw_group_id)
     except ValidationError as exc:
         raise RequestValidationError(_located(exc, ("path", "group_id"))) from None
     if not _is_json(content_type):
@@ -135,25 +169,41 @@ async def _commit(
                 }
             ]
         )
-    body = await read_body(receive, limit)
+    return group_id
+
+
+def checked_body(scope: Scope, settings: Settings, request: CommitRequest | bytes) -> Submission:
+    """A commit's body, validated here unless it already was, and its submission once the
+    request passes the limits; raises what the route answers otherwise."""
     try:
-        if len(body) > _VALIDATE_IN_THREAD_BYTES:
-            request = await asyncio.to_thread(CommitRequest.model_validate_json, body)
-        else:
-            request = CommitRequest.model_validate_json(body)
+        if isinstance(request, bytes):
+            request = CommitRequest.model_validate_json(request)
     except ValidationError as exc:
         raise RequestValidationError(_located(exc, ("body",))) from None
     principal = admitted(scope)
     service.check_limits(request, settings)
+    return request, principal
+
+
+async def _submit(
+    scope: Scope, receive: Receive, raw_group_id: str, trace: CommitTrace | None
+) -> tuple[str, Awaitable[CommitResult]]:
+    """The group id, and the batcher's reply to the request once it passed every check."""
+    state = scope["app"].state
+    settings: Settings = state.settings
+    group_id = checked_head(scope, settings, raw_group_id)
+    body = await read_body(receive, settings.max_body_bytes)
+    parsed: CommitRequest | bytes = body
+    if len(body) > _VALIDATE_IN_THREAD_BYTES:
+        try:
+            parsed = await asyncio.to_thread(CommitRequest.model_validate_json, body)
+        except ValidationError as exc:
+            raise RequestValidationError(_located(exc, ("body",))) from None
+    request, principal = checked_body(scope, settings, parsed)
     if trace is not None:
         trace.admitted()
-    result = await state.commits.submit(group_id, request, principal.group_scope(group_id), trace)
-    if result.rebalance_needed:
-        # Flagged only once the commit's transaction is over: committers hold the group row
-        # FOR SHARE, so updating it inside would deadlock two commits that both hit the cap.
-        await state.on_max_ic_reached(group_id)
-    reply: bytes = result.body()
-    return reply
+    reply = state.commits.enqueue(group_id, request, principal.group_scope(group_id), trace)
+    return group_id, reply
 
 
 def _is_json(content_type: str) -> bool:
