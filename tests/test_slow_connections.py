@@ -129,6 +129,32 @@ async def test_a_kept_alive_connection_gets_a_new_header_deadline_per_request(
         writer.close()
 
 
+async def test_a_header_deadline_shorter_than_the_body_deadline_before_it_is_kept(
+    start_coordinator: StartCoordinator, database_url: str
+) -> None:
+    """A request's body waits under the long deadline, then the next request's headers stall:
+    they are cut at the short deadline, not when the long one would have passed."""
+    coordinator = await start_coordinator(
+        database_url, header_read_timeout_s=READ_TIMEOUT_S, body_read_timeout_s=60
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", coordinator.port)
+    try:
+        writer.write(HEADERS_START + b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+        # Past the header deadline, with the body not sent yet: the body's deadline holds.
+        await asyncio.sleep(READ_TIMEOUT_S * 1.5)
+        writer.write(b"{}")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        assert head.startswith(b"HTTP/1.1 400")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        stalled = time.monotonic()
+        writer.write(HEADERS_START)
+        assert await asyncio.wait_for(reader.read(), timeout=READ_TIMEOUT_S + GRACE_S) == b""
+        assert time.monotonic() - stalled >= READ_TIMEOUT_S * 0.9
+    finally:
+        writer.close()
+
+
 def test_the_connection_settings_reach_the_server() -> None:
     settings = settings_for_tests(
         keep_alive_timeout_s=42,
