@@ -252,5 +252,8 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
 
 
 def _direct_commits(app: Any) -> DirectCommits | None:
-    """The coordinator's commits answered by the protocol; none for another application."""
-    return DirectCommits(app) if isinstance(app, CoordinatorApp) else None
+    """The coordinator's commits answered by the protocol; none for another application, nor
+    while commits are traced (the tracer is chosen once, when the app is made)."""
+    if isinstance(app, CoordinatorApp) and app.state.route_tracer is None:
+        return DirectCommits(app)
+    return None

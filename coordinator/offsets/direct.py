@@ -18,6 +18,7 @@ task. docs/offsets.md, "The commit's HTTP path".
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,12 +48,17 @@ _SUFFIX = fast_path.ROUTE.partition("{group_id}")[2].encode()
 _HANDED_OVER = frozenset(
     {b"origin", b"sec-fetch-site", b"expect", b"transfer-encoding", b"upgrade"}
 )
+# The group ids the route accepts (``coordinator.validation.GroupId``), undecoded: the others
+# need percent-decoding or a refusal.
+_GROUP_ID = re.compile(rb"[A-Za-z0-9._-]{1,255}")
 _OK_HEAD = STATUS_LINE[200]
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 
 
 class DirectCommits:
-    """The coordinator's commits as the protocol answers them; one per served app."""
+    """The coordinator's commits as the protocol answers them; one per served app, whose
+    commit tracing is off (``coordinator/serving.py`` makes none otherwise: a traced commit
+    takes the ASGI path, which records its spans)."""
 
     def __init__(self, app: Starlette) -> None:
         self._app = app
@@ -72,15 +78,14 @@ class DirectCommits:
             or parser.should_upgrade()
             or not parser.should_keep_alive()
             or protocol.root_path
-            or self._app.state.route_tracer is not None
         ):
             return None
         url: bytes = protocol.url
         if not (url.startswith(_PREFIX) and url.endswith(_SUFFIX)):
             return None
         raw_group = url[len(_PREFIX) : len(url) - len(_SUFFIX)]
-        if not raw_group or not raw_group.isascii() or any(c in raw_group for c in b"/%?#"):
-            return None
+        if _GROUP_ID.fullmatch(raw_group) is None:
+            return None  # the ASGI path answers a group id it refuses, or decodes one
         declared: bytes | None = None
         for name, value in protocol.headers:
             if name == b"content-length":
