@@ -30,8 +30,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from coordinator import metrics
 from coordinator.app import CoordinatorApp
+from coordinator.direct_routes import DirectCycle, DirectRoutes
 from coordinator.errors import ServiceUnavailable
-from coordinator.offsets.direct import DirectCommit, DirectCommits
+from coordinator.groups.direct import DirectHeartbeat
+from coordinator.offsets.direct import DirectCommit
 from coordinator.problems import error_response
 from coordinator.settings import Settings
 
@@ -47,9 +49,9 @@ class ReadDeadlines(HttpToolsProtocol):
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_connections: int | None = None
-    # Commits this protocol answers itself (``coordinator.offsets.direct``); None: all go
+    # Requests this protocol answers itself (``coordinator.direct_routes``); None: all go
     # through the ASGI application.
-    direct_commits: DirectCommits | None = None
+    direct_routes: DirectRoutes | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -61,7 +63,7 @@ class ReadDeadlines(HttpToolsProtocol):
         # request cost a few per cent of a commit's CPU.
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._direct = self.direct_commits
+        self._direct = self.direct_routes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -90,7 +92,7 @@ class ReadDeadlines(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()
-        if isinstance(self.cycle, DirectCommit):
+        if isinstance(self.cycle, DirectCycle):
             self.cycle.decide()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -172,10 +174,10 @@ class _TooManyConnections:
 
 
 def read_deadlines(
-    settings: Settings, direct_commits: DirectCommits | None = None
+    settings: Settings, direct_routes: DirectRoutes | None = None
 ) -> type[ReadDeadlines]:
     """The protocol class with the settings' deadlines and connection limit (uvicorn builds
-    one per connection), answering ``direct_commits`` itself when given."""
+    one per connection), answering ``direct_routes`` itself when given."""
     return type(
         "ConfiguredReadDeadlines",
         (ReadDeadlines,),
@@ -183,7 +185,7 @@ def read_deadlines(
             "header_timeout_s": settings.header_read_timeout_s,
             "body_timeout_s": settings.body_read_timeout_s,
             "max_connections": settings.max_connections,
-            "direct_commits": direct_commits,
+            "direct_routes": direct_routes,
         },
     )
 
@@ -242,7 +244,7 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        http=read_deadlines(settings, _direct_commits(app)),
+        http=read_deadlines(settings, _direct_routes(app)),
         timeout_keep_alive=settings.keep_alive_timeout_s,
         backlog=settings.max_connections,
         log_config=None,
@@ -251,9 +253,10 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
     )
 
 
-def _direct_commits(app: Any) -> DirectCommits | None:
-    """The coordinator's commits answered by the protocol; none for another application, nor
-    while commits are traced (the tracer is chosen once, when the app is made)."""
+def _direct_routes(app: Any) -> DirectRoutes | None:
+    """The coordinator's commits and stable heartbeats answered by the protocol; none for
+    another application, nor while those routes are traced (the tracer is chosen once, when
+    the app is made)."""
     if isinstance(app, CoordinatorApp) and app.state.route_tracer is None:
-        return DirectCommits(app)
+        return DirectRoutes(app, [DirectCommit, DirectHeartbeat])
     return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
@@ -28,10 +27,12 @@ router = APIRouter(
 GroupPath = Annotated[GroupId, Path(description="Consumer group id")]
 
 # A stable member's reply: it has nothing to do, so it may always wait for a change.
-_STABLE = Hold(short_of_target=False)
+STABLE_HOLD = Hold(short_of_target=False)
 
 
-def _may_wait(watch: MembershipWatch, body: HeartbeatRequest) -> bool:
+def may_wait(watch: MembershipWatch, body: HeartbeatRequest) -> bool:
+    """Whether the heartbeat's reply may be held: the member offered to wait, and this
+    replica hears the changes that would end the wait."""
     return (
         watch.listening
         and bool(body.wait_ms)
@@ -92,16 +93,16 @@ async def answer(
     engine = state.engine
     await membership.learn_subscribed_topics(engine, getattr(state, "cluster", None), body)
     watch: MembershipWatch = state.membership_watch
-    with contextlib.ExitStack() as stack:
-        held: HeldHeartbeat | None = None
-        if _may_wait(watch, body):
-            assert body.member_id is not None
-            held = stack.enter_context(watch.holding(group_id, body.member_id))
+    held: HeldHeartbeat | None = None
+    if may_wait(watch, body):
+        assert body.member_id is not None
+        held = watch.hold(group_id, body.member_id)
+    try:
         stable = await membership.stable_heartbeat(engine, group_id, body, settings)
         if stable is not None:
             if held is not None:
                 interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
-                await _wait_for_change(held, _STABLE, body, interval_ms, arrived)
+                await _wait_for_change(held, STABLE_HOLD, body, interval_ms, arrived)
             # A reply that waited took the place of the member's sleep: it heartbeats again
             # at once, whether the wait ended on a change or ran out.
             return membership.stable_reply(body, stable, settings, heartbeat_now=held is not None)
@@ -117,6 +118,9 @@ async def answer(
             await _wait_for_change(held, hold, body, reply.heartbeat_interval_ms, arrived)
             reply.heartbeat_now = True
         return reply
+    finally:
+        if held is not None:
+            watch.release(group_id, held)
 
 
 _CHANGED = metrics.HELD_HEARTBEATS.labels("changed")
@@ -126,12 +130,21 @@ _WAITED = metrics.HELD_HEARTBEATS.labels("waited")
 async def _wait_for_change(
     held: HeldHeartbeat, hold: Hold, body: HeartbeatRequest, interval_ms: int, arrived: float
 ) -> None:
-    """Wait as the member offered, at most its interval, both counted from the request's
-    arrival."""
-    assert body.wait_ms is not None
     metrics.HEARTBEATS_WAITING.inc()
     try:
-        changed = await held.wait(hold, arrived + min(body.wait_ms, interval_ms) / 1000)
+        changed = await held.wait(hold, wait_deadline(body, interval_ms, arrived))
     finally:
         metrics.HEARTBEATS_WAITING.dec()
+    count_wait(changed)
+
+
+def wait_deadline(body: HeartbeatRequest, interval_ms: int, arrived: float) -> float:
+    """When a held reply's wait ends (the loop's clock): as the member offered, at most its
+    interval, both counted from the request's arrival."""
+    assert body.wait_ms is not None
+    return arrived + min(body.wait_ms, interval_ms) / 1000
+
+
+def count_wait(changed: bool) -> None:
+    """Count a held reply's wait, ended by a change or run out."""
     (_CHANGED if changed else _WAITED).inc()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 
 from pydantic import TypeAdapter
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -26,7 +27,7 @@ from coordinator import metrics
 from coordinator.body_limit import ClientGone, declares_too_much, read_body, replaying
 from coordinator.errors import PayloadTooLarge
 from coordinator.groups.endpoints import answer
-from coordinator.groups.schemas import HeartbeatRequest
+from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
 from coordinator.problems import error_response
 from coordinator.validation import GroupId
 
@@ -53,8 +54,7 @@ def heartbeat_group(scope: Scope) -> str | None:
 async def serve_fast_path(
     scope: Scope, receive: Receive, send: Send, raw_group_id: str, routed: ASGIApp
 ) -> None:
-    """Answer a heartbeat that ``heartbeat_group`` picked, and record the route metrics
-    (the latency includes a held reply's wait, as the declared route's always did).
+    """Answer a heartbeat that ``heartbeat_group`` picked, and record the route metrics.
 
     Anything but a valid request is handed to ``routed`` (FastAPI, with the body read so
     far replayed), so a refusal is FastAPI's own, word for word: the fast path only ever
@@ -70,7 +70,7 @@ async def serve_fast_path(
             content_type = value
         elif name == b"content-length":
             declared_length = value
-    if declares_too_much(declared_length, limit) or not _is_json(content_type):
+    if declares_too_much(declared_length, limit) or not is_json(content_type):
         await routed(scope, receive, send)
         return
     try:
@@ -82,18 +82,39 @@ async def serve_fast_path(
         await _answer_error(exc, scope, receive, send, "unmatched")
         return
     try:
-        group_id = _GROUP_ID.validate_python(raw_group_id)
-        request = HeartbeatRequest.model_validate(json.loads(body))
+        group_id, request = checked_request(raw_group_id, body)
     except ValueError:
         await routed(scope, replaying(body, receive), send)
         return
+    await serve_answer(
+        scope, receive, send, answer(state, scope, group_id, request, arrived), started
+    )
+
+
+def checked_request(raw_group_id: str, body: bytes) -> tuple[str, HeartbeatRequest]:
+    """The group id and the request, validated as the declared route validates them; a
+    ValueError for anything that route would refuse."""
+    group_id: str = _GROUP_ID.validate_python(raw_group_id)
+    return group_id, HeartbeatRequest.model_validate(json.loads(body))
+
+
+async def serve_answer(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    reply: Awaitable[HeartbeatReply | bytes],
+    started: float,
+) -> None:
+    """Send ``reply`` once it is decided, or the problem document of what it raised, and
+    record the route metrics (the latency from ``started`` includes a held reply's wait, as
+    the declared route's always did)."""
     try:
-        reply = await answer(state, scope, group_id, request, arrived)
+        decided = await reply
     except Exception as exc:
         await _answer_error(exc, scope, receive, send, ROUTE)
         _LATENCY.observe(time.perf_counter() - started)
         return
-    payload = reply if isinstance(reply, bytes) else reply.model_dump_json().encode()
+    payload = decided if isinstance(decided, bytes) else decided.model_dump_json().encode()
     await send(
         {
             "type": "http.response.start",
@@ -105,6 +126,11 @@ async def serve_fast_path(
         }
     )
     await send({"type": "http.response.body", "body": payload})
+    record_served(started)
+
+
+def record_served(started: float) -> None:
+    """Count a heartbeat answered with a 200, and its latency since ``started``."""
     _SERVED.inc()
     _LATENCY.observe(time.perf_counter() - started)
 
@@ -117,7 +143,7 @@ async def _answer_error(
     metrics.HTTP_REQUESTS.labels("POST", template, str(response.status_code)).inc()
 
 
-def _is_json(content_type: bytes) -> bool:
+def is_json(content_type: bytes) -> bool:
     """FastAPI's rule for parsing a body as JSON (``application/json`` or
     ``application/*+json``), for a request that names its content type."""
     media_type = content_type.partition(b";")[0].strip().lower()

@@ -151,7 +151,7 @@ async def learn_subscribed_topics(
 
 
 @lru_cache(maxsize=16)
-def _renewals(engine: AsyncEngine) -> SessionRenewals:
+def renewals_of(engine: AsyncEngine) -> SessionRenewals:
     """The engine's batched renewals, one per engine for the process's life."""
     return SessionRenewals(engine)
 
@@ -163,7 +163,19 @@ async def stable_heartbeat(
     The common case by far, so it takes no transaction and no lock of its own: concurrent
     renewals share one statement (``coordinator/groups/renewals.py``), and
     :func:`stable_reply` answers without decoding the stored assignment.
-    A stable member has nothing to do, so its reply may always wait for a change.
+    A stable member has nothing to do, so its reply may always wait for a change."""
+    renewal = stable_renewal(group_id, request, settings)
+    if renewal is None:
+        return None
+    return await renewals_of(engine).renew(renewal)
+
+
+def stable_renewal(
+    group_id: str, request: HeartbeatRequest, settings: Settings
+) -> repository.Renewal | None:
+    """The renewal a heartbeat asks for when it may be stable; None when it needs
+    :func:`heartbeat`.
+
     A report of stuck calls takes the full path, which stores it: reports are rare (a
     member sends one when its list changes), so the common heartbeat's statement stays as
     it is. So does an advertised endpoint, which a member sends when it joins, and a report
@@ -181,15 +193,13 @@ async def stable_heartbeat(
     if request.session_timeout_ms is not None:
         sent["session_timeout_ms"] = session_limits(settings).clamp(request.session_timeout_ms)
     subscription = _requested_subscription(request)
-    return await _renewals(engine).renew(
-        repository.Renewal(
-            group_id,
-            request.member_id,
-            request.member_epoch,
-            owned_json,
-            None if subscription is None else (list(subscription.topics), subscription.regex),
-            sent,
-        )
+    return repository.Renewal(
+        group_id,
+        request.member_id,
+        request.member_epoch,
+        owned_json,
+        None if subscription is None else (list(subscription.topics), subscription.regex),
+        sent,
     )
 
 

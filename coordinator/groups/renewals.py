@@ -39,6 +39,13 @@ class SessionRenewals:
 
     async def renew(self, renewal: repository.Renewal) -> repository.StableHeartbeat | None:
         """The member's renewed session, or None when the heartbeat needs the locked path."""
+        return await self.enqueue(renewal)
+
+    def enqueue(
+        self, renewal: repository.Renewal
+    ) -> asyncio.Future[repository.StableHeartbeat | None]:
+        """:meth:`renew`'s outcome as a future, for a caller that cannot await
+        (``coordinator/groups/direct.py``)."""
         future: asyncio.Future[repository.StableHeartbeat | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -47,7 +54,7 @@ class SessionRenewals:
             worker = asyncio.create_task(self._work())
             self._workers.add(worker)
             worker.add_done_callback(self._workers.discard)
-        return await future
+        return future
 
     async def _work(self) -> None:
         while self._queue:

@@ -13,11 +13,9 @@ slow down, nothing else changes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -70,12 +68,13 @@ class HeldHeartbeat:
     at once on a busy replica, so the wait is not built from ``asyncio.wait_for`` and
     ``asyncio.shield``, which add a task and two futures each."""
 
-    __slots__ = ("_early", "_hold", "_woken", "member_id")
+    __slots__ = ("_early", "_hold", "_timer", "_woken", "member_id")
 
     def __init__(self, member_id: str) -> None:
         self.member_id = member_id
         self._early: list[GroupChange] = []
         self._hold: Hold | None = None
+        self._timer: asyncio.TimerHandle | None = None
         # True when a change concerning the member ended the wait, False when it ran out.
         self._woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
@@ -84,23 +83,38 @@ class HeldHeartbeat:
             self._early.append(change)
         elif not self._woken.done() and change.concerns(self.member_id, self._hold):
             self._woken.set_result(True)
+            self._stop_timer()
 
     def _time_up(self) -> None:
+        self._timer = None
         if not self._woken.done():
             self._woken.set_result(False)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def begin_wait(self, hold: Hold, deadline: float) -> asyncio.Future[bool]:
+        """The wait's outcome: True once a change concerns the member (at once when one
+        already did), False once the loop's clock reaches ``deadline`` (at once when it
+        already has). For a caller that cannot await; others call :meth:`wait`."""
+        self._hold = hold
+        if any(change.concerns(self.member_id, hold) for change in self._early):
+            self._woken.set_result(True)
+        else:
+            self._early.clear()
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._time_up)
+        return self._woken
 
     async def wait(self, hold: Hold, deadline: float) -> bool:
         """Until a change concerns the member (True) or the loop's clock reaches ``deadline``
         (False; at once when it already has)."""
-        self._hold = hold
-        if any(change.concerns(self.member_id, hold) for change in self._early):
-            return True
-        self._early.clear()
-        timer = asyncio.get_running_loop().call_at(deadline, self._time_up)
+        woken = self.begin_wait(hold, deadline)
         try:
-            return await self._woken
+            return await woken
         finally:
-            timer.cancel()
+            self._stop_timer()
 
 
 class MembershipWatch:
@@ -114,17 +128,18 @@ class MembershipWatch:
     def listening(self) -> bool:
         return self._listening
 
-    @contextlib.contextmanager
-    def holding(self, group_id: str, member_id: str) -> Iterator[HeldHeartbeat]:
+    def hold(self, group_id: str, member_id: str) -> HeldHeartbeat:
+        """A heartbeat of ``member_id`` that may wait, hearing the group's changes until
+        :meth:`release`."""
         held = HeldHeartbeat(member_id)
         self._held[group_id].add(held)
-        try:
-            yield held
-        finally:
-            waiting = self._held[group_id]
-            waiting.discard(held)
-            if not waiting:
-                del self._held[group_id]
+        return held
+
+    def release(self, group_id: str, held: HeldHeartbeat) -> None:
+        waiting = self._held[group_id]
+        waiting.discard(held)
+        if not waiting:
+            del self._held[group_id]
 
     def deliver(self, change: GroupChange) -> None:
         for held in tuple(self._held.get(change.group_id, ())):

@@ -17,11 +17,10 @@ import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from coordinator.app import CoordinatorApp, create_app
+from coordinator.app import create_app
 from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator, settings_for_tests
+from tests.raw_http import exchange, read_reply, request_bytes
 from tests.waiting import until
-
-Reply = tuple[int, dict[str, str], bytes]
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -38,58 +37,8 @@ async def served(database: str) -> AsyncIterator[RunningCoordinator]:
     await coordinator.stop()
 
 
-@pytest.fixture
-def asgi_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths of the requests that reached the ASGI application."""
-    calls: list[str] = []
-    original = CoordinatorApp.__call__
-
-    async def counted(self: CoordinatorApp, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            calls.append(scope["path"])
-        await original(self, scope, receive, send)
-
-    monkeypatch.setattr(CoordinatorApp, "__call__", counted)
-    return calls
-
-
-def request_bytes(
-    group: str,
-    body: bytes,
-    *,
-    chunked: bool = False,
-    content_type: bytes = b"application/json",
-    extra: bytes = b"",
-) -> bytes:
-    head = (
-        b"POST /v1/groups/%s/offsets/commit HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Content-Type: %s\r\n%s" % (group.encode(), content_type, extra)
-    )
-    if chunked:
-        return head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    return head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-
-
-async def read_reply(reader: asyncio.StreamReader) -> Reply:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    return status, headers, await reader.readexactly(int(headers["content-length"]))
-
-
-async def exchange(port: int, *requests: bytes) -> list[Reply]:
-    """Send ``requests`` in one write (pipelined when several) and read their replies."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"".join(requests))
-        return [await read_reply(reader) for _ in requests]
-    finally:
-        writer.close()
+def commit_request(group: str, body: bytes, **options: Any) -> bytes:
+    return request_bytes(f"/v1/groups/{group}/offsets/commit", body, **options)
 
 
 def entry(partition: int, low: int, high: int, **extra: Any) -> dict[str, Any]:
@@ -138,10 +87,10 @@ async def test_each_request_gets_the_answer_the_asgi_path_gives(
     direct_group = suffix or "direct-oracle"
     asgi_group = suffix or "asgi-oracle"
     (direct,) = await exchange(
-        served.port, request_bytes(direct_group, body, content_type=content_type)
+        served.port, commit_request(direct_group, body, content_type=content_type)
     )
     (asgi,) = await exchange(
-        served.port, request_bytes(asgi_group, body, content_type=content_type, chunked=True)
+        served.port, commit_request(asgi_group, body, content_type=content_type, chunked=True)
     )
     # The two groups differ only in name, which replies name.
     asgi_body = asgi[2].replace(asgi_group.encode(), direct_group.encode())
@@ -175,10 +124,10 @@ async def test_commits_in_one_write_are_answered_in_order(
 ) -> None:
     replies = await exchange(
         served.port,
-        request_bytes("pipelined", body_of(entry(0, 0, 9))),
-        request_bytes("pipelined", body_of(entry(0, 10, 19))),
+        commit_request("pipelined", body_of(entry(0, 0, 9))),
+        commit_request("pipelined", body_of(entry(0, 10, 19))),
         b"GET /v1/groups/pipelined/offsets HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-        request_bytes("pipelined", body_of(entry(0, 20, 29))),
+        commit_request("pipelined", body_of(entry(0, 20, 29))),
     )
     assert [status for status, _, _ in replies] == [200, 200, 200, 200]
     stored = json.loads(replies[2][2])["partitions"]
@@ -195,7 +144,7 @@ async def test_a_commit_whose_client_left_is_still_stored_and_the_server_serves_
     served: RunningCoordinator,
 ) -> None:
     _, writer = await asyncio.open_connection("127.0.0.1", served.port)
-    writer.write(request_bytes("left", body_of(entry(0, 0, 6))))
+    writer.write(commit_request("left", body_of(entry(0, 0, 6))))
     await writer.drain()
     writer.close()
     async with httpx.AsyncClient(base_url=served.url) as client:
@@ -218,7 +167,7 @@ async def test_a_request_asking_to_close_is_answered_and_closed(
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
     try:
         writer.write(
-            request_bytes("closing", body_of(entry(0, 0, 1)), extra=b"Connection: close\r\n")
+            commit_request("closing", body_of(entry(0, 0, 1)), extra=b"Connection: close\r\n")
         )
         status, headers, _ = await read_reply(reader)
         assert (status, headers["connection"]) == (200, "close")

@@ -1,0 +1,140 @@
+"""The stable member's heartbeat answered by the HTTP protocol itself, with no ASGI task
+(``coordinator/direct_routes.py`` says when, and how a request is handed to the ASGI path).
+
+With prompt hand-offs every stable member keeps a heartbeat open: 10,000 members on one replica
+are 3,300 held replies a second, and through uvicorn's ASGI cycle each cost its task, its scope
+and message dicts and the middlewares' calls besides its own work. Once the body is complete
+the cycle runs the heartbeat route's checks in its order, queues the session's renewal with the
+batched renewals, and on the renewal's callback either writes the reply or, for a member that
+may wait, starts the held wait on a timer and writes the reply when it ends. Only the stable
+case is answered here: a join, a leave, a heartbeat carrying a subscription, a report, or one
+whose renewal finds the member not stable is handed to the ASGI path, which takes it from its
+start. docs/membership.md, "The heartbeat's HTTP path".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from typing import Any
+
+from coordinator.auth import admit
+from coordinator.cross_origin import refuse_cross_origin
+from coordinator.direct_routes import DirectCycle
+from coordinator.groups import endpoints, fast_path
+from coordinator.groups import heartbeat as membership
+from coordinator.groups.repository import StableHeartbeat
+from coordinator.groups.schemas import HeartbeatRequest
+from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
+from coordinator.metrics import HEARTBEATS_WAITING
+
+
+class DirectHeartbeat(DirectCycle):
+    """One heartbeat's cycle."""
+
+    route = fast_path.ROUTE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Where a held reply's wait is counted from, as the ASGI path counts it.
+        self._arrived = asyncio.get_running_loop().time()
+
+    def _decide(self) -> None:
+        scope = self._scope
+        state = self._coordinator.state
+        settings = state.settings
+        try:
+            refuse_cross_origin(scope)
+            admit(settings, scope)
+            if not fast_path.is_json(_content_type(scope)):
+                raise ValueError("not a JSON body")
+            group_id, request = fast_path.checked_request(self._raw_group_id, bytes(self.body))
+        except Exception:
+            self._hand_over()
+            return
+        renewal = membership.stable_renewal(group_id, request, settings)
+        if (
+            renewal is None
+            or request.subscribed_topics is not None
+            or request.subscribed_topic_regex is not None
+        ):
+            # Not a stable heartbeat, or one whose subscription the ASGI path learns first.
+            self._hand_over()
+            return
+        watch: MembershipWatch = state.membership_watch
+        held = (
+            watch.hold(group_id, renewal.member_id) if endpoints.may_wait(watch, request) else None
+        )
+        renewed = membership.renewals_of(state.engine).enqueue(renewal)
+        renewed.add_done_callback(partial(self._renewed, group_id, request, held))
+
+    def _renewed(
+        self,
+        group_id: str,
+        request: HeartbeatRequest,
+        held: HeldHeartbeat | None,
+        renewed: asyncio.Future[StableHeartbeat | None],
+    ) -> None:
+        state = self._coordinator.state
+        failed = renewed.cancelled() or renewed.exception() is not None
+        if failed or renewed.result() is None:
+            if held is not None:
+                state.membership_watch.release(group_id, held)
+            # The ASGI path answers what the renewal raised, or serves a member that is not
+            # stable (any longer) from the request's start, registering its own held reply.
+            self._hand_over(_Raising(renewed, self._started) if failed else None)
+            return
+        stable = renewed.result()
+        assert stable is not None
+        settings = state.settings
+        if held is None:
+            self._answer(membership.stable_reply(request, stable, settings, heartbeat_now=False))
+            return
+        interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
+        HEARTBEATS_WAITING.inc()
+        woken = held.begin_wait(
+            endpoints.STABLE_HOLD, endpoints.wait_deadline(request, interval_ms, self._arrived)
+        )
+        woken.add_done_callback(partial(self._waited, group_id, request, held, stable))
+
+    def _waited(
+        self,
+        group_id: str,
+        request: HeartbeatRequest,
+        held: HeldHeartbeat,
+        stable: StableHeartbeat,
+        woken: asyncio.Future[bool],
+    ) -> None:
+        state = self._coordinator.state
+        HEARTBEATS_WAITING.dec()
+        state.membership_watch.release(group_id, held)
+        endpoints.count_wait(woken.result())
+        # A reply that waited took the place of the member's sleep: it heartbeats again at
+        # once, whether the wait ended on a change or ran out.
+        self._answer(membership.stable_reply(request, stable, state.settings, heartbeat_now=True))
+
+    def _answer(self, reply: bytes) -> None:
+        self._reply_json(reply)
+        fast_path.record_served(self._started)
+
+
+class _Raising:
+    """An ASGI application answering a renewal's failure as the ASGI path does."""
+
+    def __init__(self, renewed: asyncio.Future[StableHeartbeat | None], started: float) -> None:
+        self._renewed = renewed
+        self._started = started
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await fast_path.serve_answer(scope, receive, send, self._failure(), self._started)
+
+    async def _failure(self) -> bytes:
+        self._renewed.result()  # raises what the renewal raised
+        raise AssertionError("a renewal handed over without failing")
+
+
+def _content_type(scope: Any) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bytes(value)
+    return b""

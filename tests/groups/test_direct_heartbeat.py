@@ -1,0 +1,255 @@
+"""Stable heartbeats the HTTP protocol answers itself (coordinator/groups/direct.py), over real
+sockets to a coordinator served as ``keyrange serve`` serves it, on a real migrated Postgres.
+
+The oracle is the ASGI path on the same server: a chunked body (Transfer-Encoding) always
+goes there, so a request is sent both ways and must get the same answer. The coordinator tells
+members a 20 s interval, so a held reply that comes well before that was ended by a change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from prometheus_client import REGISTRY
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from coordinator.app import create_app
+from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator, settings_for_tests
+from tests.groups.test_heartbeat_api import FULL, Member, given_topics, set_range_fetch
+from tests.raw_http import Reply, exchange, read_reply, request_bytes
+from tests.waiting import until
+
+LONG_INTERVAL = {"heartbeat_interval_ms": 20_000, "session_timeout_default_ms": 60_000}
+WAIT_MS = 20_000
+# Far below the 20 s interval, far above what a change takes to arrive on a busy machine.
+PROMPTLY_S = 10.0
+
+
+@pytest_asyncio.fixture(scope="module")
+async def served(make_migrated_database: MakeDatabase) -> AsyncIterator[RunningCoordinator]:
+    coordinator = RunningCoordinator(
+        create_app(settings_for_tests(**LONG_INTERVAL), await make_migrated_database())
+    )
+    await coordinator.start()
+    await until(lambda: coordinator.app.state.membership_watch.listening, 10, "the watch to listen")
+    yield coordinator
+    await coordinator.stop()
+
+
+@pytest_asyncio.fixture
+async def api(served: RunningCoordinator) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as client:
+        yield client
+
+
+def group() -> str:
+    return f"direct-{uuid.uuid4().hex[:8]}"
+
+
+def heartbeat_request(group_id: str, body: bytes, **options: Any) -> bytes:
+    return request_bytes(f"/v1/groups/{group_id}/heartbeat", body, **options)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def waiting() -> float:
+    return sample("keyrange_heartbeats_waiting")
+
+
+async def stable_member(
+    served: RunningCoordinator, api: httpx.AsyncClient, group_id: str, topic: str
+) -> Member:
+    await given_topics(served.app, **{topic: 1})
+    await set_range_fetch(api, topic, True)
+    member = Member(api, group_id)
+    await member.join([topic])
+    await member.heartbeat()  # reports what it was given: stable
+    assert member.owned == [{"topic": topic, "partition": 0, "ranges": [FULL]}]
+    return member
+
+
+def beat_of(member: Member, **extra: Any) -> bytes:
+    body = {"member_id": member.member_id, "member_epoch": member.epoch, "owned": member.owned}
+    return json.dumps({**body, **extra}).encode()
+
+
+async def both_ways(served: RunningCoordinator, group_id: str, body: bytes, **options: Any) -> Any:
+    """The request's reply by the protocol's path, then by the ASGI path."""
+    (direct,) = await exchange(served.port, heartbeat_request(group_id, body, **options))
+    (asgi,) = await exchange(
+        served.port, heartbeat_request(group_id, body, chunked=True, **options)
+    )
+    return direct, asgi
+
+
+def alike(direct: Reply, asgi: Reply) -> None:
+    assert (direct[0], direct[2]) == (asgi[0], asgi[2])
+    assert direct[1]["content-type"] == asgi[1]["content-type"]
+    assert "date" in direct[1] and "server" in direct[1]
+
+
+async def test_a_stable_heartbeat_is_answered_without_the_asgi_application(
+    served: RunningCoordinator, api: httpx.AsyncClient, asgi_calls: list[str]
+) -> None:
+    member = await stable_member(served, api, group(), "plain_flow")
+    served_before = sample(
+        "keyrange_http_requests_total",
+        method="POST",
+        route="/v1/groups/{group_id}/heartbeat",
+        status="200",
+    )
+    asgi_calls.clear()
+
+    direct, asgi = await both_ways(served, member.group, beat_of(member))
+
+    alike(direct, asgi)
+    assert direct[0] == 200
+    assert json.loads(direct[2])["heartbeat_now"] is False
+    assert asgi_calls == [f"/v1/groups/{member.group}/heartbeat"]  # the chunked twin only
+    counted = sample(
+        "keyrange_http_requests_total",
+        method="POST",
+        route="/v1/groups/{group_id}/heartbeat",
+        status="200",
+    )
+    assert counted == served_before + 2
+
+
+CASES: list[tuple[str, bytes, dict[str, Any]]] = [
+    ("malformed JSON", b'{"member_epoch": ', {}),
+    ("text, not JSON", b'{"member_epoch": 0}', {"content_type": b"text/plain"}),
+    ("an empty body", b"", {}),
+    ("not an object", b"[]", {}),
+    ("an epoch as text", b'{"member_epoch": "1", "member_id": "m-1"}', {}),
+    ("an epoch without its member", b'{"member_epoch": 1}', {}),
+    ("an unknown field", b'{"member_epoch": 2, "member_id": "m-1", "colour": "red"}', {}),
+    ("a member the group does not know", b'{"member_epoch": 3, "member_id": "m-nobody"}', {}),
+    ("a leave of nobody", b'{"member_epoch": -1, "member_id": "m-nobody"}', {}),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "options"), CASES, ids=[case[0] for case in CASES])
+async def test_each_request_it_cannot_serve_gets_the_asgi_path_s_answer(
+    served: RunningCoordinator, case: str, body: bytes, options: dict[str, Any]
+) -> None:
+    direct, asgi = await both_ways(served, "refusals", body, **options)
+    alike(direct, asgi)
+
+
+async def test_a_held_heartbeat_is_answered_at_once_by_a_change(
+    served: RunningCoordinator, api: httpx.AsyncClient, asgi_calls: list[str]
+) -> None:
+    group_id = group()
+    holder = await stable_member(served, api, group_id, "shared_flow")
+    changed_before = sample("keyrange_heartbeats_held_total", outcome="changed")
+    asgi_calls.clear()
+    before = waiting()
+    held = asyncio.create_task(holder.heartbeat(wait_ms=WAIT_MS))
+    await until(lambda: waiting() > before or held.done(), 10, "the heartbeat to be held")
+    assert not held.done(), f"answered at once: {held.result()}"
+    assert asgi_calls == []
+
+    started = time.monotonic()
+    await Member(api, group_id).join(["shared_flow"])
+    reply = await asyncio.wait_for(held, WAIT_MS / 1000 + 10)
+
+    assert time.monotonic() - started < PROMPTLY_S
+    assert reply["heartbeat_now"] is True
+    assert sample("keyrange_heartbeats_held_total", outcome="changed") == changed_before + 1
+    # The holder's next heartbeat is no longer stable: the ASGI path serves it, at once.
+    asgi_calls.clear()
+    revoked = await holder.heartbeat(wait_ms=WAIT_MS)
+    assert asgi_calls == [f"/v1/groups/{group_id}/heartbeat"]
+    assert revoked["heartbeat_now"] is False
+    assert revoked["assignment"][0]["ranges"][0] != FULL
+
+
+async def test_a_held_heartbeat_nothing_changes_for_is_answered_when_its_wait_runs_out(
+    served: RunningCoordinator, api: httpx.AsyncClient
+) -> None:
+    member = await stable_member(served, api, group(), "quiet_flow")
+    waited_before = sample("keyrange_heartbeats_held_total", outcome="waited")
+    wait_ms = 1_500
+    started = time.monotonic()
+    reply = await member.heartbeat(wait_ms=wait_ms)
+    took = time.monotonic() - started
+
+    assert reply["heartbeat_now"] is True
+    assert took >= wait_ms / 1000 - 0.05
+    assert sample("keyrange_heartbeats_held_total", outcome="waited") == waited_before + 1
+
+
+async def test_a_client_that_leaves_while_held_costs_nothing_once_its_wait_ends(
+    served: RunningCoordinator, api: httpx.AsyncClient
+) -> None:
+    member = await stable_member(served, api, group(), "gone_flow")
+    before = waiting()
+    _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(heartbeat_request(member.group, beat_of(member, wait_ms=1_000)))
+    await writer.drain()
+    await until(lambda: waiting() > before, 10, "the heartbeat to be held")
+    writer.close()
+
+    await until(lambda: waiting() == before, 10, "the held heartbeat's wait to end")
+    again = await member.heartbeat()
+    assert again["heartbeat_now"] is False
+
+
+async def test_a_shutdown_answers_a_held_heartbeat_and_closes_its_connection(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    coordinator = RunningCoordinator(
+        create_app(settings_for_tests(**LONG_INTERVAL), await make_migrated_database())
+    )
+    await coordinator.start()
+    try:
+        async with httpx.AsyncClient(base_url=coordinator.url, timeout=60) as api:
+            member = await stable_member(coordinator, api, group(), "closing_flow")
+        before = waiting()
+        reader, writer = await asyncio.open_connection("127.0.0.1", coordinator.port)
+        writer.write(heartbeat_request(member.group, beat_of(member, wait_ms=1_500)))
+        await writer.drain()
+        await until(lambda: waiting() > before, 10, "the heartbeat to be held")
+        coordinator.server.should_exit = True
+        status, headers, body = await asyncio.wait_for(read_reply(reader), 30)
+        assert (status, headers["connection"]) == (200, "close")
+        assert json.loads(body)["heartbeat_now"] is True
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+    finally:
+        await coordinator.stop()
+
+
+async def test_a_renewal_that_fails_is_answered_as_the_asgi_path_answers_it(
+    make_migrated_database: MakeDatabase,
+) -> None:
+    """The members' table taken away under a running coordinator: the renewal's statement
+    fails in the database, and both paths answer with the same problem document."""
+    database = await make_migrated_database()
+    coordinator = RunningCoordinator(create_app(settings_for_tests(**LONG_INTERVAL), database))
+    await coordinator.start()
+    engine = create_async_engine(database)
+    try:
+        async with httpx.AsyncClient(base_url=coordinator.url, timeout=60) as api:
+            member = await stable_member(coordinator, api, group(), "failing_flow")
+        async with engine.begin() as connection:
+            await connection.execute(text("ALTER TABLE members RENAME TO members_away"))
+
+        direct, asgi = await both_ways(coordinator, member.group, beat_of(member))
+
+        alike(direct, asgi)
+        assert direct[0] == 500
+        assert json.loads(direct[2])["error"] == "INTERNAL_ERROR"
+    finally:
+        await engine.dispose()
+        await coordinator.stop()
