@@ -13,7 +13,9 @@ statement applies the same guard to every row (``repository.renew_stable_session
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.groups import repository
@@ -65,8 +67,10 @@ class SessionRenewals:
     async def _renew(self, batch: list[_Pending]) -> None:
         try:
             async with self._engine.connect() as connection:
+                raw = await connection.get_raw_connection()
                 renewed = await repository.renew_stable_sessions(
-                    connection, [renewal for renewal, _ in batch]
+                    cast(asyncpg.Connection, raw.driver_connection),
+                    [renewal for renewal, _ in batch],
                 )
         except Exception as exc:
             # Every request of the batch fails as its own statement would have.

@@ -24,10 +24,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import Boolean, Integer, Text
+from sqlalchemy.types import Text
 
 from coordinator.core.assignment import Slice, slices_from_wire, slices_to_wire
 from coordinator.core.heartbeat import SENT_FIELDS
@@ -132,16 +133,31 @@ _SENT_COLUMNS = [(field.name, Member.__table__.c[field.name].type) for field in 
 # for: its group is changing, so that request takes the locked path, and a statement
 # renewing several rows never waits for one lock while holding another.
 _SENT_NAMES = "".join(f", {name}" for name, _ in _SENT_COLUMNS)
-_SENT_ARRAYS = "".join(f", :{name}" for name, _ in _SENT_COLUMNS)
 _SENT_UNCHANGED = "".join(
     f"          AND (s.{name} IS NULL OR m.{name} = s.{name})\n" for name, _ in _SENT_COLUMNS
 )
-_RENEW_STABLE_SESSIONS = text(
-    f"""
+# The statement's arrays, one element per request, in the order of its parameters, each
+# with the SQL type of its elements.
+_SQL_TYPES = {bool: "boolean", int: "integer", str: "text"}
+_RENEWAL_ARRAYS = [
+    ("group_ids", "text"),
+    ("member_ids", "text"),
+    ("member_epochs", "integer"),
+    ("owned", "text"),
+    ("check_subscription", "boolean"),
+    ("topics", "text"),
+    ("regex", "text"),
+    *((name, _SQL_TYPES[column_type.python_type]) for name, column_type in _SENT_COLUMNS),
+]
+_UNNESTED = ", ".join(
+    f"${position}::{sql_type}[]" for position, (_, sql_type) in enumerate(_RENEWAL_ARRAYS, start=1)
+)
+# Written for the driver, as commits are: SQLAlchemy's per-statement work (the execution
+# context, a bind processor over every element of every array) cost more than the statement.
+_RENEW_STABLE_SESSIONS = f"""
     WITH renewable AS (
         SELECT m.group_id, m.member_id, s.request
-        FROM unnest(:group_ids, :member_ids, :member_epochs, :owned, :check_subscription,
-                    :topics, :regex{_SENT_ARRAYS})
+        FROM unnest({_UNNESTED})
              WITH ORDINALITY AS s(group_id, member_id, member_epoch, owned, check_subscription,
                                   topics, regex{_SENT_NAMES}, request)
         JOIN members m ON m.group_id = s.group_id AND m.member_id = s.member_id
@@ -163,16 +179,6 @@ _RENEW_STABLE_SESSIONS = text(
     WHERE m.group_id = r.group_id AND m.member_id = r.member_id
     RETURNING r.request, m.assigned::text, m.session_timeout_ms
     """
-).bindparams(
-    bindparam("group_ids", type_=ARRAY(Text)),
-    bindparam("member_ids", type_=ARRAY(Text)),
-    bindparam("member_epochs", type_=ARRAY(Integer)),
-    bindparam("owned", type_=ARRAY(Text)),
-    bindparam("check_subscription", type_=ARRAY(Boolean)),
-    bindparam("topics", type_=ARRAY(Text)),
-    bindparam("regex", type_=ARRAY(Text)),
-    *(bindparam(name, type_=ARRAY(column_type)) for name, column_type in _SENT_COLUMNS),
-)
 
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
@@ -431,30 +437,27 @@ class Renewal:
 
 
 async def renew_stable_sessions(
-    connection: AsyncConnection, renewals: Sequence[Renewal]
+    driver: asyncpg.Connection, renewals: Sequence[Renewal]
 ) -> list[StableHeartbeat | None]:
     """One statement for many common heartbeats: each renews its member's session when the
     member is live, at its epoch, owns exactly its assignment, which is its target, its group
     has no pending rebalance, and the request changes nothing. Answers in the order asked,
-    None where any of that is false (or the member's row is locked by a change)."""
-    result = await connection.execute(
+    None where any of that is false (or the member's row is locked by a change). Runs on the
+    driver connection of a pooled connection in autocommit."""
+    rows = await driver.fetch(
         _RENEW_STABLE_SESSIONS,
-        {
-            "group_ids": [r.group_id for r in renewals],
-            "member_ids": [r.member_id for r in renewals],
-            "member_epochs": [r.member_epoch for r in renewals],
-            "owned": [r.owned_json for r in renewals],
-            "check_subscription": [r.subscription is not None for r in renewals],
-            "topics": [
-                None if r.subscription is None else json.dumps(r.subscription[0]) for r in renewals
-            ],
-            "regex": [None if r.subscription is None else r.subscription[1] for r in renewals],
-            **{field.name: [r.sent[field.name] for r in renewals] for field in SENT_FIELDS},
-        },
+        [r.group_id for r in renewals],
+        [r.member_id for r in renewals],
+        [r.member_epoch for r in renewals],
+        [r.owned_json for r in renewals],
+        [r.subscription is not None for r in renewals],
+        [None if r.subscription is None else json.dumps(r.subscription[0]) for r in renewals],
+        [None if r.subscription is None else r.subscription[1] for r in renewals],
+        *([r.sent[field.name] for r in renewals] for field in SENT_FIELDS),
     )
     renewed: list[StableHeartbeat | None] = [None] * len(renewals)
-    for request, assigned, session_timeout_ms in result:
-        renewed[int(request) - 1] = StableHeartbeat(str(assigned), int(session_timeout_ms))
+    for request, assigned, session_timeout_ms in rows:
+        renewed[request - 1] = StableHeartbeat(assigned, session_timeout_ms)
     return renewed
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import asyncpg
 import httpx
 from fastapi import FastAPI
 from sqlalchemy import event, text
 
+from coordinator.db.engine import make_engine
 from coordinator.groups.heartbeat import stable_heartbeat
 from coordinator.groups.schemas import HeartbeatRequest
 from tests.groups.test_heartbeat_api import Member, given_topics
@@ -18,7 +20,7 @@ from tests.waiting import until
 
 
 async def test_heartbeats_arriving_together_share_one_statement_and_skip_a_locked_member(
-    coordinator_app: FastAPI, api: httpx.AsyncClient
+    coordinator_app: FastAPI, api: httpx.AsyncClient, database_url: str
 ) -> None:
     await given_topics(coordinator_app, renewed=1)
     members = [Member(api, "renewals") for _ in range(12)]
@@ -47,14 +49,20 @@ async def test_heartbeats_arriving_together_share_one_statement_and_skip_a_locke
         )
         for m in members
     ]
-    engine = coordinator_app.state.engine
+    # A fresh engine whose connections report every statement they run: renewals run on
+    # the driver connection, below SQLAlchemy's events.
+    engine = make_engine(database_url, coordinator_app.state.settings)
     renewal_statements = 0
 
-    def count(_: Any, __: Any, statement: str, *___: Any) -> None:
+    def count(query: Any) -> None:
         nonlocal renewal_statements
-        renewal_statements += "WITH renewable" in statement
+        renewal_statements += "WITH renewable" in query.query
 
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    @event.listens_for(engine.sync_engine, "connect")
+    def _log_queries(dbapi_connection: Any, _: object) -> None:
+        driver: asyncpg.Connection = dbapi_connection.driver_connection
+        driver.add_query_logger(count)
+
     try:
         async with engine.connect() as locker:
             await locker.execute(
@@ -69,7 +77,7 @@ async def test_heartbeats_arriving_together_share_one_statement_and_skip_a_locke
             )
             await locker.rollback()
     finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
+        await engine.dispose()
 
     assert renewal_statements == 1
     assert renewed[0] is None
