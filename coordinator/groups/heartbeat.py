@@ -23,6 +23,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 import asyncpg
+from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -150,6 +151,10 @@ async def learn_subscribed_topics(
         await metadata_repository.write_partition_counts(connection, counts)
 
 
+# A member's owned slices as JSON, in the order sent.
+_OWNED = TypeAdapter(list[SliceJson])
+
+
 @lru_cache(maxsize=16)
 def renewals_of(engine: AsyncEngine) -> SessionRenewals:
     """The engine's batched renewals, one per engine for the process's life."""
@@ -186,9 +191,7 @@ def stable_renewal(
         return None
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
     # anything else falls through to the full path, which normalizes.
-    owned_json = (
-        None if request.owned is None else json.dumps([s.model_dump() for s in request.owned])
-    )
+    owned_json = None if request.owned is None else _OWNED.dump_json(request.owned).decode()
     sent = {field.name: getattr(request, field.name) for field in SENT_FIELDS}
     if request.session_timeout_ms is not None:
         sent["session_timeout_ms"] = session_limits(settings).clamp(request.session_timeout_ms)
