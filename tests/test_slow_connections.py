@@ -155,6 +155,32 @@ async def test_a_header_deadline_shorter_than_the_body_deadline_before_it_is_kep
         writer.close()
 
 
+async def test_a_kept_alive_connection_is_closed_when_idle_past_the_keep_alive_timeout(
+    start_coordinator: StartCoordinator, database_url: str
+) -> None:
+    """Between requests the keep-alive timeout runs; once a request has begun, its own
+    deadlines do: a request whose headers take longer than the keep-alive timeout is
+    answered, and the connection idle after it is closed at the timeout."""
+    keep_alive_s = 1
+    coordinator = await start_coordinator(
+        database_url, keep_alive_timeout_s=keep_alive_s, header_read_timeout_s=60
+    )
+    request = b"GET /livez HTTP/1.1\r\nHost: c\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", coordinator.port)
+    try:
+        writer.write(request)
+        await asyncio.wait_for(reader.readuntil(b'{"status":"ok"}'), timeout=5)
+        writer.write(request[:10])
+        await asyncio.sleep(keep_alive_s * 1.5)
+        writer.write(request[10:])
+        await asyncio.wait_for(reader.readuntil(b'{"status":"ok"}'), timeout=5)
+        idle = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), timeout=keep_alive_s + GRACE_S) == b""
+        assert time.monotonic() - idle >= keep_alive_s * 0.9
+    finally:
+        writer.close()
+
+
 def test_the_connection_settings_reach_the_server() -> None:
     settings = settings_for_tests(
         keep_alive_timeout_s=42,
