@@ -22,10 +22,14 @@ import asyncio
 import re
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+from coordinator.auth import admit
+from coordinator.cross_origin import refuse_cross_origin
+from coordinator.settings import Settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,9 +56,11 @@ _GROUP_ID = re.compile(rb"[A-Za-z0-9._-]{1,255}")
 _OK_HEAD = STATUS_LINE[200]
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+# What a route's checks make of a request, for its answer.
+Checked = TypeVar("Checked")
 
 
-class DirectCycle(RequestResponseCycle):
+class DirectCycle(RequestResponseCycle, Generic[Checked]):
     """One request's cycle: uvicorn's parser callbacks fill its body as for any cycle, and
     ``decide`` runs when the body is complete instead of an ASGI task."""
 
@@ -91,18 +97,35 @@ class DirectCycle(RequestResponseCycle):
         self._decided = False
 
     def decide(self) -> None:
-        """Answer the request, or hand it to the ASGI path; once, at the body's end (uvicorn
+        """Check the request and answer it, or hand it to the ASGI path; once, at the body's
+        end (uvicorn
         calls the parser's callback once per message; answering twice would be worse than
         this check)."""
         if self._decided:
             return
         self._decided = True
-        self._decide()
+        scope = self._scope
+        settings = self._coordinator.state.settings
+        try:
+            refuse_cross_origin(scope)
+            admit(settings, scope)
+            checked = self._checked(scope, settings)
+        except Exception:
+            self._hand_over()
+            return
+        self._serve(checked)
 
-    def _decide(self) -> None:
-        """The route's checks and its answer, or a hand-over. (Not an abstract method: the
-        protocol tests every request's cycle against this class, and an ABC's
-        ``isinstance`` costs a call into Python.)"""
+    # Not abstract methods: the protocol tests every request's cycle against this class, and
+    # an ABC's ``isinstance`` costs a call into Python.
+
+    def _checked(self, scope: Scope, settings: Settings) -> Checked:
+        """The request as the route's own checks pass it, in the route's order; they come
+        after the cross-origin refusal and the token, as ``CoordinatorApp`` runs them.
+        Raises for anything the ASGI path would refuse, or serves otherwise."""
+        raise NotImplementedError
+
+    def _serve(self, checked: Checked) -> None:
+        """Answer the checked request, or hand it over."""
         raise NotImplementedError
 
     @property
@@ -160,10 +183,10 @@ class DirectRoutes:
     (``coordinator/serving.py`` makes none otherwise: a traced request takes the ASGI path,
     which records its spans)."""
 
-    def __init__(self, app: Starlette, cycles: Iterable[type[DirectCycle]]) -> None:
+    def __init__(self, app: Starlette, cycles: Iterable[type[DirectCycle[Any]]]) -> None:
         self._app = app
         # Each route's cycle, by the path after the group id.
-        self._cycles: dict[bytes, type[DirectCycle]] = {}
+        self._cycles: dict[bytes, type[DirectCycle[Any]]] = {}
         for cycle in cycles:
             head, _, tail = cycle.route.partition(GROUP_ROUTES)
             if head or not tail.startswith("/"):
@@ -173,7 +196,7 @@ class DirectRoutes:
         # and resumes it only when the application reads: no body here may reach that.
         self._largest_body = min(HIGH_WATER_LIMIT, app.state.settings.max_body_bytes)
 
-    def begin(self, protocol: HttpToolsProtocol, start_asgi: StartAsgi) -> DirectCycle | None:
+    def begin(self, protocol: HttpToolsProtocol, start_asgi: StartAsgi) -> DirectCycle[Any] | None:
         """A cycle for the request whose headers ``protocol`` just parsed, when this path
         answers it; None leaves it to uvicorn's ASGI cycle."""
         if protocol.cycle is not None and not protocol.cycle.response_complete:

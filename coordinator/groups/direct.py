@@ -18,8 +18,8 @@ import asyncio
 from functools import partial
 from typing import Any
 
-from coordinator.auth import admit
-from coordinator.cross_origin import refuse_cross_origin
+from starlette.types import Scope
+
 from coordinator.direct_routes import DirectCycle
 from coordinator.groups import endpoints, fast_path
 from coordinator.groups import heartbeat as membership
@@ -27,9 +27,10 @@ from coordinator.groups.repository import StableHeartbeat
 from coordinator.groups.schemas import HeartbeatRequest
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
 from coordinator.metrics import HEARTBEATS_WAITING
+from coordinator.settings import Settings
 
 
-class DirectHeartbeat(DirectCycle):
+class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
     """One heartbeat's cycle."""
 
     route = fast_path.ROUTE
@@ -39,20 +40,16 @@ class DirectHeartbeat(DirectCycle):
         # Where a held reply's wait is counted from, as the ASGI path counts it.
         self._arrived = asyncio.get_running_loop().time()
 
-    def _decide(self) -> None:
-        scope = self._scope
+    def _checked(self, scope: Scope, settings: Settings) -> tuple[str, HeartbeatRequest]:
+        """The group id and the request."""
+        if not fast_path.is_json(_content_type(scope)):
+            raise ValueError("not a JSON body")
+        return fast_path.checked_request(self._raw_group_id, bytes(self.body))
+
+    def _serve(self, checked: tuple[str, HeartbeatRequest]) -> None:
+        group_id, request = checked
         state = self._coordinator.state
-        settings = state.settings
-        try:
-            refuse_cross_origin(scope)
-            admit(settings, scope)
-            if not fast_path.is_json(_content_type(scope)):
-                raise ValueError("not a JSON body")
-            group_id, request = fast_path.checked_request(self._raw_group_id, bytes(self.body))
-        except Exception:
-            self._hand_over()
-            return
-        renewal = membership.stable_renewal(group_id, request, settings)
+        renewal = membership.stable_renewal(group_id, request, state.settings)
         if (
             renewal is None
             or request.subscribed_topics is not None

@@ -12,32 +12,29 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator.auth import admit
-from coordinator.cross_origin import refuse_cross_origin
+from starlette.types import Scope
+
 from coordinator.direct_routes import DirectCycle
 from coordinator.offsets import fast_path
+from coordinator.offsets.schemas import CommitRequest
 from coordinator.offsets.service import CommitResult
+from coordinator.settings import Settings
 
 
-class DirectCommit(DirectCycle):
+class DirectCommit(DirectCycle["tuple[str, CommitRequest, str]"]):
     """One commit's cycle."""
 
     route = fast_path.ROUTE
 
-    def _decide(self) -> None:
-        scope = self._scope
-        state = self._coordinator.state
-        settings = state.settings
-        try:
-            refuse_cross_origin(scope)
-            admit(settings, scope)
-            group_id = fast_path.checked_head(scope, settings, self._raw_group_id)
-            request, principal = fast_path.checked_body(scope, settings, bytes(self.body))
-            tenant = principal.group_scope(group_id)
-        except Exception:
-            self._hand_over()
-            return
-        reply = state.commits.enqueue(group_id, request, tenant)
+    def _checked(self, scope: Scope, settings: Settings) -> tuple[str, CommitRequest, str]:
+        """The group id, the request and the tenant it counts against."""
+        group_id = fast_path.checked_head(scope, settings, self._raw_group_id)
+        request, principal = fast_path.checked_body(scope, settings, bytes(self.body))
+        return group_id, request, principal.group_scope(group_id)
+
+    def _serve(self, checked: tuple[str, CommitRequest, str]) -> None:
+        group_id, request, tenant = checked
+        reply = self._coordinator.state.commits.enqueue(group_id, request, tenant)
         reply.add_done_callback(lambda decided: self._answer(group_id, decided))
 
     def _answer(self, group_id: str, reply: asyncio.Future[CommitResult]) -> None:

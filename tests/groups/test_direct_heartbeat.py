@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -33,13 +34,18 @@ WAIT_MS = 20_000
 PROMPTLY_S = 10.0
 
 
-@pytest_asyncio.fixture(scope="module")
-async def served(make_migrated_database: MakeDatabase) -> AsyncIterator[RunningCoordinator]:
-    coordinator = RunningCoordinator(
-        create_app(settings_for_tests(**LONG_INTERVAL), await make_migrated_database())
-    )
+async def listening(database: str) -> RunningCoordinator:
+    """A coordinator on ``database``, once it hears membership changes (until then no
+    heartbeat is held)."""
+    coordinator = RunningCoordinator(create_app(settings_for_tests(**LONG_INTERVAL), database))
     await coordinator.start()
     await until(lambda: coordinator.app.state.membership_watch.listening, 10, "the watch to listen")
+    return coordinator
+
+
+@pytest_asyncio.fixture(scope="module")
+async def served(make_migrated_database: MakeDatabase) -> AsyncIterator[RunningCoordinator]:
+    coordinator = await listening(await make_migrated_database())
     yield coordinator
     await coordinator.stop()
 
@@ -205,51 +211,59 @@ async def test_a_client_that_leaves_while_held_costs_nothing_once_its_wait_ends(
     assert again["heartbeat_now"] is False
 
 
-async def test_a_shutdown_answers_a_held_heartbeat_and_closes_its_connection(
-    make_migrated_database: MakeDatabase,
-) -> None:
-    coordinator = RunningCoordinator(
-        create_app(settings_for_tests(**LONG_INTERVAL), await make_migrated_database())
-    )
-    await coordinator.start()
+@dataclass
+class Alone:
+    """A coordinator of one test's own, on its own database, with a stable member."""
+
+    coordinator: RunningCoordinator
+    database: str
+    member: Member
+
+
+@pytest_asyncio.fixture
+async def alone(make_migrated_database: MakeDatabase) -> AsyncIterator[Alone]:
+    database = await make_migrated_database()
+    coordinator = await listening(database)
     try:
         async with httpx.AsyncClient(base_url=coordinator.url, timeout=60) as api:
-            member = await stable_member(coordinator, api, group(), "closing_flow")
-        before = waiting()
-        reader, writer = await asyncio.open_connection("127.0.0.1", coordinator.port)
-        writer.write(heartbeat_request(member.group, beat_of(member, wait_ms=1_500)))
+            member = await stable_member(coordinator, api, group(), "own_flow")
+        yield Alone(coordinator, database, member)
+    finally:
+        await coordinator.stop()
+
+
+async def test_a_shutdown_answers_a_held_heartbeat_and_closes_its_connection(
+    alone: Alone,
+) -> None:
+    before = waiting()
+    reader, writer = await asyncio.open_connection("127.0.0.1", alone.coordinator.port)
+    try:
+        writer.write(heartbeat_request(alone.member.group, beat_of(alone.member, wait_ms=1_500)))
         await writer.drain()
         await until(lambda: waiting() > before, 10, "the heartbeat to be held")
-        coordinator.server.should_exit = True
+        alone.coordinator.server.should_exit = True
         status, headers, body = await asyncio.wait_for(read_reply(reader), 30)
         assert (status, headers["connection"]) == (200, "close")
         assert json.loads(body)["heartbeat_now"] is True
         assert await asyncio.wait_for(reader.read(), 10) == b""
-        writer.close()
     finally:
-        await coordinator.stop()
+        writer.close()
 
 
 async def test_a_renewal_that_fails_is_answered_as_the_asgi_path_answers_it(
-    make_migrated_database: MakeDatabase,
+    alone: Alone,
 ) -> None:
     """The members' table taken away under a running coordinator: the renewal's statement
     fails in the database, and both paths answer with the same problem document."""
-    database = await make_migrated_database()
-    coordinator = RunningCoordinator(create_app(settings_for_tests(**LONG_INTERVAL), database))
-    await coordinator.start()
-    engine = create_async_engine(database)
+    engine = create_async_engine(alone.database)
     try:
-        async with httpx.AsyncClient(base_url=coordinator.url, timeout=60) as api:
-            member = await stable_member(coordinator, api, group(), "failing_flow")
         async with engine.begin() as connection:
             await connection.execute(text("ALTER TABLE members RENAME TO members_away"))
-
-        direct, asgi = await both_ways(coordinator, member.group, beat_of(member))
-
-        alike(direct, asgi)
-        assert direct[0] == 500
-        assert json.loads(direct[2])["error"] == "INTERNAL_ERROR"
     finally:
         await engine.dispose()
-        await coordinator.stop()
+
+    direct, asgi = await both_ways(alone.coordinator, alone.member.group, beat_of(alone.member))
+
+    alike(direct, asgi)
+    assert direct[0] == 500
+    assert json.loads(direct[2])["error"] == "INTERNAL_ERROR"
