@@ -77,9 +77,14 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
         if failed or renewed.result() is None:
             if held is not None:
                 state.membership_watch.release(group_id, held)
-            # The ASGI path answers what the renewal raised, or serves a member that is not
-            # stable (any longer) from the request's start, registering its own held reply.
-            self._hand_over(_Raising(renewed, self._started) if failed else None)
+            if failed:
+                # The ASGI path answers what the renewal raised.
+                self._hand_over(_Raising(renewed, self._started))
+                return
+            # The ASGI path serves a member that is not stable (any longer) from the
+            # request's start, on its locked path at once, registering its own held reply.
+            self._scope[fast_path.NOT_STABLE_SINCE] = (self._arrived, self._started)
+            self._hand_over()
             return
         stable = renewed.result()
         assert stable is not None

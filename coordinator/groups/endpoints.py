@@ -76,7 +76,12 @@ async def group_owners(group_id: GroupPath, connection: Transaction) -> GroupOwn
 
 
 async def answer(
-    state: Any, scope: Scope, group_id: str, body: HeartbeatRequest, arrived: float | None = None
+    state: Any,
+    scope: Scope,
+    group_id: str,
+    body: HeartbeatRequest,
+    arrived: float | None = None,
+    renew: bool = True,
 ) -> HeartbeatReply | bytes:
     """The reply to a validated heartbeat request: a model, or the stable path's JSON bytes.
 
@@ -86,7 +91,9 @@ async def answer(
     ``arrived`` (the event loop's clock when the request started being served; now when not
     given) is where a held reply's wait is counted from: the member offered to wait
     ``wait_ms`` for its reply, so the time spent serving the heartbeat (the renewal's turn
-    in a batch, a locked path's turn) is part of the wait, not added to it."""
+    in a batch, a locked path's turn) is part of the wait, not added to it. ``renew`` false
+    skips the stable member's renewal, for a request whose renewal already found the member
+    not stable."""
     if arrived is None:
         arrived = asyncio.get_running_loop().time()
     settings = state.settings
@@ -98,7 +105,9 @@ async def answer(
         assert body.member_id is not None
         held = watch.hold(group_id, body.member_id)
     try:
-        stable = await membership.stable_heartbeat(engine, group_id, body, settings)
+        stable = (
+            await membership.stable_heartbeat(engine, group_id, body, settings) if renew else None
+        )
         if stable is not None:
             if held is not None:
                 interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)

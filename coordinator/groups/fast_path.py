@@ -34,6 +34,10 @@ ROUTE = "/v1/groups/{group_id}/heartbeat"
 _PREFIX, _, _SUFFIX = ROUTE.partition("{group_id}")
 _GROUP_ID = TypeAdapter(GroupId)
 _SERVED = metrics.HTTP_REQUESTS.labels("POST", ROUTE, "200")
+# Put in a request's scope by the heartbeat's protocol path (``coordinator/groups/direct.py``)
+# when its renewal found the member not stable: the request's ``(arrived, started)`` there.
+# The locked path serves such a request at once, without a second renewal's batch turn.
+NOT_STABLE_SINCE = "keyrange.heartbeat.not_stable_since"
 _LATENCY = metrics.HTTP_LATENCY.labels("POST", ROUTE)
 
 
@@ -58,8 +62,11 @@ async def serve_fast_path(
     Anything but a valid request is handed to ``routed`` (FastAPI, with the body read so
     far replayed), so a refusal is FastAPI's own, word for word: the fast path only ever
     serves requests both would serve alike."""
-    started = time.perf_counter()
-    arrived = asyncio.get_running_loop().time()
+    handed_over: tuple[float, float] | None = scope.get(NOT_STABLE_SINCE)
+    if handed_over is None:
+        arrived, started = asyncio.get_running_loop().time(), time.perf_counter()
+    else:
+        arrived, started = handed_over
     state = scope["app"].state
     limit = state.settings.max_body_bytes
     content_type = b""
@@ -85,9 +92,8 @@ async def serve_fast_path(
     except ValueError:
         await routed(scope, replaying(body, receive), send)
         return
-    await serve_answer(
-        scope, receive, send, answer(state, scope, group_id, request, arrived), started
-    )
+    reply = answer(state, scope, group_id, request, arrived, renew=handed_over is None)
+    await serve_answer(scope, receive, send, reply, started)
 
 
 def checked_request(raw_group_id: str, body: bytes) -> tuple[str, HeartbeatRequest]:

@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
 from prometheus_client import REGISTRY
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from coordinator.app import create_app
@@ -267,3 +268,31 @@ async def test_a_renewal_that_fails_is_answered_as_the_asgi_path_answers_it(
     alike(direct, asgi)
     assert direct[0] == 500
     assert json.loads(direct[2])["error"] == "INTERNAL_ERROR"
+
+
+async def test_a_heartbeat_its_renewal_finds_not_stable_is_renewed_once(alone: Alone) -> None:
+    """Handed to the ASGI path, it goes to the locked path without a second renewal's turn:
+    a join's hand-off waits for the member's next heartbeat, so that turn was the join's."""
+    engine = alone.coordinator.app.state.engine
+    renewals = 0
+
+    def count(query: Any) -> None:
+        nonlocal renewals
+        renewals += "WITH renewable" in query.query
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _log_queries(dbapi_connection: Any, _: object) -> None:
+        driver: asyncpg.Connection = dbapi_connection.driver_connection
+        driver.add_query_logger(count)
+
+    # Every connection from here on is a new one, which reports its statements.
+    await engine.dispose()
+    member = alone.member
+    async with httpx.AsyncClient(base_url=alone.coordinator.url, timeout=60) as api:
+        member.api = api
+        await Member(api, member.group).join(["own_flow"])
+        revoked = await member.heartbeat(wait_ms=WAIT_MS)
+
+    assert renewals == 1
+    assert revoked["heartbeat_now"] is False
+    assert revoked["assignment"][0]["ranges"][0] != FULL
