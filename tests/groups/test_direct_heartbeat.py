@@ -8,9 +8,12 @@ members a 20 s interval, so a held reply that comes well before that was ended b
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 import uuid
+from asyncio.selector_events import _SelectorSocketTransport
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -296,3 +299,64 @@ async def test_a_heartbeat_its_renewal_finds_not_stable_is_renewed_once(alone: A
     assert renewals == 1
     assert revoked["heartbeat_now"] is False
     assert revoked["assignment"][0]["ranges"][0] != FULL
+
+
+def garbage_but_asyncio_sockets() -> list[object]:
+    """``gc.garbage`` without what only asyncio's socket transports reach: the test's event
+    loop is asyncio's, whose transport keeps a bound method of its own, a cycle on either end
+    of every closed connection (the coordinator serves on uvloop's). A closed transport no
+    longer reaches its protocol, so the coordinator's objects stay in."""
+    in_garbage = {id(thing): thing for thing in gc.garbage}
+    asyncio_own: set[int] = set()
+    reached = [thing for thing in gc.garbage if isinstance(thing, _SelectorSocketTransport)]
+    while reached:
+        thing = reached.pop()
+        if id(thing) not in asyncio_own:
+            asyncio_own.add(id(thing))
+            reached += (r for r in gc.get_referents(thing) if id(r) in in_garbage)
+    return [thing for key, thing in in_garbage.items() if key not in asyncio_own]
+
+
+async def test_heartbeats_on_the_protocol_s_path_leave_no_cycles_for_the_collector(
+    served: RunningCoordinator, api: httpx.AsyncClient
+) -> None:
+    """Neither a held reply nor a closed connection leaves work for the garbage collector,
+    whose collections stop the event loop (bench/README.md, "Collector pauses")."""
+    member = await stable_member(served, api, group(), "collected_flow")
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    try:
+
+        async def beat(**extra: Any) -> None:
+            writer.write(heartbeat_request(member.group, beat_of(member, **extra)))
+            status, _, _ = await read_reply(reader)
+            assert status == 200
+
+        await beat()
+        await beat(wait_ms=50)
+        connections = served.server.server_state.connections
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                await beat()
+                await beat(wait_ms=50)
+            # A connection closed by its client, as members that move to another replica do.
+            gone_reader, gone_writer = await asyncio.open_connection("127.0.0.1", served.port)
+            gone_writer.write(heartbeat_request(member.group, beat_of(member)))
+            assert (await read_reply(gone_reader))[0] == 200
+            open_before = len(connections)
+            gone_writer.close()
+            await until(lambda: len(connections) < open_before, 10, "the server to see it gone")
+            gc.collect()
+            left = Counter(
+                f"{type(thing).__module__}.{type(thing).__qualname__}"
+                for thing in garbage_but_asyncio_sockets()
+            )
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    finally:
+        writer.close()
+    assert left == Counter()
