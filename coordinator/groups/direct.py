@@ -39,6 +39,11 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
         super().__init__(*args, **kwargs)
         # Where a held reply's wait is counted from, as the ASGI path counts it.
         self._arrived = asyncio.get_running_loop().time()
+        # While a reply waits: its group, its held heartbeat and the reply, kept here rather
+        # than in a callback's arguments (fewer objects per waiting member, below).
+        self._held_group = ""
+        self._held: HeldHeartbeat | None = None
+        self._held_reply = b""
 
     def _checked(self, scope: Scope, settings: Settings) -> tuple[str, HeartbeatRequest]:
         """The group id and the request."""
@@ -97,23 +102,23 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
         woken = held.begin_wait(
             endpoints.STABLE_HOLD, endpoints.wait_deadline(request, interval_ms, self._arrived)
         )
-        woken.add_done_callback(partial(self._waited, group_id, request, held, stable))
-
-    def _waited(
-        self,
-        group_id: str,
-        request: HeartbeatRequest,
-        held: HeldHeartbeat,
-        stable: StableHeartbeat,
-        woken: asyncio.Future[bool],
-    ) -> None:
-        state = self._coordinator.state
-        HEARTBEATS_WAITING.dec()
-        state.membership_watch.release(group_id, held)
-        endpoints.count_wait(woken.result())
         # A reply that waited took the place of the member's sleep: it heartbeats again at
-        # once, whether the wait ended on a change or ran out.
-        self._answer(membership.stable_reply(request, stable, state.settings, heartbeat_now=True))
+        # once, whether the wait ended on a change or ran out. The reply is built now, so
+        # that only its bytes wait with the member: every container a waiting member keeps
+        # is walked by each young collection of the garbage collector, which stops the event
+        # loop, and ten thousand members wait at once (docs/operations.md, "Waiting members").
+        self._held_group, self._held = group_id, held
+        self._held_reply = membership.stable_reply(request, stable, settings, heartbeat_now=True)
+        woken.add_done_callback(self._waited)
+
+    def _waited(self, woken: asyncio.Future[bool]) -> None:
+        held = self._held
+        assert held is not None
+        self._held = None
+        HEARTBEATS_WAITING.dec()
+        self._coordinator.state.membership_watch.release(self._held_group, held)
+        endpoints.count_wait(woken.result())
+        self._answer(self._held_reply)
 
     def _answer(self, reply: bytes) -> None:
         self._reply_json(reply)

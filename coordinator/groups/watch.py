@@ -72,7 +72,9 @@ class HeldHeartbeat:
 
     def __init__(self, member_id: str) -> None:
         self.member_id = member_id
-        self._early: list[GroupChange] = []
+        # Changes offered before the wait began; a tuple, as most heartbeats get none and a
+        # list would be one more container for the garbage collector per waiting member.
+        self._early: tuple[GroupChange, ...] = ()
         self._hold: Hold | None = None
         self._timer: asyncio.TimerHandle | None = None
         # True when a change concerning the member ended the wait, False when it ran out.
@@ -80,7 +82,7 @@ class HeldHeartbeat:
 
     def offer(self, change: GroupChange) -> None:
         if self._hold is None:
-            self._early.append(change)
+            self._early += (change,)
         elif not self._woken.done() and change.concerns(self.member_id, self._hold):
             self._woken.set_result(True)
             self._stop_timer()
@@ -103,7 +105,7 @@ class HeldHeartbeat:
         if any(change.concerns(self.member_id, hold) for change in self._early):
             self._woken.set_result(True)
         else:
-            self._early.clear()
+            self._early = ()
             self._timer = asyncio.get_running_loop().call_at(deadline, self._time_up)
         return self._woken
 
