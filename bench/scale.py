@@ -5,7 +5,9 @@ coordinator holds the reply, and the member heartbeats again at once (docs/membe
 
 Per run: ``heartbeat_p99_ms`` (a held reply's lateness past its wait), ``coordinator_rss_mb``
 (per replica), ``join_handoff_p99_s`` (from a newcomer's join to the reply granting its whole
-target), open connections and descriptors: bench/README.md says what each holds.
+target), open connections and descriptors, and ``collector_pauses`` (the coordinators' garbage
+collections during the measured window and during the joins: how many, how many over 50 ms,
+seconds stopped in all): bench/README.md says what each holds.
 
 The load generator is its own process (``python -m bench.scale generate``), so its CPU is
 apart from the coordinators'. The coordinators start with a soft open-file limit of 1,024 and
@@ -209,6 +211,10 @@ async def run_once(
         "join_handoff_p99_s": joins["p99_s"],
         "join_handoff_p50_s": joins["p50_s"],
         "woken_per_join": joins["woken_per_join"],
+        "collector_pauses": {
+            "measured": measured["collector_pauses"],
+            "handoffs": joins["collector_pauses"],
+        },
         "per_replica": figures,
         "database_connections": database_connections,
         "convergence_s": phases["converged"]["s"],

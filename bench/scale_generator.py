@@ -186,20 +186,47 @@ async def handoff(
     return took
 
 
-async def held_heartbeats_changed(ports: list[int]) -> float:
-    """Held heartbeats a change ended, over the coordinators (their ``/metrics``): each is a
-    member woken, which then takes a turn on its group's lock. Counted around the joins, a
-    cost of a hand-off that the machine's load does not blur."""
-    total = 0.0
+async def scraped(ports: list[int]) -> list[str]:
+    """The coordinators' ``/metrics`` lines."""
+    lines = []
     for port in ports:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        text = (await reader.read()).decode()
+        lines += (await reader.read()).decode().splitlines()
         writer.close()
-        for line in text.splitlines():
-            if line.startswith('keyrange_heartbeats_held_total{outcome="changed"}'):
-                total += float(line.split()[-1])
-    return total
+    return lines
+
+
+def summed(lines: list[str], prefix: str) -> float:
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix))
+
+
+async def held_heartbeats_changed(ports: list[int]) -> float:
+    """Held heartbeats a change ended, over the coordinators: each is a member woken, which
+    then takes a turn on its group's lock. Counted around the joins, a cost of a hand-off
+    that the machine's load does not blur."""
+    return summed(await scraped(ports), 'keyrange_heartbeats_held_total{outcome="changed"}')
+
+
+async def collector_pauses(ports: list[int]) -> dict[str, float]:
+    """The coordinators' garbage collections so far (``keyrange_gc_pause_seconds``, all
+    generations): how many, how many stopped the loop over 50 ms, and for how long in all."""
+    lines = await scraped(ports)
+    collections = summed(lines, "keyrange_gc_pause_seconds_count")
+    within = sum(
+        float(line.split()[-1])
+        for line in lines
+        if line.startswith("keyrange_gc_pause_seconds_bucket") and 'le="0.05"' in line
+    )
+    return {
+        "collections": collections,
+        "over_50ms": collections - within,
+        "paused_s": summed(lines, "keyrange_gc_pause_seconds_sum"),
+    }
+
+
+def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: round(after[key] - before[key], 3) for key in after}
 
 
 async def commands() -> AsyncIterator[dict[str, Any]]:
@@ -290,10 +317,12 @@ async def one_run(
         # One more wait, so that every member is waiting on a reply with nothing to do.
         await asyncio.sleep(members[0].wait_ms / 1000 + 0.5)
         say(phase="converged", s=round(time.perf_counter() - started, 1))
+        pauses_before = await collector_pauses(ports)
         steady.measuring = True
         say(phase="measuring")
         await asyncio.sleep(config["duration_s"])
         steady.measuring = False
+        pauses_measured = await collector_pauses(ports)
         lateness = sorted(steady.lateness)
         say(
             phase="measured",
@@ -303,6 +332,7 @@ async def one_run(
             p99_ms=round(percentile(lateness, 0.99) * 1000, 2),
             max_ms=round(lateness[-1] * 1000, 2) if lateness else None,
             failures=steady.failures,
+            collector_pauses=since(pauses_before, pauses_measured),
         )
         handoffs = []
         woken_before = await held_heartbeats_changed(ports)
@@ -322,6 +352,7 @@ async def one_run(
             p50_s=round(percentile(taken, 0.5), 3),
             p99_s=round(percentile(taken, 0.99), 3),
             max_s=round(taken[-1], 3) if taken else None,
+            collector_pauses=since(pauses_measured, await collector_pauses(ports)),
         )
     finally:
         steady.stopped = True

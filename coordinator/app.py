@@ -28,6 +28,7 @@ from coordinator.body_limit import BodySizeLimit
 from coordinator.cross_origin import refuse_cross_origin
 from coordinator.db.engine import make_engine
 from coordinator.errors import KeyrangeError
+from coordinator.gc_pauses import time_collections
 from coordinator.groups import fast_path as heartbeat_fast_path
 from coordinator.groups.repository import request_rebalances
 from coordinator.groups.turns import GroupTurns
@@ -91,6 +92,7 @@ def tune_gc_for_serving() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVING_GC_THRESHOLDS)
+    time_collections()
 
 
 def _install_error_handlers(app: FastAPI) -> None:
