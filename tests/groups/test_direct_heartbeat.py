@@ -18,16 +18,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
 from prometheus_client import REGISTRY
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from coordinator.app import create_app
 from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator, settings_for_tests
+from tests.groups.renewal_statements import count_renewal_statements
 from tests.groups.test_heartbeat_api import FULL, Member, given_topics, set_range_fetch
 from tests.raw_http import Reply, exchange, read_reply, request_bytes
 from tests.waiting import until
@@ -277,17 +277,7 @@ async def test_a_heartbeat_its_renewal_finds_not_stable_is_renewed_once(alone: A
     """Handed to the ASGI path, it goes to the locked path without a second renewal's turn:
     a join's hand-off waits for the member's next heartbeat, so that turn was the join's."""
     engine = alone.coordinator.app.state.engine
-    renewals = 0
-
-    def count(query: Any) -> None:
-        nonlocal renewals
-        renewals += "WITH renewable" in query.query
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def _log_queries(dbapi_connection: Any, _: object) -> None:
-        driver: asyncpg.Connection = dbapi_connection.driver_connection
-        driver.add_query_logger(count)
-
+    renewals = count_renewal_statements(engine)
     # Every connection from here on is a new one, which reports its statements.
     await engine.dispose()
     member = alone.member
@@ -296,7 +286,7 @@ async def test_a_heartbeat_its_renewal_finds_not_stable_is_renewed_once(alone: A
         await Member(api, member.group).join(["own_flow"])
         revoked = await member.heartbeat(wait_ms=WAIT_MS)
 
-    assert renewals == 1
+    assert renewals() == 1
     assert revoked["heartbeat_now"] is False
     assert revoked["assignment"][0]["ranges"][0] != FULL
 

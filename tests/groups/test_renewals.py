@@ -5,16 +5,15 @@ whose row another transaction holds is not waited for but sent down the locked p
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import asyncpg
 import httpx
 from fastapi import FastAPI
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from coordinator.db.engine import make_engine
 from coordinator.groups.heartbeat import stable_heartbeat
 from coordinator.groups.schemas import HeartbeatRequest
+from tests.groups.renewal_statements import count_renewal_statements
 from tests.groups.test_heartbeat_api import Member, given_topics
 from tests.waiting import until
 
@@ -52,16 +51,7 @@ async def test_heartbeats_arriving_together_share_one_statement_and_skip_a_locke
     # A fresh engine whose connections report every statement they run: renewals run on
     # the driver connection, below SQLAlchemy's events.
     engine = make_engine(database_url, coordinator_app.state.settings)
-    renewal_statements = 0
-
-    def count(query: Any) -> None:
-        nonlocal renewal_statements
-        renewal_statements += "WITH renewable" in query.query
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def _log_queries(dbapi_connection: Any, _: object) -> None:
-        driver: asyncpg.Connection = dbapi_connection.driver_connection
-        driver.add_query_logger(count)
+    renewal_statements = count_renewal_statements(engine)
 
     try:
         async with engine.connect() as locker:
@@ -79,7 +69,7 @@ async def test_heartbeats_arriving_together_share_one_statement_and_skip_a_locke
     finally:
         await engine.dispose()
 
-    assert renewal_statements == 1
+    assert renewal_statements() == 1
     assert renewed[0] is None
     for member, stable in zip(members[1:], renewed[1:], strict=True):
         assert stable is not None
