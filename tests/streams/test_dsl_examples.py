@@ -340,11 +340,15 @@ async def test_a_window_store_answers_the_query_routes_with_each_windows_start_a
             return found if found == expected else []
 
         await until(windows_of_user, 60, "the user's windows, counted")
-        # Key-byte order: "u0" to "u9" holds u0 ... u19.
-        scanned = await http.get(f"{base}/windows", params={"from": "u0", "to": "u9"})
+        every_window = {(key, start, start + WINDOW_MS) for key, start in truth}
+
+        async def every_window_scanned() -> bool:
+            # Key-byte order: "u0" to "u9" holds u0 ... u19. The other users' windows may
+            # still be counting when the first user's are done.
+            scanned = await http.get(f"{base}/windows", params={"from": "u0", "to": "u9"})
+            entries = scanned.json()["entries"]
+            return {(row["key"], row["start"], row["end"]) for row in entries} == every_window
+
+        await until(every_window_scanned, 60, "every user's windows, in a key-range scan")
         refused = await http.get(f"{base}/range")
-    entries = scanned.json()["entries"]
-    assert {(row["key"], row["start"], row["end"]) for row in entries} == {
-        (key, start, start + WINDOW_MS) for key, start in truth
-    }
     assert (refused.status_code, refused.json()["error"]) == (400, "NOT_A_KEY_VALUE_STORE")
