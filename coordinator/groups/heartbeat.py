@@ -56,6 +56,7 @@ from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleRep
 from coordinator.groups.settle import (
     announce,
     log_expired,
+    notice_of,
     read_members,
     read_topic_facts,
     reap_locked,
@@ -338,12 +339,15 @@ async def _store(
     for member_id in outcome.removed:
         await repository.delete_member(connection, before.group_id, member_id)
     await repository.save_targets(connection, before.group_id, outcome.targets)
-    if outcome.member is not None:
-        if outcome.inserted:
-            await repository.insert_member(connection, outcome.member)
-        else:
-            await repository.save_member(connection, outcome.member, heartbeat=True)
-    await announce(connection, outcome.change)
+    # The change's notice goes with the member's own row, when there is one (a leave has none).
+    if outcome.member is None:
+        await announce(connection, outcome.change)
+    elif outcome.inserted:
+        await repository.insert_member(connection, outcome.member, notice_of(outcome.change))
+    else:
+        await repository.save_member(
+            connection, outcome.member, heartbeat=True, notice=notice_of(outcome.change)
+        )
     await save_group(connection, before, outcome.group)
 
 

@@ -181,7 +181,7 @@ _RENEW_STABLE_SESSIONS = f"""
     """
 
 
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+_NOTIFY = text("SELECT pg_notify(:channel, :notice)")
 
 _SAVE_TARGETS = text(
     """
@@ -380,14 +380,35 @@ def _member_values(member: MemberRecord) -> dict[str, Any]:
     }
 
 
-async def insert_member(connection: AsyncConnection, member: MemberRecord) -> None:
-    await connection.execute(statements.INSERT_MEMBER, _member_values(member))
+async def insert_member(
+    connection: AsyncConnection, member: MemberRecord, notice: Notice | None = None
+) -> None:
+    """Insert a joining member; ``notice``: a notice sent by the same statement."""
+    if notice is None:
+        await connection.execute(statements.INSERT_MEMBER, _member_values(member))
+    else:
+        await connection.execute(
+            statements.INSERT_MEMBER_ANNOUNCING, _member_values(member) | notice.parameters()
+        )
 
 
 async def save_member(
-    connection: AsyncConnection, member: MemberRecord, *, heartbeat: bool
+    connection: AsyncConnection,
+    member: MemberRecord,
+    *,
+    heartbeat: bool,
+    notice: Notice | None = None,
 ) -> None:
-    """Write a member back; ``heartbeat`` also renews its session (only its own request may)."""
+    """Write a member back; ``heartbeat`` also renews its session (only its own request may).
+    ``notice`` (a heartbeat's only): a notice sent by the same statement, which writes exactly
+    one row, since members are only removed under their group's lock, which the caller holds."""
+    if notice is not None:
+        assert heartbeat, "only a heartbeat's own row carries its notice"
+        await connection.execute(
+            statements.SAVE_AND_RENEW_MEMBER_ANNOUNCING,
+            _member_values(member) | notice.parameters(),
+        )
+        return
     statement = statements.SAVE_AND_RENEW_MEMBER if heartbeat else statements.SAVE_MEMBER
     await connection.execute(statement, _member_values(member))
 
@@ -409,9 +430,19 @@ async def save_targets(
     )
 
 
-async def notify(connection: AsyncConnection, channel: str, payload: str) -> None:
+@dataclass(frozen=True, slots=True)
+class Notice:
     """A notice delivered to the channel's listeners when the transaction commits."""
-    await connection.execute(_NOTIFY, {"channel": channel, "payload": payload})
+
+    channel: str
+    payload: str
+
+    def parameters(self) -> dict[str, str]:
+        return {"channel": self.channel, "notice": self.payload}
+
+
+async def notify(connection: AsyncConnection, notice: Notice) -> None:
+    await connection.execute(_NOTIFY, notice.parameters())
 
 
 async def delete_member(connection: AsyncConnection, group_id: str, member_id: str) -> bool:

@@ -101,10 +101,17 @@ async def settle_group(
     return settled.group
 
 
+def notice_of(change: GroupChange | None) -> repository.Notice | None:
+    """The notice that tells every replica's held heartbeats of ``change`` once the
+    transaction commits (``groups.watch``); None when nothing changed."""
+    return None if change is None else repository.Notice(CHANNEL, encode_change(change))
+
+
 async def announce(connection: AsyncConnection, change: GroupChange | None) -> None:
-    """Tell every replica's held heartbeats, once this transaction commits (``groups.watch``)."""
-    if change is not None:
-        await repository.notify(connection, CHANNEL, encode_change(change))
+    """Send :func:`notice_of` ``change`` in a statement of its own."""
+    notice = notice_of(change)
+    if notice is not None:
+        await repository.notify(connection, notice)
 
 
 async def save_group(connection: AsyncConnection, before: GroupRecord, after: GroupRecord) -> None:

@@ -130,3 +130,9 @@ INSERT_MEMBER = insert(Member).values(
         **RENEWED_SESSION,
     }
 )
+# The heartbeat's own row, written with the notice of the change it made: evaluated once, for
+# the one row written, and delivered at commit like a notice of its own statement. A round
+# trip fewer for each heartbeat of a hand-off's chain, which the group's turn serialises.
+ANNOUNCING = func.pg_notify(bindparam("channel", type_=Text), bindparam("notice", type_=Text))
+SAVE_AND_RENEW_MEMBER_ANNOUNCING = SAVE_AND_RENEW_MEMBER.returning(ANNOUNCING)
+INSERT_MEMBER_ANNOUNCING = INSERT_MEMBER.returning(ANNOUNCING)
