@@ -125,6 +125,14 @@ class HeartbeatOutcome:
     change: GroupChange | None = None
     hold: Hold | None = None
 
+    @property
+    def leaves_member_unsettled(self) -> bool:
+        """Whether the stored member has a release or a grant still to finish (its owned,
+        assigned and target slices differ), which the stable renewal's guard refuses: its next
+        heartbeat needs this step again, unless another change settles it first."""
+        member = self.member
+        return member is not None and not (member.owned == member.assigned == member.target)
+
 
 StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
 

@@ -64,6 +64,11 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
             self._hand_over()
             return
         watch: MembershipWatch = state.membership_watch
+        if watch.take_unsettled(group_id, renewal.member_id):
+            # Sure to fail its renewal: the locked path serves it at once.
+            self._scope[fast_path.NOT_STABLE_SINCE] = (self._arrived, self._started)
+            self._hand_over()
+            return
         held = (
             watch.hold(group_id, renewal.member_id) if endpoints.may_wait(watch, request) else None
         )

@@ -104,6 +104,8 @@ async def answer(
     if may_wait(watch, body):
         assert body.member_id is not None
         held = watch.hold(group_id, body.member_id)
+    if body.member_id is not None and watch.take_unsettled(group_id, body.member_id):
+        renew = False
     try:
         stable = (
             await membership.stable_heartbeat(engine, group_id, body, settings) if renew else None
@@ -120,11 +122,16 @@ async def answer(
         principal_scope = admitted(scope).group_scope(group_id)
         turns: GroupTurns = state.group_turns
         async with turns.turn(group_id), engine.begin() as connection:
-            reply, hold = await membership.heartbeat(
+            locked = await membership.heartbeat(
                 connection, group_id, body, settings, client_host, principal_scope
             )
-        if held is not None and hold is not None:
-            await _wait_for_change(held, hold, body, reply.heartbeat_interval_ms, arrived)
+        reply = locked.reply
+        if locked.unsettled:
+            watch.remember_unsettled(group_id, reply.member_id)
+        else:
+            watch.forget_unsettled(group_id, reply.member_id)
+        if held is not None and locked.hold is not None:
+            await _wait_for_change(held, locked.hold, body, reply.heartbeat_interval_ms, arrived)
             reply.heartbeat_now = True
         return reply
     finally:

@@ -19,7 +19,7 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import asyncpg
@@ -229,6 +229,17 @@ def stable_reply(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LockedAnswer:
+    """The locked path's reply; ``hold``: whether it may wait for a change once the
+    transaction has committed; ``unsettled``: whether the member's next heartbeat needs the
+    locked path again (``HeartbeatOutcome.leaves_member_unsettled``)."""
+
+    reply: HeartbeatReply
+    hold: Hold | None
+    unsettled: bool
+
+
 async def heartbeat(
     connection: AsyncConnection,
     group_id: str,
@@ -236,11 +247,10 @@ async def heartbeat(
     settings: Settings,
     client_host: str | None,
     scope: str = WHOLE_COORDINATOR,
-) -> tuple[HeartbeatReply, Hold | None]:
+) -> LockedAnswer:
     """A heartbeat the stable path did not answer: read the facts under the group's lock,
     let the core decide, store the outcome. ``scope``: the tenant a new group counts against
-    (``coordinator.core.quotas``). Returns the reply and whether it may wait for a change once
-    the transaction has committed."""
+    (``coordinator.core.quotas``)."""
     _check_assignor(request.assignor)
     group = await _lock_group(connection, group_id, request.member_epoch, scope, settings)
     facts = HeartbeatFacts(
@@ -285,7 +295,7 @@ async def heartbeat(
     for note in outcome.notes:
         log.log(logging.WARNING if note.warning else logging.INFO, note.message, extra=note.fields)
     record_rebalance(group_id, outcome.rebalance)
-    return _reply(outcome, settings), outcome.hold
+    return LockedAnswer(_reply(outcome, settings), outcome.hold, outcome.leaves_member_unsettled)
 
 
 def member_request(request: HeartbeatRequest, client_host: str | None) -> MemberRequest:

@@ -119,12 +119,27 @@ class HeldHeartbeat:
             self._stop_timer()
 
 
+# Members remembered as unsettled at most; past it the oldest are forgotten, which only costs
+# each of them one renewal that finds it not stable.
+UNSETTLED_LIMIT = 65_536
+
+
 class MembershipWatch:
-    """The held heartbeats of this process, by group, and the connection that hears changes."""
+    """The held heartbeats of this process, by group, and the connection that hears changes.
+
+    It also remembers which members' next heartbeat is sure to need the locked path: the
+    stable renewal's guard requires a member's owned, assigned and target slices to be equal,
+    so a member whose stored row differs (the locked path just stored a release or a grant
+    still to finish) or whose target a change just moved fails its renewal. During a join's
+    hand-off each heartbeat of the chain is one of these, and a renewal that is bound to fail
+    costs it a turn in the renewals' batch before the locked path starts (docs/membership.md,
+    "Unsettled members"). Forgetting one only costs that turn; remembering one wrongly costs a
+    locked heartbeat where a renewal would have done, never a different reply."""
 
     def __init__(self) -> None:
         self._held: defaultdict[str, set[HeldHeartbeat]] = defaultdict(set)
         self._listening = False
+        self._unsettled: dict[tuple[str, str], None] = {}
 
     @property
     def listening(self) -> bool:
@@ -144,8 +159,31 @@ class MembershipWatch:
             del self._held[group_id]
 
     def deliver(self, change: GroupChange) -> None:
+        retargeted = change.retargeted or ()
         for held in tuple(self._held.get(change.group_id, ())):
             held.offer(change)
+            if held.member_id in retargeted and held.member_id != change.by:
+                self.remember_unsettled(change.group_id, held.member_id)
+
+    def remember_unsettled(self, group_id: str, member_id: str) -> None:
+        """The member's next heartbeat here goes to the locked path without a renewal."""
+        key = (group_id, member_id)
+        self._unsettled.pop(key, None)
+        self._unsettled[key] = None
+        if len(self._unsettled) > UNSETTLED_LIMIT:
+            del self._unsettled[next(iter(self._unsettled))]
+
+    def forget_unsettled(self, group_id: str, member_id: str) -> None:
+        self._unsettled.pop((group_id, member_id), None)
+
+    def take_unsettled(self, group_id: str, member_id: str) -> bool:
+        """Whether the member was remembered as unsettled; forgotten either way, so that it
+        skips one renewal at most for what was remembered."""
+        key = (group_id, member_id)
+        if key not in self._unsettled:
+            return False
+        del self._unsettled[key]
+        return True
 
     async def listen(self, database_url: URL) -> None:
         """Hear changes until the connection is lost (then raise, so the caller's loop
