@@ -8,8 +8,8 @@ the cycle runs the heartbeat route's checks in its order, queues the session's r
 batched renewals, and on the renewal's callback either writes the reply or, for a member that
 may wait, starts the held wait on a timer and writes the reply when it ends. Only the stable
 case is answered here: a join, a leave, a heartbeat carrying a subscription, a report, or one
-whose renewal finds the member not stable is handed to the ASGI path, which takes it from its
-start. docs/membership.md, "The heartbeat's HTTP path".
+of a member that the watch remembers as unsettled or whose renewal finds it not stable is
+handed to the ASGI path, which takes it from its start. docs/membership.md, "The heartbeat's HTTP path".
 """
 
 from __future__ import annotations

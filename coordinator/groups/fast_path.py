@@ -35,8 +35,9 @@ _PREFIX, _, _SUFFIX = ROUTE.partition("{group_id}")
 _GROUP_ID = TypeAdapter(GroupId)
 _SERVED = metrics.HTTP_REQUESTS.labels("POST", ROUTE, "200")
 # Put in a request's scope by the heartbeat's protocol path (``coordinator/groups/direct.py``)
-# when its renewal found the member not stable: the request's ``(arrived, started)`` there.
-# The locked path serves such a request at once, without a second renewal's batch turn.
+# when its renewal found the member not stable, or the watch knew it would not be (an
+# unsettled member): the request's ``(arrived, started)`` there. The locked path serves such
+# a request at once, without a renewal's batch turn.
 NOT_STABLE_SINCE = "keyrange.heartbeat.not_stable_since"
 _LATENCY = metrics.HTTP_LATENCY.labels("POST", ROUTE)
 
