@@ -127,11 +127,11 @@ class HeartbeatOutcome:
 
     @property
     def leaves_member_unsettled(self) -> bool:
-        """Whether the stored member has a release or a grant still to finish (its owned,
-        assigned and target slices differ), which the stable renewal's guard refuses: its next
-        heartbeat needs this step again, unless another change settles it first."""
-        member = self.member
-        return member is not None and not (member.owned == member.assigned == member.target)
+        """Whether the stored member has a release or a grant still to finish (it is not
+        ``is_stable``), which the stable renewal's guard refuses (tests/groups/
+        test_stable_guard.py): its next heartbeat needs this step again, unless another change
+        settles it first."""
+        return self.member is not None and not self.member.is_stable
 
 
 StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
