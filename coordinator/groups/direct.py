@@ -9,7 +9,8 @@ batched renewals, and on the renewal's callback either writes the reply or, for 
 may wait, starts the held wait on a timer and writes the reply when it ends. Only the stable
 case is answered here: a join, a leave, a heartbeat carrying a subscription, a report, or one
 of a member that the watch remembers as unsettled or whose renewal finds it not stable is
-handed to the ASGI path, which takes it from its start. docs/membership.md, "The heartbeat's HTTP path".
+handed to the ASGI path, which takes it from its start. docs/membership.md, "The heartbeat's
+HTTP path".
 """
 
 from __future__ import annotations
