@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 
 from tests.groups.test_heartbeat_api import Member, given_topics, set_range_fetch
+from tests.groups.test_prompt_handoff import stable_member
 
 
 def group_statements(app: FastAPI, group_id: str) -> Callable[[], list[str]]:
@@ -42,9 +43,7 @@ async def test_a_heartbeat_s_notice_rides_on_its_member_s_own_statement(
     await given_topics(coordinator_app, counted_flow=1)
     await set_range_fetch(api, "counted_flow", True)
     group_id = f"counted-{uuid.uuid4().hex[:8]}"
-    holder = Member(api, group_id)
-    await holder.join(["counted_flow"])
-    await holder.heartbeat()
+    holder = await stable_member(api, group_id, "counted_flow")
     taken = group_statements(coordinator_app, group_id)
 
     await Member(api, group_id).join(["counted_flow"])

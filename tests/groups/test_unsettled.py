@@ -19,8 +19,8 @@ from coordinator.groups import watch as watch_module
 from coordinator.groups.watch import MembershipWatch
 from tests.fixtures.coordinator import MakeDatabase, RunningCoordinator
 from tests.groups.renewal_statements import count_renewal_statements
-from tests.groups.test_direct_heartbeat import WAIT_MS, listening, waiting
-from tests.groups.test_heartbeat_api import FULL, Member, given_topics, set_range_fetch
+from tests.groups.test_direct_heartbeat import WAIT_MS, listening, stable_member, waiting
+from tests.groups.test_heartbeat_api import FULL, Member
 from tests.waiting import until
 
 
@@ -87,11 +87,7 @@ async def test_a_join_s_hand_off_runs_only_the_renewals_that_can_succeed(
         else {"transport": httpx.ASGITransport(app=served.app), "base_url": "http://coordinator"}
     )
     async with httpx.AsyncClient(timeout=60, **options) as api:
-        await given_topics(served.app, unsettled_flow=1)
-        await set_range_fetch(api, "unsettled_flow", True)
-        holder = Member(api, group_id)
-        await holder.join(["unsettled_flow"])
-        await holder.heartbeat()  # reports what it was given: stable
+        holder = await stable_member(served, api, group_id, "unsettled_flow")
         renewals = count_renewal_statements(engine)
         # Every connection from here on is a new one, which reports its statements.
         await engine.dispose()
