@@ -24,7 +24,7 @@ from coordinator.core.membership import (
     TopicsNeeded,
     settle,
 )
-from coordinator.db.switches import read_switches
+from coordinator.db.switches import accept_individual_commit
 from coordinator.errors import GroupIdNotFound
 from coordinator.groups import metadata_repository, repository
 from coordinator.groups.watch import CHANNEL, encode_change
@@ -44,13 +44,18 @@ def session_limits(settings: Settings) -> SessionLimits:
 async def read_topic_facts(
     connection: AsyncConnection, wanted: TopicsNeeded, settings: Settings
 ) -> TopicFacts:
-    counts = await metadata_repository.read_partition_counts(connection, wanted.topics)
-    switches = await read_switches(connection, settings)
+    stored = await metadata_repository.read_topic_facts(connection, wanted.topics)
     return TopicFacts(
-        partition_counts=counts,
-        accept_range_fetch=await metadata_repository.read_range_fetch(connection, counts.keys()),
-        default_accept_range_fetch=switches.default_accept_range_fetch,
-        accept_individual_commit=switches.accept_individual_commit,
+        partition_counts=stored.partition_counts,
+        accept_range_fetch=stored.accept_range_fetch,
+        default_accept_range_fetch=(
+            settings.default_accept_range_fetch
+            if stored.default_accept_range_fetch is None
+            else stored.default_accept_range_fetch
+        ),
+        accept_individual_commit=accept_individual_commit(
+            stored.accept_individual_commit, settings
+        ),
     )
 
 
