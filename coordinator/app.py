@@ -31,6 +31,7 @@ from coordinator.errors import KeyrangeError
 from coordinator.gc_pauses import time_collections
 from coordinator.groups import fast_path as heartbeat_fast_path
 from coordinator.groups.repository import request_rebalances
+from coordinator.groups.stored_topics import StoredTopics
 from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import MembershipWatch
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
@@ -301,6 +302,7 @@ def create_app(
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
     app.state.group_turns = GroupTurns()
+    app.state.stored_topics = StoredTopics(settings.metadata_refresh_ms / 1000)
     app.state.scaling_histories = {}
     # The console's lag and throughput charts, per group (coordinator.core.trend).
     app.state.console_trends = {}

@@ -98,7 +98,9 @@ async def answer(
         arrived = asyncio.get_running_loop().time()
     settings = state.settings
     engine = state.engine
-    await membership.learn_subscribed_topics(engine, getattr(state, "cluster", None), body)
+    await membership.learn_subscribed_topics(
+        engine, getattr(state, "cluster", None), body, state.stored_topics
+    )
     watch: MembershipWatch = state.membership_watch
     held: HeldHeartbeat | None = None
     if may_wait(watch, body):

@@ -64,6 +64,7 @@ from coordinator.groups.settle import (
     save_group,
     session_limits,
 )
+from coordinator.groups.stored_topics import StoredTopics
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.settings import Settings
 
@@ -127,10 +128,14 @@ def _check_assignor(name: str | None) -> None:
 
 
 async def learn_subscribed_topics(
-    engine: AsyncEngine, cluster: ClusterMetadata | None, request: HeartbeatRequest
+    engine: AsyncEngine,
+    cluster: ClusterMetadata | None,
+    request: HeartbeatRequest,
+    stored: StoredTopics,
 ) -> None:
     """Store partition counts of subscribed topics the coordinator has not seen yet, in a
-    short transaction of its own, so the heartbeat's transaction assigns from the database."""
+    short transaction of its own, so the heartbeat's transaction assigns from the database.
+    Topics ``stored`` saw lately are not read again (``coordinator/groups/stored_topics.py``)."""
     subscription = _requested_subscription(request)
     if cluster is None or subscription is None:
         return
@@ -138,8 +143,11 @@ async def learn_subscribed_topics(
     try:
         if subscription.regex is not None:
             wanted |= matching_topics(subscription.regex, await cluster.list_topics())
+        if stored.all_stored(wanted):
+            return
         async with engine.connect() as connection:
             known = await metadata_repository.read_partition_counts(connection, wanted)
+        stored.remember(known)
         missing = wanted - known.keys()
         if not missing:
             return
@@ -150,6 +158,7 @@ async def learn_subscribed_topics(
         return
     async with engine.begin() as connection:
         await metadata_repository.write_partition_counts(connection, counts)
+    stored.remember(counts)
 
 
 # A member's owned slices as JSON, in the order sent.

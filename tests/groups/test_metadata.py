@@ -10,6 +10,7 @@ import httpx
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
+from sqlalchemy import event
 
 from coordinator.app import create_app
 from coordinator.groups import loops, metadata_repository
@@ -145,3 +146,30 @@ async def test_describe_shows_lag_against_the_high_watermark(
     assert (partition["stable_offset"], partition["high_watermark"]) == (4, 10)
     assert (partition["lag"], partition["ic_offsets"]) == (6, 2)
     assert described["members"][0]["member_id"] == body["member_id"]
+
+
+async def test_a_join_into_topics_seen_stored_reads_their_facts_once_under_the_lock(
+    kafka_api: httpx.AsyncClient, kafka_app: FastAPI, make_topic: MakeTopic
+) -> None:
+    """Every join sends its subscription: once a topic's count is stored, a join reads the
+    topic's facts only inside its transaction, in one statement, and nothing before it
+    (docs/membership.md, "Subscriptions"): each round trip here is on a join's hand-off."""
+    topic = await make_topic(2)
+    await join(kafka_api, "meta-seen", subscribed_topics=[topic])
+    topic_reads: list[str] = []
+
+    @event.listens_for(kafka_app.state.engine.sync_engine, "before_cursor_execute")
+    def record(_: Any, __: Any, statement: str, *___: Any) -> None:
+        if any(table in statement for table in _TOPIC_TABLES):
+            topic_reads.append(" ".join(statement.split()[:3]))
+
+    try:
+        body = await join(kafka_api, "meta-seen-again", subscribed_topics=[topic])
+    finally:
+        event.remove(kafka_app.state.engine.sync_engine, "before_cursor_execute", record)
+
+    assert sorted(s["partition"] for s in body["assignment"]) == [0, 1]
+    assert topic_reads == ["WITH counted AS"]
+
+
+_TOPIC_TABLES = ("topic_metadata", "topic_config", "coordinator_config")
