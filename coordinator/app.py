@@ -302,7 +302,8 @@ def create_app(
     app.state.settings = settings
     app.state.membership_watch = MembershipWatch()
     app.state.group_turns = GroupTurns()
-    app.state.stored_topics = StoredTopics(settings.metadata_refresh_ms / 1000)
+    # Two refresh intervals: each replica's refresh notes every stored count once per interval.
+    app.state.stored_topics = StoredTopics(2 * settings.metadata_refresh_ms / 1000)
     app.state.scaling_histories = {}
     # The console's lag and throughput charts, per group (coordinator.core.trend).
     app.state.console_trends = {}

@@ -20,6 +20,7 @@ from coordinator.groups.settle import (
     save_group,
     settle_group,
 )
+from coordinator.groups.stored_topics import StoredTopics
 from coordinator.kafka import ClusterMetadata, KafkaClusterError
 from coordinator.settings import Settings
 
@@ -57,13 +58,15 @@ async def reap_once(engine: AsyncEngine, settings: Settings) -> list[tuple[str, 
 
 
 async def refresh_metadata_once(
-    engine: AsyncEngine, cluster: ClusterMetadata
+    engine: AsyncEngine, cluster: ClusterMetadata, stored: StoredTopics
 ) -> dict[str, int | None]:
     """Re-read partition counts of every live subscription and mark the groups whose topics
-    changed for rebalance. Returns the changes (None: the topic is gone)."""
+    changed for rebalance. Returns the changes (None: the topic is gone). ``stored`` learns
+    every count seen stored, before Kafka is asked, and forgets the topics removed."""
     async with engine.connect() as connection:
         subscriptions = await repository.live_subscriptions(connection)
         known = await metadata_repository.read_partition_counts(connection, None)
+    stored.remember(known)
     wanted = {t for s in subscriptions for t in s.topics}
     patterns = {s.regex for s in subscriptions if s.regex is not None}
     if patterns:
@@ -84,6 +87,8 @@ async def refresh_metadata_once(
             connection, [t for t, c in changes.items() if c is None]
         )
         await repository.request_rebalances(connection, affected, "partition count changed")
+    stored.forget(t for t, c in changes.items() if c is None)
+    stored.remember(t for t, c in changes.items() if c is not None)
     log.info(
         "topic metadata changed",
         extra={"topics": sorted(changes), "groups": sorted(affected)},
@@ -201,7 +206,7 @@ def background_loops(settings: Settings) -> dict[str, BackgroundLoop]:
             cluster = getattr(app.state, "cluster", None)
             if cluster is not None:
                 try:
-                    await refresh_metadata_once(app.state.engine, cluster)
+                    await refresh_metadata_once(app.state.engine, cluster, app.state.stored_topics)
                 except KafkaClusterError as exc:
                     log.warning("metadata refresh failed", extra={"error": type(exc).__name__})
             await asyncio.sleep(settings.metadata_refresh_ms / 1000)

@@ -5,10 +5,13 @@ topics are stored, reading them outside the group's lock (``heartbeat.learn_subs
 so that Kafka is never called under it. That read was a transaction of its own, three round
 trips on the event loop in front of every join: at 10,000 waiting members they took up to half
 a second at the tail, all of it on the join's hand-off (bench/README.md). Counts, once stored,
-stay stored until the metadata refresh finds a topic gone, so a topic seen stored within the
-last refresh interval is taken as stored without the read. When that is wrong (the topic was
-deleted since), the heartbeat's transaction finds no count and the topic contributes nothing
-until the refresh stores it again: what a heartbeat does when Kafka cannot be asked.
+stay stored until the metadata refresh finds a topic gone, and each replica's refresh reads
+every stored count each interval. So the refresh and the learning read note what they saw
+here, the refresh forgets what it removed, and a topic seen stored within the last two
+refresh intervals is taken as stored without the read. When that is wrong (another replica's
+refresh removed the topic since), the heartbeat's transaction finds no count and the topic
+contributes nothing until a refresh stores it again: what a heartbeat does when Kafka cannot
+be asked.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ class StoredTopics:
         """Whether every one of ``topics`` was seen stored within the interval."""
         oldest = self._clock() - self._ttl_s
         return all(self._seen.get(topic, oldest) > oldest for topic in topics)
+
+    def forget(self, topics: Iterable[str]) -> None:
+        """Note ``topics`` as no longer stored."""
+        for topic in topics:
+            self._seen.pop(topic, None)
 
     def remember(self, topics: Iterable[str]) -> None:
         """Note ``topics`` as stored now."""

@@ -3,6 +3,7 @@ transaction, refreshed into the database, and driving rebalances."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,7 +40,9 @@ async def kafka_api(kafka_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 async def refresh(app: FastAPI) -> dict[str, int | None]:
     """One pass of the metadata refresh loop."""
-    return await loops.refresh_metadata_once(app.state.engine, app.state.cluster)
+    return await loops.refresh_metadata_once(
+        app.state.engine, app.state.cluster, app.state.stored_topics
+    )
 
 
 async def join(api: httpx.AsyncClient, group: str, **subscription: Any) -> dict[str, Any]:
@@ -170,6 +173,23 @@ async def test_a_join_into_topics_seen_stored_reads_their_facts_once_under_the_l
 
     assert sorted(s["partition"] for s in body["assignment"]) == [0, 1]
     assert topic_reads == ["WITH counted AS"]
+
+
+async def test_the_refresh_notes_every_stored_count_and_forgets_the_topics_it_removes(
+    kafka_api: httpx.AsyncClient, kafka_app: FastAPI, make_topic: MakeTopic
+) -> None:
+    """So that a join into a topic some other replica stored skips the learning read too, and
+    one into a topic the refresh removed reads again."""
+    stored = kafka_app.state.stored_topics
+    topic = await make_topic(1)
+    gone = f"meta-gone-{uuid.uuid4().hex[:8]}"
+    async with kafka_app.state.engine.begin() as connection:
+        await metadata_repository.write_partition_counts(connection, {topic: 1, gone: 1})
+    await join(kafka_api, "meta-gone", subscribed_topics=[gone])
+    assert stored.all_stored({gone}) and not stored.all_stored({topic})
+
+    assert (await refresh(kafka_app)) == {gone: None}
+    assert stored.all_stored({topic}) and not stored.all_stored({gone})
 
 
 _TOPIC_TABLES = ("topic_metadata", "topic_config", "coordinator_config")

@@ -54,3 +54,10 @@ def test_the_oldest_topics_are_forgotten_past_the_limit(monkeypatch: pytest.Monk
     stored.remember(["c"])
     assert stored.all_stored({"a", "c"})
     assert not stored.all_stored({"b"})
+
+
+def test_a_forgotten_topic_is_no_longer_stored() -> None:
+    stored = StoredTopics(ttl_s=10.0, clock=Clock())
+    stored.remember(["orders", "payments"])
+    stored.forget(["orders", "never-seen"])
+    assert stored.all_stored({"payments"}) and not stored.all_stored({"orders"})
