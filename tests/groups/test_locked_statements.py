@@ -12,22 +12,24 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.groups.test_heartbeat_api import Member, given_topics, set_range_fetch
 from tests.groups.test_prompt_handoff import stable_member
 
 
-def group_statements(app: FastAPI, group_id: str) -> Callable[[], list[str]]:
-    """The statements run from now on with ``group_id`` among their parameters (the app's
-    background loops run statements of their own meanwhile), each as its first two words,
-    and "+ notice" for one that sends a notice."""
+def statements_where(
+    engine: AsyncEngine, keep: Callable[[str, Any], bool]
+) -> Callable[[], list[str]]:
+    """The statements ``engine`` runs from now on that ``keep`` picks by their text and
+    parameters (the app's background loops run statements of their own meanwhile); each
+    call returns those recorded since the last."""
     seen: list[str] = []
 
-    @event.listens_for(app.state.engine.sync_engine, "before_cursor_execute")
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def record(_: Any, __: Any, statement: str, parameters: Any, *___: Any) -> None:
-        if group_id in str(parameters):
-            words = " ".join(statement.split()[:2])
-            seen.append(f"{words} + notice" if "pg_notify" in statement else words)
+        if keep(statement, parameters):
+            seen.append(statement)
 
     def taken() -> list[str]:
         done = list(seen)
@@ -35,6 +37,19 @@ def group_statements(app: FastAPI, group_id: str) -> Callable[[], list[str]]:
         return done
 
     return taken
+
+
+def group_statements(app: FastAPI, group_id: str) -> Callable[[], list[str]]:
+    """The statements run from now on with ``group_id`` among their parameters, each as its
+    first two words, and "+ notice" for one that sends a notice."""
+    taken = statements_where(app.state.engine, lambda _, parameters: group_id in str(parameters))
+
+    def described() -> list[str]:
+        return [
+            " ".join(s.split()[:2]) + (" + notice" if "pg_notify" in s else "") for s in taken()
+        ]
+
+    return described
 
 
 async def test_a_heartbeat_s_notice_rides_on_its_member_s_own_statement(

@@ -11,12 +11,12 @@ import httpx
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
-from sqlalchemy import event
 
 from coordinator.app import create_app
 from coordinator.groups import loops, metadata_repository
 from tests.fixtures.coordinator import MakeDatabase, settings_for_tests
 from tests.fixtures.services import MakeTopic
+from tests.groups.test_locked_statements import statements_where
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -159,17 +159,12 @@ async def test_a_join_into_topics_seen_stored_reads_their_facts_once_under_the_l
     (docs/membership.md, "Subscriptions"): each round trip here is on a join's hand-off."""
     topic = await make_topic(2)
     await join(kafka_api, "meta-seen", subscribed_topics=[topic])
-    topic_reads: list[str] = []
+    taken = statements_where(
+        kafka_app.state.engine, lambda text, _: any(table in text for table in _TOPIC_TABLES)
+    )
 
-    @event.listens_for(kafka_app.state.engine.sync_engine, "before_cursor_execute")
-    def record(_: Any, __: Any, statement: str, *___: Any) -> None:
-        if any(table in statement for table in _TOPIC_TABLES):
-            topic_reads.append(" ".join(statement.split()[:3]))
-
-    try:
-        body = await join(kafka_api, "meta-seen-again", subscribed_topics=[topic])
-    finally:
-        event.remove(kafka_app.state.engine.sync_engine, "before_cursor_execute", record)
+    body = await join(kafka_api, "meta-seen-again", subscribed_topics=[topic])
+    topic_reads = [" ".join(text.split()[:3]) for text in taken()]
 
     assert sorted(s["partition"] for s in body["assignment"]) == [0, 1]
     assert topic_reads == ["WITH counted AS"]
