@@ -134,6 +134,31 @@ class HeartbeatOutcome:
         return self.member is not None and not self.member.is_stable
 
 
+def changes_only_own_row(facts: HeartbeatFacts, outcome: HeartbeatOutcome) -> bool:
+    """Whether storing ``outcome`` writes the requesting member's row and nothing else: no
+    other member's target, no member removed or added, the group row as it was, nothing
+    reaped and nothing logged. A revoke, a release and a grant are such outcomes; a join, a
+    leave and any rebalance are not.
+
+    Such an outcome, decided on a snapshot read without the group's lock, is still the one
+    the lock would give if the member's and the group's rows are unchanged when it is
+    stored (``coordinator/groups/unlocked_repository.py``): a revoke or a release only
+    shrinks what the member holds; a grant takes only hashes of the member's own target,
+    which no other member targets at any moment its row is unchanged (targets are disjoint),
+    so none can have been granted them since the snapshot saw them free."""
+    return (
+        facts.member is not None
+        and outcome.member is not None
+        and not outcome.inserted
+        and not outcome.removed
+        and not outcome.targets
+        and outcome.rebalance is None
+        and not outcome.notes
+        and not facts.expired
+        and outcome.group == facts.group
+    )
+
+
 StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
 
 

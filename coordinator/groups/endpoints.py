@@ -122,11 +122,17 @@ async def answer(
         client = scope.get("client")
         client_host = client[0] if client else None
         principal_scope = admitted(scope).group_scope(group_id)
-        turns: GroupTurns = state.group_turns
-        async with turns.turn(group_id), engine.begin() as connection:
-            locked = await membership.heartbeat(
-                connection, group_id, body, settings, client_host, principal_scope
-            )
+        locked = (
+            await membership.unlocked_heartbeat(engine, group_id, body, settings, client_host)
+            if membership.may_skip_turn(body)
+            else None
+        )
+        if locked is None:
+            turns: GroupTurns = state.group_turns
+            async with turns.turn(group_id), engine.begin() as connection:
+                locked = await membership.heartbeat(
+                    connection, group_id, body, settings, client_host, principal_scope
+                )
         reply = locked.reply
         if locked.unsettled:
             watch.remember_unsettled(group_id, reply.member_id)

@@ -15,10 +15,12 @@ as the rest of the heartbeat, never read by the step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -37,6 +39,7 @@ from coordinator.core.heartbeat import (
     HeartbeatOutcome,
     MemberRequest,
     MembersNeeded,
+    changes_only_own_row,
     heartbeat_step,
 )
 from coordinator.core.membership import GroupRecord, TopicSubscription
@@ -44,12 +47,13 @@ from coordinator.core.quotas import WHOLE_COORDINATOR, group_refusals
 from coordinator.core.topic_pattern import matching_topics
 from coordinator.db import quotas as quota_store
 from coordinator.db.engine import driver_connection
-from coordinator.errors import InvalidRequest, ServiceUnavailable
+from coordinator.errors import InvalidRequest, KeyrangeError, ServiceUnavailable
 from coordinator.groups import (
     endpoint_repository,
     metadata_repository,
     repository,
     stuck_repository,
+    unlocked_repository,
 )
 from coordinator.groups.renewals import SessionRenewals
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest, IdleReply, SliceJson
@@ -262,14 +266,7 @@ async def heartbeat(
     (``coordinator.core.quotas``)."""
     _check_assignor(request.assignor)
     group = await _lock_group(connection, group_id, request.member_epoch, scope, settings)
-    facts = HeartbeatFacts(
-        group=group,
-        request=member_request(request, client_host),
-        session_limits=session_limits(settings),
-        default_assignor=settings.default_assignor,
-        new_member_id=new_member_id(),
-        max_members=settings.max_members_per_group,
-    )
+    facts = _facts(group, request, settings, client_host)
     if request.member_epoch > JOIN_EPOCH:
         assert request.member_id is not None  # the schema requires it for epochs other than 0
         # Three statements in the common case (lock, read, write): the member and what the
@@ -304,6 +301,82 @@ async def heartbeat(
     for note in outcome.notes:
         log.log(logging.WARNING if note.warning else logging.INFO, note.message, extra=note.fields)
     record_rebalance(group_id, outcome.rebalance)
+    return LockedAnswer(_reply(outcome, settings), outcome.hold, outcome.leaves_member_unsettled)
+
+
+def _facts(
+    group: GroupRecord, request: HeartbeatRequest, settings: Settings, client_host: str | None
+) -> HeartbeatFacts:
+    return HeartbeatFacts(
+        group=group,
+        request=member_request(request, client_host),
+        session_limits=session_limits(settings),
+        default_assignor=settings.default_assignor,
+        new_member_id=new_member_id(),
+        max_members=settings.max_members_per_group,
+    )
+
+
+def may_skip_turn(request: HeartbeatRequest) -> bool:
+    """Whether :func:`unlocked_heartbeat` may serve the request: a heartbeat of a member
+    (not a join or a leave) carrying nothing the locked path alone stores."""
+    return (
+        request.member_epoch > JOIN_EPOCH
+        and request.member_id is not None
+        and request.stuck is None
+        and request.endpoint is None
+    )
+
+
+@lru_cache(maxsize=16)
+def _autocommit(engine: AsyncEngine) -> AsyncEngine:
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
+async def unlocked_heartbeat(
+    engine: AsyncEngine,
+    group_id: str,
+    request: HeartbeatRequest,
+    settings: Settings,
+    client_host: str | None,
+) -> LockedAnswer | None:
+    """The locked path's answer, decided and stored without the group's turn or lock, when
+    it writes only the member's own row; None when the locked path must serve the request
+    (:func:`may_skip_turn` must hold).
+
+    A join's hand-off is a chain of heartbeats: each retargeted member's revoke, then its
+    release, then the grants that the releases allow. Under the group's turn they ran one at
+    a time, so a newcomer waited for every member of the partition. None of them changes
+    anything but the member's own row (``changes_only_own_row`` says why that is safe to
+    decide on a snapshot), so each is the same step on one snapshot, stored by a write that
+    lands only if the member's and the group's rows are still as read, between two locked
+    transactions of the group (``coordinator/groups/unlocked_repository.py``), with the
+    notice of its change. Anything else (a join, a leave, a rebalance, a refusal, an expired
+    member to reap) is left to the locked path, which decides again under the lock.
+    docs/membership.md, "Heartbeats without the group's turn"."""
+    async with _autocommit(engine).connect() as connection:
+        assert request.member_id is not None  # may_skip_turn
+        view = await unlocked_repository.read_view(connection, group_id, request.member_id)
+        if view is None or view.any_expired:
+            return None
+        facts = replace(
+            _facts(view.group, request, settings, client_host),
+            member=view.member,
+            held_by_others=view.held_by_others,
+        )
+        try:
+            outcome = heartbeat_step(facts)
+        except KeyrangeError:
+            return None
+        if not isinstance(outcome, HeartbeatOutcome) or not changes_only_own_row(facts, outcome):
+            return None
+        assert outcome.member is not None  # changes_only_own_row
+        with _busy_group_refused(group_id):
+            saved = await unlocked_repository.save_if_unchanged(
+                connection, view, outcome.member, notice_of(outcome.change)
+            )
+        if not saved:
+            return None
     return LockedAnswer(_reply(outcome, settings), outcome.hold, outcome.leaves_member_unsettled)
 
 
@@ -377,14 +450,13 @@ _GAVE_UP_WAITING = {"57014", "55P03"}
 async def _lock_group(
     connection: AsyncConnection, group_id: str, member_epoch: int, scope: str, settings: Settings
 ) -> GroupRecord:
-    """The group's row lock; a wait cut short by the database's timeouts is an overloaded
-    group, which the client should retry, not an internal error.
+    """The group's row lock (:func:`_busy_group_refused` says what a long wait for it gives).
 
     Only a join creates a missing group, and only within its tenant's cap. Anything else
     about a group that does not exist (a heartbeat, which the fence refuses, or a leave,
     which has nothing to do) is decided on a group that is never stored.
     """
-    try:
+    with _busy_group_refused(group_id):
         group = await repository.find_group(connection, group_id, lock=True)
         if group is not None:
             return group
@@ -399,6 +471,14 @@ async def _lock_group(
         await quota_store.create_groups(driver, [group_id])
         # Locked whether this transaction or a concurrent one created it.
         return await repository.lock_group(connection, group_id)
+
+
+@contextlib.contextmanager
+def _busy_group_refused(group_id: str) -> Iterator[None]:
+    """A wait for the group's row lock cut short by the database's timeouts is an overloaded
+    group, which the client should retry, not an internal error."""
+    try:
+        yield
     except (DBAPIError, asyncpg.PostgresError) as exc:
         # Creating a group runs on the driver connection, whose errors come unwrapped.
         cause = exc.orig if isinstance(exc, DBAPIError) else exc

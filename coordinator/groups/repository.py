@@ -226,7 +226,7 @@ def _group_from_row(row: Any) -> GroupRecord:
     )
 
 
-def _member_from_row(row: Any) -> MemberRecord:
+def member_from_row(row: Any) -> MemberRecord:
     # Positional: attribute access on rows costs more than the rest of this function.
     (
         group_id,
@@ -318,7 +318,7 @@ async def read_members(
 ) -> list[MemberRecord]:
     query = statements.READ_LIVE_MEMBERS if live_only else statements.READ_MEMBERS
     result = await connection.execute(query, {"group_id": group_id})
-    return [_member_from_row(row) for row in result]
+    return [member_from_row(row) for row in result]
 
 
 async def read_member(
@@ -328,7 +328,7 @@ async def read_member(
         statements.READ_MEMBER, {"group_id": group_id, "member_id": member_id}
     )
     row = result.one_or_none()
-    return None if row is None else _member_from_row(row)
+    return None if row is None else member_from_row(row)
 
 
 @dataclass(frozen=True)
@@ -354,11 +354,11 @@ async def reap_and_read_member(
         )
     ).one()
     expired, held, *member_columns = row
-    member = None if member_columns[0] is None else _member_from_row(member_columns)
+    member = None if member_columns[0] is None else member_from_row(member_columns)
     return HeartbeatView(sorted(expired), member, slices_from_wire(held))
 
 
-def _member_values(member: MemberRecord) -> dict[str, Any]:
+def member_values(member: MemberRecord) -> dict[str, Any]:
     """The parameters of the statements that write a member (``coordinator.groups.statements``)."""
     return {
         "key_group_id": member.group_id,
@@ -385,10 +385,10 @@ async def insert_member(
 ) -> None:
     """Insert a joining member; ``notice``: a notice sent by the same statement."""
     if notice is None:
-        await connection.execute(statements.INSERT_MEMBER, _member_values(member))
+        await connection.execute(statements.INSERT_MEMBER, member_values(member))
     else:
         await connection.execute(
-            statements.INSERT_MEMBER_ANNOUNCING, _member_values(member) | notice.parameters()
+            statements.INSERT_MEMBER_ANNOUNCING, member_values(member) | notice.parameters()
         )
 
 
@@ -406,11 +406,11 @@ async def save_member(
         assert heartbeat, "only a heartbeat's own row carries its notice"
         await connection.execute(
             statements.SAVE_AND_RENEW_MEMBER_ANNOUNCING,
-            _member_values(member) | notice.parameters(),
+            member_values(member) | notice.parameters(),
         )
         return
     statement = statements.SAVE_AND_RENEW_MEMBER if heartbeat else statements.SAVE_MEMBER
-    await connection.execute(statement, _member_values(member))
+    await connection.execute(statement, member_values(member))
 
 
 async def save_targets(

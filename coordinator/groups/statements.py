@@ -88,7 +88,7 @@ DELETE_MEMBER = (
     .returning(Member.member_id)
 )
 
-# What ``repository._member_values`` fills in: every column of a member a heartbeat step may change.
+# What ``repository.member_values`` fills in: every column of a member a heartbeat step may change.
 MEMBER_VALUES = {
     name: bindparam(f"new_{name}", type_=Member.__table__.c[name].type)
     for name in (

@@ -1,14 +1,14 @@
 """Heartbeats of one group that need its row lock take turns in the process before they take
 a pooled database connection.
 
-The locked path (a join, a leave, a release, any heartbeat that changes something) runs under
-the group's row lock, so a group's changing heartbeats run one at a time whatever happens
-here. Without turns, each would wait for that lock inside its transaction, holding a pooled
-connection doing nothing: a join into a group of 100 waiting members wakes the ones it
-retargets, their heartbeats queue on the one lock, and the pool (20 by default) is gone for
-every other group, stable renewals included. With turns, a replica's requests wait for the
-group's lock in memory and hold a connection only while they work; the row lock still orders
-them against other replicas.
+The locked path (a join, a leave, a rebalance, any heartbeat that changes more than its own
+member row) runs under the group's row lock, so those heartbeats run one at a time whatever
+happens here; the rest take no turn (``heartbeat.unlocked_heartbeat``). Without turns, each
+would wait for that lock inside its transaction, holding a pooled connection doing nothing: a
+join into a group of 100 waiting members wakes the ones it retargets, their heartbeats queue on
+the one lock, and the pool (20 by default) is gone for every other group, stable renewals
+included. With turns, a replica's requests wait for the group's lock in memory and hold a
+connection only while they work; the row lock still orders them against other replicas.
 """
 
 from __future__ import annotations

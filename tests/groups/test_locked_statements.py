@@ -71,6 +71,29 @@ async def test_a_heartbeat_s_notice_rides_on_its_member_s_own_statement(
     assert revoked["assignment"] != [] and holder.owned == revoked["assignment"]
     # The join stores the holder's new target and announces it with the newcomer's row.
     assert [s for s in joined if "notice" in s or "pg_notify" in s] == ["INSERT INTO + notice"]
-    # Lock, reap and read, write: the holder's revoke announces nothing, its release does.
-    assert revoking == ["SELECT groups.group_id,", "WITH expired", "UPDATE members"]
-    assert releasing == ["SELECT groups.group_id,", "WITH expired", "UPDATE members + notice"]
+    # Neither the holder's revoke nor its release takes the group's lock or turn: a read,
+    # and a write guarded by the versions it read, which carries the release's notice.
+    assert revoking == ["SELECT g.xmin::text", "UPDATE members"]
+    assert releasing == ["SELECT g.xmin::text", "UPDATE members + notice"]
+
+
+async def test_a_heartbeat_the_step_cannot_decide_without_the_lock_takes_it(
+    coordinator_app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    await given_topics(coordinator_app, claimed_flow=1)
+    group_id = f"claimed-{uuid.uuid4().hex[:8]}"
+    holder = await stable_member(api, group_id, "claimed_flow")
+    claimed = {"topic": "claimed_flow", "partition": 1, "ranges": [[0, 2**63 - 1]]}
+    owned = list(holder.owned)
+    taken = group_statements(coordinator_app, group_id)
+
+    # A claim of a slice never assigned is noted in the log, which only the locked path does.
+    reply = await holder.heartbeat(owned=[*holder.owned, claimed])
+
+    assert taken() == [
+        "SELECT g.xmin::text",
+        "SELECT groups.group_id,",
+        "WITH expired",
+        "UPDATE members",
+    ]
+    assert reply["assignment"] == owned

@@ -29,6 +29,7 @@ from coordinator.core.heartbeat import (
     HeartbeatOutcome,
     MemberRequest,
     MembersNeeded,
+    changes_only_own_row,
     heartbeat_step,
     held_by_others,
 )
@@ -414,6 +415,75 @@ class InMemoryCoordinator:
         self.clock += seconds
 
 
+class UnlockedInMemoryCoordinator(InMemoryCoordinator):
+    """The in-memory shell with the route's unlocked heartbeats
+    (``coordinator.groups.heartbeat.unlocked_heartbeat``) at their worst: each heartbeat is
+    first decided on a snapshot taken up to ``STALE_HEARTBEATS`` heartbeats earlier (a read
+    that other heartbeats overtook), without reaping, and stored when the step changes only
+    the member's own assignment and neither the member nor the group changed since the
+    snapshot; any other heartbeat is decided again on the current state, as under the lock."""
+
+    STALE_HEARTBEATS = 4
+
+    def __init__(self, rng: random.Random, *args: Any) -> None:
+        super().__init__(*args)
+        self.rng = rng
+        self.snapshots: list[tuple[GroupRecord, dict[str, MemberRecord], dict[str, float]]] = []
+        self.unlocked = 0
+
+    async def heartbeat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.snapshots = [
+            *self.snapshots[-self.STALE_HEARTBEATS :],
+            (self.group, dict(self.members), dict(self.expires_at)),
+        ]
+        if body["member_epoch"] > 0 and "owned" in body:
+            answer = self._unlocked(body, *self.rng.choice(self.snapshots))
+            if answer is not None:
+                self.clock += self.TICK_S
+                return 200, answer
+        return await super().heartbeat(body)
+
+    def _unlocked(
+        self,
+        body: dict[str, Any],
+        group: GroupRecord,
+        members: dict[str, MemberRecord],
+        expires_at: dict[str, float],
+    ) -> dict[str, Any] | None:
+        member = members.get(body["member_id"])
+        if member is None or any(at <= self.clock for at in expires_at.values()):
+            return None
+        facts = HeartbeatFacts(
+            group=group,
+            request=MemberRequest(
+                member_id=body["member_id"],
+                member_epoch=body["member_epoch"],
+                owned=slices_from_wire(body["owned"]),
+            ),
+            session_limits=self.LIMITS,
+            default_assignor="range",
+            member=member,
+            held_by_others=held_by_others(members, member),
+        )
+        try:
+            outcome = heartbeat_step(facts)
+        except KeyrangeError:
+            return None
+        if not isinstance(outcome, HeartbeatOutcome) or not changes_only_own_row(facts, outcome):
+            return None
+        if self.members.get(member.member_id) != member or self.group != group:
+            return None
+        assert outcome.member is not None
+        self.unlocked += 1
+        self._store(outcome)
+        return {
+            "member_id": outcome.reply_member_id,
+            "member_epoch": outcome.reply_epoch,
+            "session_timeout_ms": outcome.reply_session_timeout_ms,
+            "assignment": slices_to_wire(outcome.reply_assignment),
+        }
+
+
 ASSIGNORS = ["round-robin", "range", "sticky-join"]
 
 
@@ -453,3 +523,20 @@ async def test_the_heartbeat_step_alone_never_lets_two_members_hold_the_same_key
     await simulate(
         coordinator, rng, assignor, sorted(counts), dict(counts), steps=400, convergence_s=30
     )
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("assignor", ASSIGNORS)
+async def test_heartbeats_stored_without_the_lock_from_stale_reads_never_overlap(
+    assignor: str, seed: int
+) -> None:
+    """The simulation with unlocked heartbeats decided on snapshots other heartbeats
+    overtook: the guard (member and group unchanged) and the step's own rule (the member
+    holds what it held) keep every key in one place, and some heartbeats took that path."""
+    rng = random.Random(f"unlocked-safety-{assignor}-{seed}")
+    counts = {"keyed": 2, "whole": 2}
+    coordinator = UnlockedInMemoryCoordinator(rng, "g", counts, {"keyed": True})
+    await simulate(
+        coordinator, rng, assignor, sorted(counts), dict(counts), steps=400, convergence_s=30
+    )
+    assert coordinator.unlocked > 0
