@@ -96,8 +96,20 @@ _EXISTING_GROUPS = text("SELECT group_id FROM groups WHERE group_id = ANY(:group
     bindparam("group_ids", type_=ARRAY(Text))
 )
 
+# For a statement naming a member's row ``me`` and binding ``group_id`` and ``member_id``:
+# what the group's other live members hold on the partitions of its target, as JSON, and the
+# member's columns in ``statements.MEMBER_COLUMNS``' order.
+HELD_BY_OTHERS_OF_ME = """(
+    SELECT coalesce(jsonb_agg(held), '[]'::jsonb)
+    FROM members o, LATERAL jsonb_array_elements(o.owned || o.assigned) AS held
+    WHERE o.group_id = :group_id AND o.member_id <> :member_id AND o.expires_at > now()
+      AND (held->>'topic', held->>'partition') IN (
+          SELECT wanted->>'topic', wanted->>'partition'
+          FROM jsonb_array_elements(me.target) AS wanted))"""
+MY_COLUMNS = ", ".join(f"me.{column.name}" for column in statements.MEMBER_COLUMNS)
+
 _REAP_AND_READ_MEMBER = text(
-    """
+    f"""
     WITH expired AS (
         DELETE FROM members WHERE group_id = :group_id AND expires_at <= now()
         RETURNING member_id
@@ -106,19 +118,8 @@ _REAP_AND_READ_MEMBER = text(
         SELECT * FROM members
         WHERE group_id = :group_id AND member_id = :member_id AND expires_at > now()
     )
-    SELECT
-        ARRAY(SELECT member_id FROM expired) AS expired,
-        (SELECT coalesce(jsonb_agg(held), '[]'::jsonb)
-         FROM members o, LATERAL jsonb_array_elements(o.owned || o.assigned) AS held
-         WHERE o.group_id = :group_id AND o.member_id <> :member_id AND o.expires_at > now()
-           AND (held->>'topic', held->>'partition') IN (
-               SELECT wanted->>'topic', wanted->>'partition'
-               FROM me, LATERAL jsonb_array_elements(me.target) AS wanted)) AS held,
-        me.group_id, me.member_id, me.instance_id, me.client_id, me.client_host,
-        me.member_epoch, me.previous_member_epoch, me.subscribed_topics,
-        me.subscribed_topic_regex, me.assignor, me.allow_individual_commit,
-        me.session_timeout_ms, me.owned, me.assigned, me.target, me.joined_at,
-        me.last_heartbeat, me.expires_at, me.standbys
+    SELECT ARRAY(SELECT member_id FROM expired) AS expired, {HELD_BY_OTHERS_OF_ME} AS held,
+        {MY_COLUMNS}
     FROM (SELECT 1) AS one LEFT JOIN me ON true
     """
 )

@@ -22,10 +22,16 @@ from coordinator.core.assignment import Slice, slices_from_wire
 from coordinator.core.membership import GroupRecord, MemberRecord
 from coordinator.db.models import Member
 from coordinator.groups import statements
-from coordinator.groups.repository import Notice, member_from_row, member_values
+from coordinator.groups.repository import (
+    HELD_BY_OTHERS_OF_ME,
+    MY_COLUMNS,
+    Notice,
+    member_from_row,
+    member_values,
+)
 
 _READ = text(
-    """
+    f"""
     SELECT
         g.xmin::text AS group_version,
         g.group_id, g.assignor, g.group_epoch, g.rebalance_requested, g.rebalance_reason,
@@ -33,17 +39,8 @@ _READ = text(
         EXISTS (
             SELECT FROM members x WHERE x.group_id = :group_id AND x.expires_at <= now()
         ) AS any_expired,
-        (SELECT coalesce(jsonb_agg(held), '[]'::jsonb)
-         FROM members o, LATERAL jsonb_array_elements(o.owned || o.assigned) AS held
-         WHERE o.group_id = :group_id AND o.member_id <> :member_id AND o.expires_at > now()
-           AND (held->>'topic', held->>'partition') IN (
-               SELECT wanted->>'topic', wanted->>'partition'
-               FROM jsonb_array_elements(me.target) AS wanted)) AS held,
-        me.group_id, me.member_id, me.instance_id, me.client_id, me.client_host,
-        me.member_epoch, me.previous_member_epoch, me.subscribed_topics,
-        me.subscribed_topic_regex, me.assignor, me.allow_individual_commit,
-        me.session_timeout_ms, me.owned, me.assigned, me.target, me.joined_at,
-        me.last_heartbeat, me.expires_at, me.standbys
+        {HELD_BY_OTHERS_OF_ME} AS held,
+        {MY_COLUMNS}
     FROM groups g JOIN members me ON me.group_id = g.group_id
     WHERE g.group_id = :group_id AND me.member_id = :member_id AND me.expires_at > now()
     """
