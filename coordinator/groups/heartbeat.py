@@ -7,6 +7,8 @@ membership state lives anywhere else.
 
 One kind of heartbeat skips the step: a stable member renewing its session, one statement
 (:func:`stable_heartbeat`) whose guard matches only when the step would change nothing.
+Another runs the step without the lock: one whose outcome writes only its own member row
+(:func:`unlocked_heartbeat`), stored only if what it read is unchanged.
 
 A heartbeat may also carry the member's stuck calls (docs/api.md, "Stuck calls") and the
 address it serves queries on ("Member endpoints"): stored on its row in the same transaction
