@@ -45,6 +45,7 @@ from coordinator.core.membership import (
 )
 from coordinator.core.quotas import member_cap_refusal
 from coordinator.core.reconcile import MemberHolding, accept_reported_owned, reconcile_member
+from coordinator.errors import KeyrangeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,7 @@ class HeartbeatOutcome:
         return self.member is not None and not self.member.is_stable
 
 
-def changes_only_own_row(facts: HeartbeatFacts, outcome: HeartbeatOutcome) -> bool:
+def _changes_only_own_row(facts: HeartbeatFacts, outcome: HeartbeatOutcome) -> bool:
     """Whether storing ``outcome`` writes the requesting member's row and nothing else: no
     other member's target, no member removed or added, the group row as it was, nothing
     reaped and nothing logged. A revoke, a release and a grant are such outcomes; a join, a
@@ -160,6 +161,19 @@ def changes_only_own_row(facts: HeartbeatFacts, outcome: HeartbeatOutcome) -> bo
 
 
 StepResult = HeartbeatOutcome | MembersNeeded | TopicsNeeded
+
+
+def own_row_outcome(facts: HeartbeatFacts) -> HeartbeatOutcome | None:
+    """The step's outcome when storing it writes only the member's own row
+    (:func:`_changes_only_own_row`); None when the step refuses the request, asks for more
+    facts, or would change more, all of which the locked path decides under the lock."""
+    try:
+        outcome = heartbeat_step(facts)
+    except KeyrangeError:
+        return None
+    if isinstance(outcome, HeartbeatOutcome) and _changes_only_own_row(facts, outcome):
+        return outcome
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,15 +41,15 @@ from coordinator.core.heartbeat import (
     HeartbeatOutcome,
     MemberRequest,
     MembersNeeded,
-    changes_only_own_row,
     heartbeat_step,
+    own_row_outcome,
 )
 from coordinator.core.membership import GroupRecord, TopicSubscription
 from coordinator.core.quotas import WHOLE_COORDINATOR, group_refusals
 from coordinator.core.topic_pattern import matching_topics
 from coordinator.db import quotas as quota_store
 from coordinator.db.engine import driver_connection
-from coordinator.errors import InvalidRequest, KeyrangeError, ServiceUnavailable
+from coordinator.errors import InvalidRequest, ServiceUnavailable
 from coordinator.groups import (
     endpoint_repository,
     metadata_repository,
@@ -349,7 +349,7 @@ async def unlocked_heartbeat(
     A join's hand-off is a chain of heartbeats: each retargeted member's revoke, then its
     release, then the grants that the releases allow. Under the group's turn they ran one at
     a time, so a newcomer waited for every member of the partition. None of them changes
-    anything but the member's own row (``changes_only_own_row`` says why that is safe to
+    anything but the member's own row (``own_row_outcome`` says why that is safe to
     decide on a snapshot), so each is the same step on one snapshot, stored by a write that
     lands only if the member's and the group's rows are still as read, between two locked
     transactions of the group (``coordinator/groups/unlocked_repository.py``), with the
@@ -366,13 +366,10 @@ async def unlocked_heartbeat(
             member=view.member,
             held_by_others=view.held_by_others,
         )
-        try:
-            outcome = heartbeat_step(facts)
-        except KeyrangeError:
+        outcome = own_row_outcome(facts)
+        if outcome is None:
             return None
-        if not isinstance(outcome, HeartbeatOutcome) or not changes_only_own_row(facts, outcome):
-            return None
-        assert outcome.member is not None  # changes_only_own_row
+        assert outcome.member is not None  # own_row_outcome
         with _busy_group_refused(group_id):
             saved = await unlocked_repository.save_if_unchanged(
                 connection, view, outcome.member, notice_of(outcome.change)

@@ -29,9 +29,9 @@ from coordinator.core.heartbeat import (
     HeartbeatOutcome,
     MemberRequest,
     MembersNeeded,
-    changes_only_own_row,
     heartbeat_step,
     held_by_others,
+    own_row_outcome,
 )
 from coordinator.core.membership import (
     GroupRecord,
@@ -465,15 +465,11 @@ class UnlockedInMemoryCoordinator(InMemoryCoordinator):
             member=member,
             held_by_others=held_by_others(members, member),
         )
-        try:
-            outcome = heartbeat_step(facts)
-        except KeyrangeError:
-            return None
-        if not isinstance(outcome, HeartbeatOutcome) or not changes_only_own_row(facts, outcome):
+        outcome = own_row_outcome(facts)
+        if outcome is None:
             return None
         if self.members.get(member.member_id) != member or self.group != group:
             return None
-        assert outcome.member is not None
         self.unlocked += 1
         self._store(outcome)
         return {
