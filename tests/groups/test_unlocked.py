@@ -86,12 +86,19 @@ async def stored_epoch(engine: AsyncEngine, group_id: str, member_id: str | None
     return member.member_epoch
 
 
+async def revoking_holder(
+    app: FastAPI, api: httpx.AsyncClient
+) -> tuple[AsyncEngine, str, Member, int]:
+    """The app's engine, and a holder told to give half its partition up, with its epoch."""
+    engine: AsyncEngine = app.state.engine
+    group_id, holder, _ = await split_partition(app, api)
+    return engine, group_id, holder, await stored_epoch(engine, group_id, holder.member_id)
+
+
 async def test_a_write_decided_on_a_stale_read_is_refused(
     coordinator_app: FastAPI, api: httpx.AsyncClient
 ) -> None:
-    engine: AsyncEngine = coordinator_app.state.engine
-    group_id, holder, _ = await split_partition(coordinator_app, api)
-    epoch = await stored_epoch(engine, group_id, holder.member_id)
+    engine, group_id, holder, epoch = await revoking_holder(coordinator_app, api)
 
     member_changed = await read_holder(engine, group_id, holder)
     async with engine.begin() as connection:
@@ -128,9 +135,7 @@ async def waiting_for_a_lock(engine: AsyncEngine) -> bool:
 async def test_the_guarded_write_waits_for_the_group_s_locked_transaction_and_rechecks(
     coordinator_app: FastAPI, api: httpx.AsyncClient
 ) -> None:
-    engine: AsyncEngine = coordinator_app.state.engine
-    group_id, holder, _ = await split_partition(coordinator_app, api)
-    epoch = await stored_epoch(engine, group_id, holder.member_id)
+    engine, group_id, holder, epoch = await revoking_holder(coordinator_app, api)
 
     for locked_transaction_writes_the_member in (False, True):
         view = await read_holder(engine, group_id, holder)
