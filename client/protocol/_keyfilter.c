@@ -396,8 +396,9 @@ static PyObject *read_headers(const Record *record, int64_t base_offset)
         else {
             PyObject *key = PyUnicode_DecodeUTF8((const char *)name, name_length, "strict");
             PyObject *data = key == NULL ? NULL : field_object(value, value_length);
-            if (data != NULL) {
-                pair = PyTuple_Pack(2, key, data);
+            if (data != NULL && (pair = PyTuple_Pack(2, key, data)) != NULL) {
+                /* A str and bytes or None: the pair can never be in a reference cycle. */
+                PyObject_GC_UnTrack(pair);
             }
             Py_XDECREF(key);
             Py_XDECREF(data);
@@ -412,6 +413,11 @@ static PyObject *read_headers(const Record *record, int64_t base_offset)
     if (headers != NULL && at != record->end) {
         corrupt("bytes after the headers", base_offset);
         Py_CLEAR(headers);
+    }
+    if (headers != NULL) {
+        /* Immutable and holding only untracked pairs: what the collector would find itself,
+         * had it visited the tuple first. */
+        PyObject_GC_UnTrack(headers);
     }
     return headers;
 }
@@ -462,6 +468,16 @@ static PyObject *build_record(
                     result, PyTuple_GET_ITEM(builder->fields, i), argv[i]) < 0) {
                 Py_CLEAR(result);
             }
+        }
+        if (result != NULL && !PyObject_GC_IsTracked(argv[5]) &&
+            !PyObject_GC_IsTracked(argv[6])) {
+            /* Every field is atomic (ints, str, bytes, None, the untracked headers), so the
+             * record is in no reference cycle and the cyclic collector need not walk it: a
+             * fetch buffers tens of thousands of records, and walking them again and again
+             * was most of a whole-range member's CPU. A key or value a deserializer made a
+             * container keeps the record tracked; docs/architecture.md ("The raw filter")
+             * says what this means for an attribute user code sets on a record. */
+            PyObject_GC_UnTrack(result);
         }
     }
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {

@@ -13,6 +13,7 @@ header with the checksum recomputed, as a broker writes them.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import struct
 from typing import Any
 
@@ -246,6 +247,23 @@ def test_deserializers_see_only_non_null_fields_of_records_kept(in_c: bool) -> N
     ]
     assert got[2].headers == (("h", None),)
     assert seen == [b"a", b"c"]
+
+
+def test_records_of_atomic_fields_are_left_out_of_the_cycle_collector() -> None:
+    """The C scan untracks a kept record whose fields cannot refer back to it; a record whose
+    key or value a deserializer made a container stays tracked."""
+    records = [(b"a", b"1", [("h", b"x"), ("i", None)]), (b"b", b"2", [])]
+    data, _ = answer([BatchSpec(records)], 10)
+    everything = [(HASH_MIN, HASH_MAX, 0)]
+    plain = filtered(data, [], 10, READ_UNCOMMITTED, everything, in_c=True)[0][0].records
+    assert [gc.is_tracked(record) for record in plain] == [False, False]
+    assert not gc.is_tracked(plain[0].headers)
+    assert not any(gc.is_tracked(pair) for pair in plain[0].headers)
+    assert plain[0].headers == (("h", b"x"), ("i", None))
+
+    as_lists = filtered(data, [], 10, READ_UNCOMMITTED, everything, in_c=True, value=list)[0][0]
+    assert [gc.is_tracked(record) for record in as_lists.records] == [True, True]
+    assert as_lists.records[0].value == [ord("1")]
 
 
 def test_legacy_batches_are_judged_in_python_like_aiokafka() -> None:
