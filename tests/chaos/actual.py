@@ -28,13 +28,13 @@ def with_actual_blocks(records: list[FaultRecord], blocks: list[Block]) -> list[
     return actual
 
 
-def freezes(records: list[FaultRecord]) -> dict[str, list[tuple[float, float]]]:
-    """When each member process was stopped (SIGSTOP)."""
-    stopped: dict[str, list[tuple[float, float]]] = {}
+def spans_of(records: list[FaultRecord], kind: str) -> dict[str, list[tuple[float, float]]]:
+    """When each member process suffered a fault of ``kind`` (a SIGSTOP, a cut link)."""
+    spans: dict[str, list[tuple[float, float]]] = {}
     for record in records:
-        if record.kind == kinds.MEMBER_FREEZE:
-            stopped.setdefault(record.target, []).append((record.started, record.ended))
-    return stopped
+        if record.kind == kind:
+            spans.setdefault(record.target, []).append((record.started, record.ended))
+    return spans
 
 
 def from_stuck_calls(records: list[FaultRecord], runs: list[HandlerRun]) -> list[FaultRecord]:

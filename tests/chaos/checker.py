@@ -66,10 +66,12 @@ class Verdict:
     undercounted: list[str] = field(default_factory=list)
     unexplained_surplus: list[str] = field(default_factory=list)
     restore_mismatches: list[str] = field(default_factory=list)
-    # Changelog values going down: writes landing after newer ones, and those a frozen
-    # process had already handed to its producer (the exception, counted apart).
+    # Changelog values going down: writes landing after newer ones, and, counted apart as
+    # the documented exception, those a process had already handed to its producer when it
+    # was frozen or when its link to the broker was cut.
     regressions: list[str] = field(default_factory=list)
     frozen_writes: list[str] = field(default_factory=list)
+    delayed_writes: list[str] = field(default_factory=list)
     counts_lost: int = 0
     surplus: int = 0
     # The page views' (``tests/chaos/windowed.py``; ``undercounted``, ``unexplained_surplus``,
@@ -480,6 +482,7 @@ def runtime_figures(
             "restore_mismatches": sum(len(verdict.restore_mismatches) for verdict in verdicts),
             "changelog_regressions": sum(len(verdict.regressions) for verdict in verdicts),
             "frozen_writes": sum(len(verdict.frozen_writes) for verdict in verdicts),
+            "delayed_writes": sum(len(verdict.delayed_writes) for verdict in verdicts),
         }
     if windowed:
         shown |= {

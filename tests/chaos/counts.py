@@ -10,8 +10,11 @@ At-least-once may count a word twice, never lose one:
 - a restore from the changelog alone (its last value per word) equals the final counts;
 - a word's count never goes down in the changelog: a lower value after a higher one is a
   write that landed after a newer one (a task writing after its range moved on), and a
-  restore at that point loses counts even when later writes hide it. Only a process frozen
-  (SIGSTOP) after handing the write to its producer is excused: no client can stop that.
+  restore at that point loses counts even when later writes hide it. Only the documented
+  exception (docs/guarantees.md, "Streams") is excused, counted apart: a write its process
+  had handed to its producer when it was stopped (SIGSTOP), or while its link to the broker
+  was cut, so that the producer delivered it after the heir's writes. No client without a
+  transactional producer can recall a batch it handed over.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class CountVerdict:
     restore_mismatches: list[str] = field(default_factory=list)
     regressions: list[str] = field(default_factory=list)
     frozen_writes: list[str] = field(default_factory=list)
+    delayed_writes: list[str] = field(default_factory=list)
     # Over all words: the counts below the truth, and above it.
     counts_lost: int = 0
     surplus: int = 0
@@ -83,12 +87,13 @@ def check_counts(
     changelog: Mapping[str, Sequence[int]] | None = None,
     writes: Sequence[Write] = (),
     frozen: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+    cut_off: Mapping[str, Sequence[tuple[float, float]]] | None = None,
 ) -> CountVerdict:
     """``lines`` is every line produced (by partition and offset), ``splits`` each split the
     ledger shows, ``counted`` each count call, ``final`` the sink's last value per word,
     ``restored`` the changelog's; ``changelog`` every value of each word in the changelog's
     order, ``writes`` the counts the ledger shows written, ``frozen`` when each process
-    was stopped (SIGSTOP)."""
+    was stopped (SIGSTOP), ``cut_off`` when each process's link to the broker was cut."""
     truth = true_counts(lines.values())
     explained = explained_surplus(lines, splits, counted)
     verdict = CountVerdict()
@@ -112,7 +117,7 @@ def check_counts(
     for word, values in sorted((changelog or {}).items()):
         for before, after in itertools.pairwise(values):
             if after < before:
-                _judge_regression(verdict, word, before, after, writes, frozen or {})
+                _judge_regression(verdict, word, before, after, writes, frozen or {}, cut_off or {})
     return verdict
 
 
@@ -123,14 +128,28 @@ def _judge_regression(
     after: int,
     writes: Sequence[Write],
     frozen: Mapping[str, Sequence[tuple[float, float]]],
+    cut_off: Mapping[str, Sequence[tuple[float, float]]],
 ) -> None:
     writers = [write for write in writes if write.word == word and write.count == after]
     found = f"{word}: the changelog goes from {before} to {after}, written by " + (
         ", ".join(f"{write.process} at {write.at:.3f}" for write in writers) or "no call journaled"
     )
-    stopped = any(
-        start - FROZEN_SEND_S <= write.at <= end + FROZEN_SEND_S
+    if _handed_over_during(writers, frozen, after_s=FROZEN_SEND_S):
+        verdict.frozen_writes.append(found)
+    elif _handed_over_during(writers, cut_off, after_s=0.0):
+        verdict.delayed_writes.append(found)
+    else:
+        verdict.regressions.append(found)
+
+
+def _handed_over_during(
+    writers: Sequence[Write], faults: Mapping[str, Sequence[tuple[float, float]]], after_s: float
+) -> bool:
+    """Whether a write was journaled during a fault of its own process, or within
+    ``FROZEN_SEND_S`` before it began (still in the producer when it struck) or ``after_s``
+    after it ended."""
+    return any(
+        start - FROZEN_SEND_S <= write.at <= end + after_s
         for write in writers
-        for start, end in frozen.get(write.process, ())
+        for start, end in faults.get(write.process, ())
     )
-    (verdict.frozen_writes if stopped else verdict.regressions).append(found)

@@ -151,6 +151,7 @@ def describe(outcome: Outcome) -> str:
         "restore_mismatches",
         "regressions",
         "frozen_writes",
+        "delayed_writes",
         "final_repeats",
         "final_repeats_after_crash",
     ):
@@ -375,7 +376,8 @@ class ChaosRun:
             outputs.restored,
             outputs.changelog,
             [Write(*write) for write in read_writes(journals)],
-            actual.freezes(self.records),
+            actual.spans_of(self.records, kinds.MEMBER_FREEZE),
+            actual.spans_of(self.records, kinds.BROKER_LINK),
         )
         return dataclasses.replace(verdict, **dataclasses.asdict(counted))
 

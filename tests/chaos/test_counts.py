@@ -97,3 +97,22 @@ def test_a_write_a_stopped_process_had_handed_to_its_producer_is_the_exception()
     # A freeze long before the write excuses nothing.
     earlier = {"m0": [(1.0, 3.0)]}
     assert check_counts(LINES, SPLITS, COUNTED, TRUE, TRUE, changelog, writes, earlier).regressions
+
+
+def test_a_write_handed_to_the_producer_while_its_broker_was_cut_off_is_the_exception() -> None:
+    # Seed 67's shape: m1 handed 1 over during its cut; the heir wrote 2 and 3 before the
+    # cut ended and m1's producer delivered.
+    changelog = {"b": [1, 2, 3, 1]}
+    writes = [Write("m1", "b", 1, 6.0)]
+    cut = {"m1": [(5.5, 9.0)]}
+    verdict = check_counts(LINES, SPLITS, COUNTED, TRUE, TRUE, changelog, writes, cut_off=cut)
+    assert verdict.regressions == []
+    assert verdict.frozen_writes == []
+    assert verdict.delayed_writes == ["b: the changelog goes from 3 to 1, written by m1 at 6.000"]
+    # A write after the link came back was delivered at once: nothing excuses it, nor
+    # another process's cut.
+    for elsewhere in ({"m1": [(2.0, 5.9)]}, {"m0": [(5.5, 9.0)]}):
+        late = check_counts(
+            LINES, SPLITS, COUNTED, TRUE, TRUE, changelog, writes, cut_off=elsewhere
+        )
+        assert len(late.regressions) == 1
