@@ -516,6 +516,48 @@ async def test_stopping_a_queued_process_call_skips_it_and_a_running_one_kills_i
     assert [offset for offset, _ in starts(journal)] == [0]
 
 
+@pytest.mark.slow
+async def test_a_process_that_skipped_a_stopped_call_starts_the_records_sent_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop refuses what was in the child's pipe, not the child's future: a record sent
+    to it afterwards, the stopped one sent again included, starts. (The refusal once
+    outlived the stop, and a record sent back to the one idle child never ran.)"""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "0.5")
+    gate = granted_gate(lambda: time.monotonic() + 60)
+    pool = ProcessPool(1, gate)
+    slots = [Slot(), Slot(), Slot()]
+    try:
+        both = asyncio.gather(
+            *(
+                sent(pool, worker_targets.notes_its_start, gate, offset, slots[offset])
+                for offset in (0, 1, 2)
+            ),
+            return_exceptions=True,
+        )
+        await until(lambda: 0 in dict(starts(journal)), 30, "offset 0 running")
+        assert slots[1].stop is not None
+        slots[1].stop()
+        first = await asyncio.wait_for(both, 30)
+        again = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    sent(pool, worker_targets.notes_its_start, gate, offset, Slot())
+                    for offset in (1, 3)
+                ),
+                return_exceptions=True,
+            ),
+            30,
+        )
+    finally:
+        pool.close()
+    assert [type(outcome).__name__ for outcome in first] == ["NoneType", "NotStarted", "NotStarted"]
+    assert again == [None, None]
+    assert [offset for offset, _ in starts(journal)] == [0, 1, 3]
+
+
 async def test_a_sub_partition_never_has_two_tasks_at_once_when_its_partition_comes_back() -> None:
     """The partition is closed while its task is inside a call that outlives the drain
     timeout, and granted again at once: the new task starts only after the old one's call

@@ -267,6 +267,8 @@ class _Child:
         self._received = bytearray()
         self._batches: deque[list[tuple[int, asyncio.Future[None]]]] = deque()
         self._outstanding = 0
+        # The sequence number of the last record sent: what a stop refuses ends there.
+        self._last_sent = -1
         # Seconds the child waited with nothing to do, as it reported with its outcomes.
         self.waited_s = 0.0
         self._open = True
@@ -302,6 +304,7 @@ class _Child:
             [(seq, outcome) for (seq, _), outcome in zip(records, outcomes, strict=True)]
         )
         self._outstanding += len(outcomes)
+        self._last_sent = max(self._last_sent, records[-1][0])
         waiting = bool(self._unsent)
         self._unsent += _HEADER.pack(len(payload))
         self._unsent += payload
@@ -311,7 +314,7 @@ class _Child:
     def stop(self, sequence: int) -> None:
         """End the call of record ``sequence``: the child skips it if it has not started it,
         else the child is killed."""
-        if self._progress.refuse_from(sequence) or self.killed:
+        if self._progress.refuse(sequence, self._last_sent) or self.killed:
             return
         self.killed = True
         self._process.kill()

@@ -42,33 +42,42 @@ class SharedGate:
 
 
 class ChildProgress:
-    """Which record a child started last, and from which sequence number it must refuse:
-    shared by the child and the parent under one lock, so the parent's "do not start it" and
-    the child's "starting it" are never both true. The parent reads it to stop a call: a
-    record not started yet is refused when its turn comes; a record started is running or
-    done, and stopping it means killing the process."""
+    """Which record a child started last, and which sequence numbers it must refuse: shared
+    by the child and the parent under one lock, so the parent's "do not start it" and the
+    child's "starting it" are never both true. The parent reads it to stop a call: a record
+    not started yet is refused when its turn comes; a record started is running or done, and
+    stopping it means killing the process.
+
+    A stop refuses the record and those sent after it up to then, never what is sent later:
+    a refusal that outlived them made the child refuse every record it was sent again, and
+    a record sent back to it whenever it was the least loaded never ran (``make chaos``,
+    ``SEED=70 DURATION=60``, worker-processes)."""
 
     def __init__(self, context: BaseContext) -> None:
         self._lock = context.Lock()
-        self._values: Any = context.RawArray("q", [-1, _NONE_REFUSED])
+        # The last record started, then the first and the last refused.
+        self._values: Any = context.RawArray("q", [-1, _NONE_REFUSED, -1])
 
     def start(self, sequence: int, gate: SharedGate, revision: int) -> bool:
         """In the child, right before user code: whether record ``sequence`` may start."""
         with self._lock:
-            if sequence >= self._values[1] or not gate.permits(revision):
+            refused = self._values[1] <= sequence <= self._values[2]
+            if refused or not gate.permits(revision):
                 return False
             self._values[0] = sequence
             return True
 
-    def refuse_from(self, sequence: int) -> bool:
-        """In the parent: make the child refuse record ``sequence`` (and any after it, which
-        are sent again); False when it has started that record already and it may still run."""
+    def refuse(self, sequence: int, last_sent: int) -> bool:
+        """In the parent: make the child refuse record ``sequence`` and the ones sent after
+        it so far, up to ``last_sent`` (the runtime sends them again); False when it has
+        started that record already and it may still run."""
         with self._lock:
             started: int = self._values[0]
             if started == sequence:
                 return False
             if started < sequence:
                 self._values[1] = min(self._values[1], sequence)
+                self._values[2] = max(self._values[2], last_sent)
             return True
 
     def started(self) -> int:
