@@ -6,6 +6,11 @@ same way: the consumer stops, which finishes the runtime (its records in process
 commit protocol), commits and leaves the group, so the keys move to another member at once
 instead of after a session timeout. A second signal exits at once, by the signal's default
 action, for an operator whose graceful stop takes too long.
+
+Before the drive begins (waiting for the coordinator, creating topics, opening stores) there is
+nothing to finish or commit, so a stop cancels the start-up and the run returns at once: an
+operator's first Ctrl-C, or a platform's SIGTERM, is never left waiting behind a minute of
+retries.
 """
 
 from __future__ import annotations
@@ -32,24 +37,37 @@ class GracefulStop:
         self._runtime = runtime
         self._requested = asyncio.Event()
         self._signals = 0
+        self._starting: asyncio.Task[object] | None = None
+        self._stopped_while_starting = False
 
     def request(self) -> None:
         self._requested.set()
+        if self._starting is not None and not self._stopped_while_starting:
+            self._stopped_while_starting = True
+            self._starting.cancel()
 
     @contextlib.contextmanager
     def signals_handled(self, enabled: bool) -> Iterator[None]:
-        """SIGTERM and SIGINT ask for the stop while inside, when ``enabled``."""
-        if not enabled:
-            yield
-            return
+        """SIGTERM and SIGINT ask for the stop while inside, when ``enabled``; a stop asked
+        for before ``drive`` begins ends the block at once, without an exception."""
+        task = asyncio.current_task()
+        self._starting = task
         loop = asyncio.get_running_loop()
-        for number in SIGNALS:
-            loop.add_signal_handler(number, self._on_signal, number)
+        if enabled:
+            for number in SIGNALS:
+                loop.add_signal_handler(number, self._on_signal, number)
         try:
             yield
+        except asyncio.CancelledError:
+            if not self._stopped_while_starting or task is None:
+                raise
+            task.uncancel()
+            logger.info(f"{self._runtime} stopped before it started")
         finally:
-            for number in SIGNALS:
-                loop.remove_signal_handler(number)
+            self._starting = None
+            if enabled:
+                for number in SIGNALS:
+                    loop.remove_signal_handler(number)
 
     async def drive(
         self,
@@ -60,6 +78,7 @@ class GracefulStop:
     ) -> None:
         """Run ``consumer.drive(make_runtime)`` until it ends by itself (a failure) or a stop
         is requested; then stop the consumer, logging ``stopping``, and wait for the drive."""
+        self._starting = None
         driving = asyncio.create_task(
             consumer.drive(make_runtime), name=f"keyrange-{self._runtime}"
         )
