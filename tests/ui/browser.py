@@ -39,8 +39,12 @@ WAIT_S = 30.0
 def chromium_or_skip() -> tuple[str, str]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.skip(HOW_TO_GET_CHROMIUM)
+    missing = [
+        name for name, path in (("chromium", chromium), ("chromedriver", driver)) if not path
+    ]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not found: {HOW_TO_GET_CHROMIUM}")
+    assert chromium is not None and driver is not None
     return chromium, driver
 
 
