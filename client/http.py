@@ -16,6 +16,7 @@ import logging
 import random
 import re
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -256,6 +257,19 @@ def slices_from_json(documents: Sequence[Mapping[str, Any]]) -> Slices:
     }
 
 
+def checked_coordinator_url(url: str) -> str:
+    """The coordinator's base URL, refused at once when it cannot be one: without a scheme
+    (``127.0.0.1:8080``) httpx would read it as a relative path, and the start-up would retry
+    it for its whole timeout before saying anything useful."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"coordinator URL {url!r} is not an http:// or https:// URL with a host "
+            "(for example http://127.0.0.1:8080)"
+        )
+    return url.rstrip("/")
+
+
 class CoordinatorClient:
     """One connection pool to the coordinator; use as ``async with`` or call ``aclose()``."""
 
@@ -268,18 +282,19 @@ class CoordinatorClient:
         max_retries: int = 3,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        base_url = checked_coordinator_url(base_url)
         headers = {"User-Agent": "keyrange-client/0.1", "Accept": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=base_url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s),
             transport=transport,
         )
         self._max_retries = max_retries
         self.request_timeout_s = timeout_s
-        self._base_url = base_url.rstrip("/")
+        self._base_url = base_url
         self._retry_warned_at: float | None = None
 
     @property

@@ -291,6 +291,15 @@ async def test_an_unreachable_coordinator_is_coordinator_unavailable() -> None:
             await client.fetch_offsets("g")
 
 
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8080", "coordinator:8080", "ftp://coordinator", "http://", "/v1"]
+)
+def test_a_coordinator_url_that_cannot_be_one_is_refused_at_once(url: str) -> None:
+    """Without a scheme httpx reads the URL as a path: refused, not retried for a minute."""
+    with pytest.raises(ValueError, match="is not an http:// or https:// URL with a host"):
+        CoordinatorClient(url)
+
+
 async def test_owner_look_ups_are_retried_map_errors_and_carry_the_token() -> None:
     """What ``StreamsApp.query`` asks for a key it does not hold (issue 28: before, its own
     HTTP client, with no retries, no error mapping)."""

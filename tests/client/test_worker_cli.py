@@ -134,7 +134,7 @@ REQUIRED_OPTIONS = (
     "--bootstrap",
     "b",
     "--coordinator",
-    "c",
+    "http://c",
 )
 
 
@@ -146,6 +146,10 @@ REQUIRED_OPTIONS = (
         (("tests.client.worker_targets:NOT_CALLABLE",), "neither a WorkerTask"),
         (("tests.client.worker_targets:handle",), "missing --topics"),
         ((*REQUIRED_OPTIONS, "--failure-policy", "never"), "failure_policy must be one of"),
+        (
+            (*REQUIRED_OPTIONS, "--coordinator", "127.0.0.1:8080"),
+            "coordinator URL '127.0.0.1:8080' is not an http:// or https:// URL",
+        ),
         (
             (*REQUIRED_OPTIONS, "--kafka-security-protocol", "SASL_SSL"),
             "needs kafka_sasl_mechanism",
