@@ -1,5 +1,5 @@
 """The `keyrange` command: run the coordinator, migrate its database, administer groups
-through the admin API, and run a worker or a streams application.
+through the admin API, run a worker or a streams application, and make test topics.
 
 `serve` and `migrate` need the coordinator's packages (the `keyrange[server]` extra) and import
 them when they run; `admin`, `worker`, `streams` and `version` need only what a plain `pip install
@@ -19,6 +19,7 @@ from importlib.util import find_spec
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from client import topic_command
 from client.streams import command as streams_command
 from client.worker import command as worker_command
 from coordinator import logs
@@ -289,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     streams_command.add_parser(commands).set_defaults(
         handler=_client_command("streams", streams_command)
     )
+    topic_command.add_parser(commands).set_defaults(handler=topic_command.run)
     return parser
 
 
