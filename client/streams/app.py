@@ -46,6 +46,7 @@ from client.streams.restore import RestoreProgress, Restorer
 from client.streams.runtime import StreamsRuntime
 from client.streams.standby import Standbys, standbys_running
 from client.streams.state import StateManager
+from client.streams.state_dir import StateDirectory
 from client.streams.task import TaskId, TaskState
 from client.streams.topology import BuiltTopology, Topology
 from client.tracing import record_tracer
@@ -80,7 +81,12 @@ class StreamsApp:
             coordinator=self._coordinator,
             **{**security, **config.consumer_options},
         )
-        self._state = StateManager(self.topology, config.state_dir / config.application_id)
+        self._state_directory = StateDirectory(
+            config.state_dir / config.application_id, config.instance_id
+        )
+        # Replaced by ``run`` once this instance's own directory is locked; nothing opens a
+        # store before then.
+        self._state = StateManager(self.topology, None)
         self.runtime: StreamsRuntime | None = None
         self._producer: AIOKafkaProducer | None = None
         self._restorer: Restorer | None = None
@@ -122,6 +128,7 @@ class StreamsApp:
         )
         try:
             with self._graceful.signals_handled(handle_signals):
+                self._state = StateManager(self.topology, self._state_directory.claim())
                 await self._create_changelogs()
                 self._serve_queries()
                 self._producer, self._restorer = self._connections()
@@ -151,6 +158,7 @@ class StreamsApp:
                     await self._producer.stop()
                     self._state.close()
         finally:
+            self._state_directory.release()
             if self._query_server is not None:
                 await self._query_server.stop()
             await self._coordinator.aclose()

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
     from client.streams.app import StreamsApp
     from client.streams.config import StreamsConfig
     from client.streams.query_server import QueryServerError
+    from client.streams.state_dir import StateDirectoryInUse
     from client.streams.topology import Topology
     from client.tracing import TracingUnavailable, configure_from_environment
 
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         return 2
     try:
         asyncio.run(app.run(handle_signals=True))
-    except (MetricsUnavailable, QueryServerError) as error:
+    except (MetricsUnavailable, QueryServerError, StateDirectoryInUse) as error:
         print(f"keyrange streams: {error}", file=sys.stderr)
         return 2
     except (KafkaError, KeyrangeClientError) as error:

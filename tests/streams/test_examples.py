@@ -191,7 +191,7 @@ async def test_a_restart_restores_from_its_checkpoint_not_the_whole_changelog(
     async with TopicReader(kafka_bootstrap, wc.counts) as reader:
         async with running(StreamsApp(wc.topology, settings)):
             await until(lambda: wc.counted(reader), 60, "every word counted")
-        assert list((tmp_path / settings.application_id / "counts").glob("*/checkpoint"))
+        assert list((tmp_path / settings.application_id).glob("*/counts/*/checkpoint"))
         restarted = StreamsApp(wc.topology, settings)
         async with running(restarted):
             await produce(kafka_bootstrap, wc.lines, [(b"again", b"fox fox", None)])
