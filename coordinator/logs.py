@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -77,6 +78,39 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class FoldRepeats(logging.Filter):
+    """Lets one record a ``window_s`` through per (logger, level, message template) of Kafka's
+    client libraries, and counts the rest into the next one let through (``folded``).
+
+    With the broker down aiokafka logs each failed connection and metadata refresh, about 40
+    ERROR lines a second, which buries the few lines of Keyrange's own that say what is wrong
+    and what it does about it. The first of each kind still shows at once."""
+
+    PREFIXES = ("aiokafka", "kafka")
+
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self._window_s = window_s
+        self._clock = clock
+        self._shown_at: dict[tuple[str, int, object], float] = {}
+        self._folded: dict[tuple[str, int, object], int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.PREFIXES):
+            return True
+        kind = (record.name, record.levelno, record.msg)
+        now = self._clock()
+        shown_at = self._shown_at.get(kind)
+        if shown_at is not None and now - shown_at < self._window_s:
+            self._folded[kind] = self._folded.get(kind, 0) + 1
+            return False
+        self._shown_at[kind] = now
+        folded = self._folded.pop(kind, 0)
+        if folded:
+            record.folded = f"{folded} more like it since the last one shown"
+        return True
+
+
 LOG_FORMATS = frozenset({"auto", "json", "text"})
 
 
@@ -117,6 +151,7 @@ def configure(level: str, fmt: str, stream: TextIO | None = None) -> LogOutput:
     colour = chosen == "text" and out.isatty() and not os.environ.get("NO_COLOR")
     handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter(colour))
+    handler.addFilter(FoldRepeats())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -208,3 +208,31 @@ def test_serve_into_a_pipe_writes_json_with_where_it_is_as_fields(
     (announced,) = [r for r in records if r["msg"] == "Keyrange coordinator starting"]
     assert announced["console"] == f"http://127.0.0.1:{port}/ui"
     assert announced["kafka"] == kafka_bootstrap
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_kafka_client_repeats_are_folded_and_counted_into_the_next_one_shown() -> None:
+    """With the broker down aiokafka logs ~40 ERROR lines a second (issue 47 item 6): one of
+    each kind is shown per 10 s, the next carries how many were left out, and Keyrange's
+    own lines are never folded."""
+    stream = io.StringIO()
+    logs.configure("INFO", "json", stream)
+    now = [0.0]
+    handler = logging.getLogger().handlers[0]
+    handler.filters[:] = [logs.FoldRepeats(window_s=10.0, clock=lambda: now[0])]
+    conn = logging.getLogger("aiokafka.conn")
+    for attempt in range(40):
+        conn.error("Unable connect to %r: %r", "127.0.0.1:9092", f"refused {attempt}")
+        logging.getLogger("client.consumer").warning("Kafka unreachable; retrying")
+    now[0] = 10.5
+    conn.error("Unable connect to %r: %r", "127.0.0.1:9092", "refused 40")
+    shown = json_lines(stream.getvalue())
+    kafka = [line for line in shown if line["logger"] == "aiokafka.conn"]
+    ours = [line for line in shown if line["logger"] == "client.consumer"]
+    assert len(ours) == 40
+    assert [line["msg"] for line in kafka] == [
+        "Unable connect to '127.0.0.1:9092': 'refused 0'",
+        "Unable connect to '127.0.0.1:9092': 'refused 40'",
+    ]
+    assert "folded" not in kafka[0]
+    assert kafka[1]["folded"] == "39 more like it since the last one shown"
