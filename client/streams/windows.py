@@ -39,8 +39,15 @@ class TimeWindows:
         _check("grace_ms", self.grace_ms, 0)
         if self.advance_ms > self.size_ms:
             raise ValueError("advance_ms larger than size_ms would leave gaps between windows")
-        if self.retention_ms is not None and self.retention_ms < self.grace_ms:
-            raise ValueError("retention_ms shorter than grace_ms drops windows still open")
+        # The store expires by the latest window end written, up to a size ahead of stream
+        # time: a retention below size + grace drops windows still open (Kafka Streams
+        # refuses it with the same rule).
+        if self.retention_ms is not None and self.retention_ms < self.size_ms + self.grace_ms:
+            raise ValueError(
+                f"retention_ms ({self.retention_ms}) must be no smaller than the window size "
+                f"plus the grace period (size_ms {self.size_ms} + grace_ms {self.grace_ms} = "
+                f"{self.size_ms + self.grace_ms}): a shorter one drops windows still open"
+            )
 
     @property
     def kind(self) -> str:
@@ -61,7 +68,7 @@ class TimeWindows:
         return end + self.grace_ms <= stream_time
 
     def store_retention_ms(self) -> int:
-        """How long after its end the store keeps a window (at least the grace period)."""
+        """How long after its end the store keeps a window (at least size + grace)."""
         return self.retention_ms if self.retention_ms is not None else self.grace_ms + self.size_ms
 
 
@@ -87,7 +94,11 @@ class SessionWindows:
         _check("gap_ms", self.gap_ms, 1)
         _check("grace_ms", self.grace_ms, 0)
         if self.retention_ms is not None and self.retention_ms < self.gap_ms + self.grace_ms:
-            raise ValueError("retention_ms shorter than gap_ms + grace_ms drops open sessions")
+            raise ValueError(
+                f"retention_ms ({self.retention_ms}) must be no smaller than the inactivity gap "
+                f"plus the grace period (gap_ms {self.gap_ms} + grace_ms {self.grace_ms} = "
+                f"{self.gap_ms + self.grace_ms}): a shorter one drops sessions still open"
+            )
 
     kind = "session"
 

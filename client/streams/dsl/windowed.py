@@ -8,7 +8,8 @@ emits it again nor lets a replayed record change it. Closing is looked for only 
 time reaches the earliest end among the windows not yet emitted, which the processor keeps
 in memory (read from the store once at ``init``, after the restore), and before a record's
 own writes, which may expire the store's old segments: a window the store expires has
-closed (its retention is at least the grace period), so it was emitted first.
+closed (its retention is at least its size plus the grace period, and the store
+expires by the latest window end, at most a size past stream time), so it was emitted first.
 """
 
 from __future__ import annotations
