@@ -8,7 +8,9 @@ scan by key and time is one scan per segment. A segment holds the windows ending
 a segment's last end, the segment goes (looked at whenever a write starts a new segment).
 The engine is shared by this process's tasks on the
 partition (each a key range): the latest end that counts is that of the task furthest
-behind, so a lagging task never loses a window it has yet to close.
+behind, so a lagging task never loses a window it has yet to close, and a task that joins
+(after a hand-off, restoring) holds expiry back from before its restore: no write is dropped
+for being below the floor.
 
 The changelog is keyed by the record key alone, the window and a flag going into the value
 (``encode_change``): the restore's key-range filter (and its C judge) read the key as they do
@@ -85,14 +87,18 @@ class WindowBackend:
         self._floor = -1
 
     def register(self, view: TaskWindowStore) -> None:
+        """A task's view joins before its restore: its clock (nothing written yet) holds
+        expiry back, and the floor comes down to it, so the restore's windows and the
+        task's replay go in even where a faster range's writes had dropped the segment."""
         self._views.add(view)
+        self._floor = min(self._floor, self._floor_at(self._stream_time()))
 
     def segment_of(self, end: int) -> int:
         return end // self._segment_ms
 
     def expired(self, end: int) -> bool:
-        """Whether a window ending at ``end`` is in a segment already dropped (a write of it
-        would be ignored)."""
+        """Whether a window ending at ``end`` is in a segment already dropped (a cached write
+        of it is hidden, as its segment's windows are)."""
         return end // self._segment_ms < self._floor
 
     def _stream_time(self) -> int:
@@ -104,8 +110,8 @@ class WindowBackend:
     def put_window(self, key: bytes, start: int, end: int, flags: int, value: bytes) -> None:
         self.observed = max(self.observed, end)
         index = end // self._segment_ms
-        if index < self._floor:
-            return
+        # A write below the floor is kept (its segment opened again): only a range still
+        # behind writes there, and the next expiry looks at it by that range's clock.
         if index > self._top:
             # Stream time moves on by segments: expiry is looked at when a new one starts.
             self._top = index
@@ -192,10 +198,13 @@ class WindowBackend:
             segment.close()
         self._segments.clear()
 
+    def _floor_at(self, stream_time: int) -> int:
+        return (stream_time - self._retention_ms) // self._segment_ms
+
     def _expire(self) -> None:
         """Drop the segments whose every window ended more than the retention before the
         stream time of the task furthest behind."""
-        self._floor = (self._stream_time() - self._retention_ms) // self._segment_ms
+        self._floor = self._floor_at(self._stream_time())
         for index in [index for index in self._segments if index < self._floor]:
             self._segments.pop(index).close()
             self._drop_segment(index)

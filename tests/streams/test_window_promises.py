@@ -9,10 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from client.protocol.keyspace import KeyRange, key_hash
+from client.streams import JSON, STRING, StoreSpec
 from client.streams.dsl import session, tumbling
+from client.streams.window_store import TaskWindowStore, encode_change, open_window_backend
 from tests.streams.test_dsl import windowed_app
 
 MINUTE = 60_000
+FULL = KeyRange.full()
+
+
+def key_in(keys: KeyRange) -> str:
+    return next(f"k{n}" for n in range(1000) if keys.contains(key_hash(f"k{n}".encode(), 0)))
 
 
 def test_a_retention_below_size_plus_grace_is_refused_naming_both() -> None:
@@ -32,3 +40,26 @@ def test_the_least_retention_keeps_a_window_open_for_its_grace(tmp_path: Path) -
         run.send("views", b"k", b"{}", stamp)
     emitted = [json.loads(value or b"") for _, value in run.out["out"]]
     assert emitted == [[0, 10 * MINUTE, 3]]
+
+
+def test_a_range_joining_after_a_faster_one_keeps_its_restored_windows() -> None:
+    # The review's probe (M3): view 1 writes up to end 20 min (retention 2 min), view 2
+    # joins and restores a window ending at 5 min.
+    retained = StoreSpec("w", STRING, JSON, retention_ms=2 * MINUTE, segment_ms=MINUTE)
+    backend = open_window_backend(retained, None)
+    low, high = KeyRange(0, FULL.end // 2), KeyRange(FULL.end // 2 + 1, FULL.end)
+    fast_key, slow_key = key_in(high), key_in(low)
+    fast = TaskWindowStore(retained, backend, [high], lambda k, v: None)
+    for minute in range(1, 21):
+        fast.put(fast_key, (minute - 1) * MINUTE, minute * MINUTE, minute)
+    heir = TaskWindowStore(retained, backend, [low], lambda k, v: None)
+    backend.apply([(slow_key.encode(), encode_change(4 * MINUTE, 5 * MINUTE, 0, b"7"))])
+    assert backend.get_window(slow_key.encode(), 4 * MINUTE, 5 * MINUTE) == (0, b"7")
+    assert heir.get(slow_key, 4 * MINUTE, 5 * MINUTE) == 7
+    # The faster range writes on: the heir, still at its restore, holds expiry back.
+    fast.put(fast_key, 30 * MINUTE, 31 * MINUTE, 1)
+    assert heir.fetch(slow_key) == [(4 * MINUTE, 5 * MINUTE, 7)]
+    # The heir's replay brings it past its window's retention: expiry resumes.
+    heir.put(slow_key, 30 * MINUTE, 31 * MINUTE, 1)
+    fast.put(fast_key, 40 * MINUTE, 41 * MINUTE, 1)
+    assert heir.fetch(slow_key) == [(30 * MINUTE, 31 * MINUTE, 1)]
