@@ -5,6 +5,8 @@ a window one of them still needs."""
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,59 @@ def test_a_range_joining_after_a_faster_one_keeps_its_restored_windows() -> None
     heir.put(slow_key, 30 * MINUTE, 31 * MINUTE, 1)
     fast.put(fast_key, 40 * MINUTE, 41 * MINUTE, 1)
     assert heir.fetch(slow_key) == [(30 * MINUTE, 31 * MINUTE, 1)]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_tasks_on_threads_and_queries_share_one_backend_safely(
+    persistent: bool, tmp_path: Path
+) -> None:
+    """Two tasks' writes expire segments under a third thread's scans and lookups
+    (``processing_threads > 1`` and a query on the loop): nothing fails, every scan answers."""
+    interval = sys.getswitchinterval()
+    # Threads switch as often as the interpreter allows, so the race shows in one run.
+    sys.setswitchinterval(1e-6)
+    try:
+        hammer(persistent, tmp_path)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def hammer(persistent: bool, tmp_path: Path) -> None:
+    spec = StoreSpec("w", STRING, JSON, persistent=persistent, retention_ms=20, segment_ms=10)
+    backend = open_window_backend(spec, tmp_path)
+    halves = [KeyRange(0, FULL.end // 2), KeyRange(FULL.end // 2 + 1, FULL.end)]
+    views = [TaskWindowStore(spec, backend, [keys], lambda k, v: None) for keys in halves]
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def task(view: TaskWindowStore, key: str) -> None:
+        try:
+            for end in range(1, 3000):
+                view.put(key, end - 1, end, end)
+        except Exception as failure:
+            failures.append(failure)
+
+    def query() -> None:
+        try:
+            while not done.is_set():
+                for view in views:
+                    view.fetch_all()
+                backend.get_window(b"k", 0, 1)
+        except Exception as failure:
+            failures.append(failure)
+
+    threads = [
+        threading.Thread(target=task, args=(view, key_in(keys)))
+        for view, keys in zip(views, halves, strict=True)
+    ]
+    reader = threading.Thread(target=query)
+    reader.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    done.set()
+    reader.join(timeout=60)
+    assert not failures, failures
+    assert [view.fetch_all()[-1][1:3] for view in views] == [(2998, 2999)] * 2
+    backend.close()
