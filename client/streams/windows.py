@@ -4,7 +4,8 @@ A time window ``[start, end)`` closes once the task's stream time reaches ``end 
 record for it after that is late and dropped, and a final result is emitted then. A session
 of one key extends while its records come less than ``gap`` apart; it closes once stream
 time passes ``end + gap + grace`` (no in-order record can extend it any more), and a record
-older than ``stream time - grace`` is late. Pure: the window store and the DSL's windowed
+is late when the session it would make, merged with those it falls within ``gap`` of, ends
+before ``stream time - grace`` (Kafka Streams' rule). Pure: the window store and the DSL's windowed
 aggregations use these rules.
 """
 
@@ -102,8 +103,9 @@ class SessionWindows:
 
     kind = "session"
 
-    def late(self, timestamp: int, stream_time: int) -> bool:
-        return timestamp + self.grace_ms < stream_time
+    def late(self, merged_end: int, stream_time: int) -> bool:
+        """Whether a record is late, by the end of the session it merges into."""
+        return merged_end + self.grace_ms < stream_time
 
     def closed(self, end: int, stream_time: int) -> bool:
         return end + self.gap_ms + self.grace_ms < stream_time

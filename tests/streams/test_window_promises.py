@@ -13,9 +13,9 @@ import pytest
 
 from client.protocol.keyspace import KeyRange, key_hash
 from client.streams import JSON, STRING, StoreSpec
-from client.streams.dsl import session, tumbling
+from client.streams.dsl import StreamsBuilder, session, tumbling
 from client.streams.window_store import TaskWindowStore, encode_change, open_window_backend
-from tests.streams.test_dsl import windowed_app
+from tests.streams.test_dsl import Offline, windowed_app
 
 MINUTE = 60_000
 FULL = KeyRange.full()
@@ -121,3 +121,38 @@ def hammer(persistent: bool, tmp_path: Path) -> None:
     assert not failures, failures
     assert [view.fetch_all()[-1][1:3] for view in views] == [(2998, 2999)] * 2
     backend.close()
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_a_session_record_is_late_by_its_merged_sessions_end(final: bool, tmp_path: Path) -> None:
+    # Gap 50, grace 5. a@96, then z@101: stream time 101, records before 96 are old. a@90
+    # merges with [96, 96], which ends at 96, not before it: Kafka Streams counts it.
+    run = windowed_app(session(50, grace_ms=5), final=final, tmp_path=tmp_path)
+    for key, stamp in [("a", 96), ("z", 101), ("a", 90), ("a", 20), ("z", 1000)]:
+        run.send("views", key.encode(), b"{}", stamp)
+    rows = [(k.decode(), *json.loads(v)) for k, v in run.out["out"] if v is not None]
+    latest = {(key, start, end): n for key, start, end, n in rows}
+    assert latest[("a", 90, 96)] == 2
+    assert ("a", 20, 20) not in latest  # merges with nothing: late by its own time
+    if final:
+        assert sorted(rows) == [("a", 90, 96, 2), ("z", 101, 101, 1)]
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_a_table_table_join_retracts_only_results_that_existed(left: bool, tmp_path: Path) -> None:
+    builder = StreamsBuilder()
+    names = builder.table("names", key_serde=STRING, value_serde=JSON, persistent=False)
+    places = builder.table("places", key_serde=STRING, value_serde=JSON, persistent=False)
+    names.join(places, lambda name, place: [name, place], left=left).to_stream().to("joined")
+    run = Offline(builder.build(), tmp_path)
+    run.send("places", b"k", b'"north"', 1)  # no name: no result either way
+    run.send("places", b"k", None, 2)  # nothing to retract
+    run.send("names", b"k", b'"Ann"', 3)
+    run.send("places", b"k", b'"south"', 4)
+    run.send("places", b"k", None, 5)
+    run.send("names", b"k", None, 6)
+    joined = [None if v is None else json.loads(v) for _, v in run.out["joined"]]
+    if left:
+        assert joined == [["Ann", None], ["Ann", "south"], ["Ann", None], None]
+    else:
+        assert joined == [["Ann", "south"], None]
