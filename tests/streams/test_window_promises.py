@@ -156,3 +156,27 @@ def test_a_table_table_join_retracts_only_results_that_existed(left: bool, tmp_p
         assert joined == [["Ann", None], ["Ann", "south"], ["Ann", None], None]
     else:
         assert joined == [["Ann", "south"], None]
+
+
+def test_a_quiet_table_does_not_hold_final_windows_back(tmp_path: Path) -> None:
+    # The review's M7: stream.join(table) ... final() in one sub-topology; the table
+    # delivered once and went quiet.
+    builder = StreamsBuilder()
+    customers = builder.table("customers", key_serde=STRING, value_serde=JSON, persistent=False)
+    (
+        builder.stream("orders", key_serde=STRING, value_serde=JSON)
+        .join(customers, lambda order, customer: order)
+        .group_by_key()
+        .windowed_by(tumbling(100))
+        .count()
+        .final()
+        .to_stream()
+        .map(lambda w, n: (w.key, [w.start, w.end, n]), key_serde=STRING)
+        .to("out")
+    )
+    run = Offline(builder.build(), tmp_path)
+    assert len(run.built.subtopologies) == 1
+    run.send("customers", b"c", b"{}", 1)
+    for stamp in (10, 20, 500):
+        run.send("orders", b"c", b"1", stamp)
+    assert [json.loads(v or b"") for _, v in run.out["out"]] == [[0, 100, 2]]
