@@ -83,6 +83,10 @@ class WindowBackend:
         # partition, and expiry follows the one furthest behind, never dropping a window a
         # lagging task has yet to close (its final result included).
         self._views: weakref.WeakSet[TaskWindowStore] = weakref.WeakSet()
+        # The standby ranges tailed into this engine, each with the latest window end tailed:
+        # their owners are other instances, each at its own stream time, and expiry waits
+        # for the one furthest behind as it does for a lagging task.
+        self._tails: dict[KeyRange, int] = {}
         # The highest segment written, and the lowest one not expired.
         self._top = max(self._segments, default=-1)
         self._floor = -1
@@ -108,9 +112,30 @@ class WindowBackend:
         of it is hidden, as its segment's windows are)."""
         return end // self._segment_ms < self._floor
 
+    def tail(self, keys: KeyRange) -> BytesStore:
+        """Where a standby of ``keys`` writes what it tails: the engine, with the range's
+        own clock kept (until ``untail``) so that no other range's progress expires it."""
+        with self._lock:
+            self._tails.setdefault(keys, -1)
+            self._floor = min(self._floor, self._floor_at(self._stream_time()))
+        return _Tail(self, keys)
+
+    def tailed(self, keys: KeyRange, end: int) -> None:
+        """The standby of ``keys`` tailed a window ending at ``end`` (before writing it: the
+        range's own write never expires what it still needs)."""
+        with self._lock:
+            if end > self._tails.get(keys, end):
+                self._tails[keys] = end
+
+    def untail(self, keys: KeyRange) -> None:
+        """The standby of ``keys`` stopped (dropped, or an active task's now)."""
+        with self._lock:
+            self._tails.pop(keys, None)
+
     def _stream_time(self) -> int:
-        views = [view.observed for view in self._views]
-        return min(views) if views else self.observed
+        clocks = [view.observed for view in self._views]
+        clocks.extend(self._tails.values())
+        return min(clocks) if clocks else self.observed
 
     # ---------------------------------------------------------------- windows
 
@@ -230,6 +255,44 @@ class WindowBackend:
         for index in [index for index in self._segments if index < self._floor]:
             self._segments.pop(index).close()
             self._drop_segment(index)
+
+
+class _Tail:
+    """A standby range's writes into a ``WindowBackend`` (see ``WindowBackend.tail``)."""
+
+    def __init__(self, backend: WindowBackend, keys: KeyRange) -> None:
+        self._backend = backend
+        self._keys = keys
+
+    def get(self, key: bytes) -> bytes | None:
+        return None
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.apply([(key, value)])
+
+    def delete(self, key: bytes) -> None:
+        self._backend.delete(key)
+
+    def apply(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
+        backend = self._backend
+        for key, value in changes:
+            if value is None:
+                backend.delete(key)
+                continue
+            start, end, flags, payload = decode_change(value)
+            backend.tailed(self._keys, end)
+            backend.put_window(key, start, end, flags, payload)
+
+    def scan(
+        self, low: bytes | None = None, high: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return self._backend.scan(low, high)
+
+    def flush(self) -> None:
+        self._backend.flush()
+
+    def close(self) -> None:
+        return None
 
 
 def open_window_backend(spec: StoreSpec, directory: Path | None) -> WindowBackend:

@@ -180,3 +180,23 @@ def test_a_quiet_table_does_not_hold_final_windows_back(tmp_path: Path) -> None:
     for stamp in (10, 20, 500):
         run.send("orders", b"c", b"1", stamp)
     assert [json.loads(v or b"") for _, v in run.out["out"]] == [[0, 100, 2]]
+
+
+def test_standbys_of_two_owners_expire_each_by_its_own_clock() -> None:
+    """Two standby ranges tailed into one engine, their owners far apart in stream time:
+    the slower range keeps its open windows until it moves on, and a standby that stopped
+    holds nothing back."""
+    retained = StoreSpec("w", STRING, JSON, retention_ms=2 * MINUTE, segment_ms=MINUTE)
+    backend = open_window_backend(retained, None)
+    low, high = KeyRange(0, FULL.end // 2), KeyRange(FULL.end // 2 + 1, FULL.end)
+    slow_key, fast_key = key_in(low).encode(), key_in(high).encode()
+    slow, fast = backend.tail(low), backend.tail(high)
+    slow.apply([(slow_key, encode_change(4 * MINUTE, 5 * MINUTE, 0, b"1"))])
+    fast.apply(
+        [(fast_key, encode_change(m * MINUTE, (m + 1) * MINUTE, 0, b"1")) for m in range(40)]
+    )
+    assert backend.get_window(slow_key, 4 * MINUTE, 5 * MINUTE) == (0, b"1")
+    backend.untail(low)
+    fast.apply([(fast_key, encode_change(50 * MINUTE, 51 * MINUTE, 0, b"1"))])
+    assert backend.get_window(slow_key, 4 * MINUTE, 5 * MINUTE) is None
+    assert backend.get_window(fast_key, 0, MINUTE) is None
