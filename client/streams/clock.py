@@ -1,7 +1,9 @@
 """A task's inputs, stream time and the next-record choice (KIP-28's synchronization).
 
 - partition time: the largest timestamp processed from that input;
-- stream time: the smallest partition time over the inputs that have one, never going back;
+- stream time: the largest partition time over the inputs (Kafka Streams since 2.1, KIP-353):
+  an input gone quiet never holds windows open, lateness or stream-time punctuations back,
+  as the smallest (KIP-28's first rule) did;
 - next record: the buffered head with the lowest timestamp (ties: the input listed first);
 - idle wait: while an input has nothing buffered, the task waits up to ``max_idle_ms`` for it
   before it processes what the others hold, so a join sees both sides in timestamp order.
@@ -109,6 +111,5 @@ class TaskInputs:
     def _advance(self, name: Hashable, timestamp: int) -> None:
         if timestamp > self._partition_time[name]:
             self._partition_time[name] = timestamp
-        known = [time for time in self._partition_time.values() if time != NO_TIME]
-        if known:
-            self._stream_time = max(self._stream_time, min(known))
+            if timestamp > self._stream_time:
+                self._stream_time = timestamp

@@ -38,6 +38,7 @@ from client.streams.standby_plan import standby_ranges
 from client.streams.state import StateManager
 from client.streams.task import TaskId
 from client.streams.topology import BuiltTopology
+from client.streams.window_store import WindowBackend
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class Standbys:
                     self._pass.cancel()
                 self._tailing = None
             self.standbys.pop(standby)
+            self._untail(standby)
             logger.info("standby becomes active", extra={"task": str(standby)})
         self._member.report_standbys(self.slices())
 
@@ -213,11 +215,15 @@ class Standbys:
             start = self._state.restore_from(store, task_id.partition, task_id.keys)
         progress = RestoreProgress(store, task_id.partition, [task_id.keys], start)
         self._tailing = (task_id, store, progress)
+        backend = self._state.backend(store, task_id.partition)
+        if isinstance(backend, WindowBackend):
+            # Expiry by this range's own clock, not by the other ranges on the engine.
+            backend = backend.tail(task_id.keys)
         try:
             await self._restorer.restore(
                 self._topology.stores[store].changelog_topic(self._application_id),
                 progress,
-                self._state.backend(store, task_id.partition),
+                backend,
             )
         finally:
             if self._tailing is not None and self._tailing[2] is progress:
@@ -242,6 +248,7 @@ class Standbys:
     def _drop(self, task_id: TaskId, *, delete: bool) -> None:
         if self.standbys.pop(task_id, None) is None:
             return
+        self._untail(task_id)
         if self._tailing is not None and self._tailing[0] == task_id and self._pass is not None:
             self._pass.cancel()
             self._tailing = None
@@ -251,6 +258,13 @@ class Standbys:
                 self._application_id, store, task_id.partition, task_id.keys, delete=delete
             )
         logger.info("standby closed", extra={"task": str(task_id), "deleted": delete})
+
+    def _untail(self, task_id: TaskId) -> None:
+        """A window store's expiry no longer waits for this standby's clock."""
+        for store in self._topology.subtopologies[task_id.subtopology].stores:
+            backend = self._state.backend(store, task_id.partition)
+            if isinstance(backend, WindowBackend):
+                backend.untail(task_id.keys)
 
 
 @contextlib.asynccontextmanager

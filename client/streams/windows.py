@@ -4,7 +4,8 @@ A time window ``[start, end)`` closes once the task's stream time reaches ``end 
 record for it after that is late and dropped, and a final result is emitted then. A session
 of one key extends while its records come less than ``gap`` apart; it closes once stream
 time passes ``end + gap + grace`` (no in-order record can extend it any more), and a record
-older than ``stream time - grace`` is late. Pure: the window store and the DSL's windowed
+is late when the session it would make, merged with those it falls within ``gap`` of, ends
+before ``stream time - grace`` (Kafka Streams' rule). Pure: the window store and the DSL's windowed
 aggregations use these rules.
 """
 
@@ -39,8 +40,15 @@ class TimeWindows:
         _check("grace_ms", self.grace_ms, 0)
         if self.advance_ms > self.size_ms:
             raise ValueError("advance_ms larger than size_ms would leave gaps between windows")
-        if self.retention_ms is not None and self.retention_ms < self.grace_ms:
-            raise ValueError("retention_ms shorter than grace_ms drops windows still open")
+        # The store expires by the latest window end written, up to a size ahead of stream
+        # time: a retention below size + grace drops windows still open (Kafka Streams
+        # refuses it with the same rule).
+        if self.retention_ms is not None and self.retention_ms < self.size_ms + self.grace_ms:
+            raise ValueError(
+                f"retention_ms ({self.retention_ms}) must be no smaller than the window size "
+                f"plus the grace period (size_ms {self.size_ms} + grace_ms {self.grace_ms} = "
+                f"{self.size_ms + self.grace_ms}): a shorter one drops windows still open"
+            )
 
     @property
     def kind(self) -> str:
@@ -61,7 +69,7 @@ class TimeWindows:
         return end + self.grace_ms <= stream_time
 
     def store_retention_ms(self) -> int:
-        """How long after its end the store keeps a window (at least the grace period)."""
+        """How long after its end the store keeps a window (at least size + grace)."""
         return self.retention_ms if self.retention_ms is not None else self.grace_ms + self.size_ms
 
 
@@ -87,12 +95,17 @@ class SessionWindows:
         _check("gap_ms", self.gap_ms, 1)
         _check("grace_ms", self.grace_ms, 0)
         if self.retention_ms is not None and self.retention_ms < self.gap_ms + self.grace_ms:
-            raise ValueError("retention_ms shorter than gap_ms + grace_ms drops open sessions")
+            raise ValueError(
+                f"retention_ms ({self.retention_ms}) must be no smaller than the inactivity gap "
+                f"plus the grace period (gap_ms {self.gap_ms} + grace_ms {self.grace_ms} = "
+                f"{self.gap_ms + self.grace_ms}): a shorter one drops sessions still open"
+            )
 
     kind = "session"
 
-    def late(self, timestamp: int, stream_time: int) -> bool:
-        return timestamp + self.grace_ms < stream_time
+    def late(self, merged_end: int, stream_time: int) -> bool:
+        """Whether a record is late, by the end of the session it merges into."""
+        return merged_end + self.grace_ms < stream_time
 
     def closed(self, end: int, stream_time: int) -> bool:
         return end + self.gap_ms + self.grace_ms < stream_time

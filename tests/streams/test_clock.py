@@ -31,7 +31,7 @@ def test_an_empty_input_is_waited_for_up_to_the_idle_time() -> None:
     assert choice[1].record == "o5"
 
 
-def test_stream_time_is_the_smallest_partition_time_and_never_goes_back() -> None:
+def test_stream_time_is_the_largest_partition_time_and_never_goes_back() -> None:
     inputs = TaskInputs(["a", "b"])
     assert inputs.stream_time == NO_TIME
     for name, timestamp in [("a", 100), ("b", 50), ("a", 20), ("b", 200)]:
@@ -43,7 +43,19 @@ def test_stream_time_is_the_smallest_partition_time_and_never_goes_back() -> Non
     assert inputs.partition_time("a") == 100
     assert inputs.partition_time("b") == 200
     assert times == sorted(times)
-    assert inputs.stream_time == 100
+    assert inputs.stream_time == 200
+
+
+def test_a_quiet_input_holds_stream_time_back_no_more() -> None:
+    # A join's table delivered once, then went quiet: the stream's records move time on.
+    inputs = TaskInputs(["orders", "customers"])
+    inputs.add("customers", 10, None)
+    inputs.add("orders", 20, None)
+    inputs.add("orders", 500, None)
+    while inputs.choose(0) is not None:
+        pass
+    assert inputs.partition_time("customers") == 10
+    assert inputs.stream_time == 500
 
 
 @given(

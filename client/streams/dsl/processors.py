@@ -161,8 +161,10 @@ class StreamTableJoin(Processor):
 
 class TableTableJoinSide(Processor):
     """One side of a table-table join: a change of this side met with the other side's
-    current value. A join result that stops existing (this side deleted, or an inner join's
-    other side missing) forwards a tombstone."""
+    current value. A join result that stops existing (this side deleted while the other has
+    a value) forwards a tombstone; a change meeting no value on a side the join needs (either
+    side of an inner join, the left side of a left join) forwards nothing, as in Kafka
+    Streams: there was no result to retract."""
 
     def __init__(
         self, other_store: str, joiner: Callable[[Any, Any], Any], *, this_is_left: bool, left: bool
@@ -181,6 +183,8 @@ class TableTableJoinSide(Processor):
         if key is None:
             return
         other = self._other.get(key)
+        if other is None and not (self._left and self._this_is_left):
+            return
         left_value, right_value = (value, other) if self._this_is_left else (other, value)
         if left_value is None or (right_value is None and not self._left):
             self.context.forward(key, None)

@@ -8,7 +8,8 @@ emits it again nor lets a replayed record change it. Closing is looked for only 
 time reaches the earliest end among the windows not yet emitted, which the processor keeps
 in memory (read from the store once at ``init``, after the restore), and before a record's
 own writes, which may expire the store's old segments: a window the store expires has
-closed (its retention is at least the grace period), so it was emitted first.
+closed (its retention is at least its size plus the grace period, and the store
+expires by the latest window end, at most a size past stream time), so it was emitted first.
 """
 
 from __future__ import annotations
@@ -142,20 +143,21 @@ class SessionAggregate(_Windowed):
         if key is None or value is None:
             return
         timestamp = self.context.timestamp
-        if self._windows.late(timestamp, self.context.stream_time):
-            self.late += 1
-            return
         if self._emit.final:
             self._emit_closed()
         gap = self._windows.gap_ms
         merged = self._store.sessions(key, timestamp - gap, timestamp + gap)
-        if any(final for _, _, _, final in merged):
+        start = min([timestamp, *(old_start for old_start, _, _, _ in merged)])
+        end = max([timestamp, *(old_end for _, old_end, _, _ in merged)])
+        # Late by the merged session's end, as in Kafka Streams: an old record that extends
+        # a session still open counts.
+        if self._windows.late(end, self.context.stream_time) or any(
+            final for _, _, _, final in merged
+        ):
             self.late += 1
             return
-        start, end = timestamp, timestamp
         aggregate = self._initializer()
         for old_start, old_end, old_value, _ in merged:
-            start, end = min(start, old_start), max(end, old_end)
             aggregate = self._merger(key, aggregate, old_value)
             self._store.put(key, old_start, old_end, None)
             if not self._emit.final:
