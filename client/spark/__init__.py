@@ -8,6 +8,8 @@ workers without PySpark are unaffected.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -61,7 +63,22 @@ def register(spark: SparkSession, *, allow_speculation: bool = False) -> None:
             "processed twice at once",
             extra={"setting": SPECULATION},
         )
+    _warn_of_python_workers(spark)
     spark.dataSource.register(KeyrangeDataSource)
+
+
+def _warn_of_python_workers(spark: SparkSession) -> None:
+    """On a local master Spark starts its Python workers with ``PYSPARK_PYTHON``, else
+    ``python3`` from PATH: outside the environment that has aiokafka, every read fails in the
+    workers with ``No module named 'aiokafka'``, far from the cause."""
+    master = str(spark.conf.get("spark.master", "") or "")
+    chosen = os.environ.get("PYSPARK_PYTHON") or spark.conf.get("spark.pyspark.python", None)
+    if master.startswith("local") and not chosen:
+        logger.warning(
+            "Spark's Python workers will run `python3` from PATH, not this interpreter; set "
+            f"PYSPARK_PYTHON={sys.executable} before the session starts (docs/spark.md)",
+            extra={"master": master},
+        )
 
 
 def enable_commits(

@@ -122,6 +122,10 @@ class Subscription:
     assign: tuple[TopicPartition, ...] = ()
 
 
+# The option ``plan_batch_read`` adds to the options it pins (lower case, as options are read).
+PLANNED_BATCH_OPTION = "keyrange.planned_batch"
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """What the reader needs: where to read, how to slice, where to start and stop."""
@@ -146,6 +150,12 @@ class SourceOptions:
     include_headers: bool = False
     poll_timeout_s: float = 60.0
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    # Leave out records the group has processed: by default only when the group's position
+    # chose the start (``startingOffsets`` unset or ``committed``); an explicit start reads
+    # every record from there, as Spark's own source does.
+    skip_processed: bool = True
+    # Set by ``plan_batch_read`` on the options it pins: the read is reported by its commit.
+    planned_batch: bool = False
 
     @property
     def uses_coordinator(self) -> bool:
@@ -222,6 +232,10 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         include_headers=_boolean(lowered, "includeheaders", "false"),
         poll_timeout_s=_positive_int(lowered, "kafkaconsumer.polltimeoutms", "60000") / 1000,
         kafka=_kafka(lowered, "consumer"),
+        skip_processed=_boolean(
+            lowered, "skip_processed", "true" if starting == "committed" else "false"
+        ),
+        planned_batch=_boolean(lowered, PLANNED_BATCH_OPTION, "false"),
     )
 
 

@@ -43,6 +43,7 @@ from client.spark.commit import CommitFailed, commit_positions
 from client.spark.kafka import ClusterView
 from client.spark.log_reset import reset_stream_past_end
 from client.spark.options import (
+    PLANNED_BATCH_OPTION,
     OptionError,
     SourceOptions,
     includes_headers,
@@ -116,8 +117,16 @@ class KeyrangeBatchReader(DataSourceReader):
         self._options = options
 
     def partitions(self) -> list[InputPartition]:
-        spans = asyncio.run(resolve_spans(self._options))
-        return asyncio.run(plan_partitions(self._options, spans))
+        options = self._options
+        if options.group is not None and not options.planned_batch:
+            logger.warning(
+                f"a batch read reports nothing to group {options.group!r} by itself: plan it "
+                "with client.spark.plan_batch_read(...) and call its commit() once the output "
+                "is written (docs/spark.md, Quick start)",
+                extra={"group": options.group},
+            )
+        spans = asyncio.run(resolve_spans(options))
+        return asyncio.run(plan_partitions(options, spans))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self._options, partition)
@@ -274,7 +283,11 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
 async def plan_partitions(
     options: SourceOptions, spans: Sequence[PartitionSpan]
 ) -> list[InputPartition]:
-    committed = await fetch_committed(options, sorted({span.topic for span in spans}))
+    committed = (
+        await fetch_committed(options, sorted({span.topic for span in spans}))
+        if options.skip_processed
+        else {}
+    )
     total = sum(span.end - span.start for span in spans)
     counts = {
         span.topic_partition: slices_for(span.end - span.start, total, options) for span in spans
@@ -327,7 +340,12 @@ def plan_batch_read(options: Mapping[str, str]) -> BatchRead:
     source = parse_source_options(options)
     spans = tuple(asyncio.run(resolve_spans(source)))
     # The pinned offsets replace whatever chose them (an alias, a timestamp form).
-    pinned = {key: value for key, value in options.items() if key.lower() not in _BOUNDS}
+    replaced = _BOUNDS | {"skip_processed", PLANNED_BATCH_OPTION}
+    pinned = {key: value for key, value in options.items() if key.lower() not in replaced}
     pinned["startingOffsets"] = offsets_to_json({s.topic_partition: s.start for s in spans})
     pinned["endingOffsets"] = offsets_to_json({s.topic_partition: s.end for s in spans})
+    # The pinned JSON start is explicit; whether the group's progress applies stays as the
+    # options the read was planned from said.
+    pinned["skip_processed"] = "true" if source.skip_processed else "false"
+    pinned[PLANNED_BATCH_OPTION] = "true"
     return BatchRead(options=pinned, spans=spans, source=source)
