@@ -9,6 +9,7 @@ member's standbys until told otherwise, and an idle member's reason repeats on e
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from client.http import HeartbeatReply, IdleNotice, Slices, StuckCall
@@ -20,9 +21,17 @@ logger = logging.getLogger(__name__)
 class Reports:
     """The stuck calls last reported and the idle reason last logged, for one member."""
 
-    def __init__(self, group_id: str, stuck_calls: Callable[[], list[StuckCall]]) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        stuck_calls: Callable[[], list[StuckCall]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._group_id = group_id
         self._stuck_calls = stuck_calls
+        self._clock = clock
+        # Since when replies have given this member nothing for the same reason.
+        self._idle_since: tuple[IdleNotice, float] | None = None
         # The stuck calls last reported (which calls, not how long they ran): a heartbeat
         # reports them again only when they change, an empty list clearing them.
         self._stuck_reported: frozenset[tuple[str, int, int, int]] = frozenset()
@@ -74,28 +83,42 @@ class Reports:
         self._standbys_stored = {}
 
     def log_idle(self, reply: HeartbeatReply) -> None:
-        """Once per reason: a member left idle by a switch is otherwise silent, and looks
-        like a member that is simply waiting for records."""
+        """Once per reason, once it has lasted a session: a member left idle by a switch is
+        otherwise silent, and looks like a member that is simply waiting for records.
+
+        Right after a rejoin (a coordinator freeze, a lost session) the partitions can still
+        be held by this process's own earlier membership until its session expires; the
+        reply then names the switch although waiting is all it takes. An idle reason that
+        outlasts the session timeout is no such race."""
         if reply.assignment:
             self._idle_logged = None
+            self._idle_since = None
             return
-        if reply.idle is None or reply.idle == self._idle_logged:
+        now = self._clock()
+        if reply.idle is not None and (
+            self._idle_since is None or self._idle_since[0] != reply.idle
+        ):
+            self._idle_since = (reply.idle, now)
+        if self._idle_since is None:
             return
-        self._idle_logged = reply.idle
+        idle, since = self._idle_since
+        if idle == self._idle_logged or now - since < reply.session_timeout_ms / 1000:
+            return
+        self._idle_logged = idle
         hint = ""
-        if reply.idle.switch == "accept.range.fetch":
+        if idle.switch == "accept.range.fetch":
             hint = (
                 "; or from Python, with an admin token: "
                 "await CoordinatorClient(url, token=...).set_accept_range_fetch(topic)"
             )
         logger.warning(
             "this member gets no records: %s%s",
-            reply.idle.message,
+            idle.message,
             hint,
             extra={
                 "group_id": self._group_id,
                 "member_id": reply.member_id,
-                "switch": reply.idle.switch,
-                "topics": list(reply.idle.topics),
+                "switch": idle.switch,
+                "topics": list(idle.topics),
             },
         )
