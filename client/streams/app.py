@@ -166,6 +166,7 @@ class StreamsApp:
             coordinator_url=self.config.coordinator_url,
             group_id=self.config.application_id,
             name=lambda: self.config.instance_id or self.member_id,
+            credential=self.config.token,
         )
         self._consumer.endpoint = self._query_server.endpoint
 

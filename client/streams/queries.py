@@ -18,6 +18,8 @@ Streams with its stream threads.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from client.http import CoordinatorClient, GroupOwners, KeyOwner
 from client.protocol.keyspace import key_hash
 from client.streams.errors import StreamsError, UnknownStore
 from client.streams.runtime import StreamsRuntime
+from client.streams.stores import TaskStore
 from client.streams.task import StreamTask
 from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
 
@@ -71,6 +74,8 @@ class WindowReads(Protocol):
     def fetch_range(
         self, low: Any, high: Any, time_from: int, time_to: int
     ) -> list[tuple[Any, int, int, Any]]: ...
+
+    def fetch_all(self, time_from: int, time_to: int) -> list[tuple[Any, int, int, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -172,19 +177,22 @@ class StoreQueries:
             endpoint=None if owner is None else owner.endpoint,
         )
 
-    def local_range(self, store: str, low: Any, high: Any) -> list[tuple[Any, Any]]:
-        """This instance's keys of ``store`` in ``[low, high]`` (both None: all of them), in
-        the order of their serialized bytes, as the stores keep them."""
+    def local_range(self, store: str, low: Any, high: Any, count: int) -> list[tuple[Any, Any]]:
+        """This instance's first ``count`` keys of ``store`` in ``[low, high]`` (both None:
+        all of them), in the order of their serialized bytes, as the stores keep them. Each
+        task's store is read only as far as the answer needs (``TaskStore.scan``)."""
         spec = self.spec(store)
-        pairs: list[tuple[Any, Any]] = []
+        scans = []
         for task in self._active_tasks(store):
             view = task.stores[store]
-            if isinstance(view, WindowReads):
+            if isinstance(view, WindowReads) or not isinstance(view, TaskStore):
                 raise NotAKeyValueStore(
                     f"store '{store}' is a window store: scan it with /windows and a time range"
                 )
-            pairs.extend(view.all() if low is None and high is None else view.range(low, high))
-        return sorted(pairs, key=lambda pair: spec.key_serde.serialize(pair[0]) or b"")
+            scans.append(view.scan(low, high))
+        serialized = spec.key_serde.serialize
+        merged = heapq.merge(*scans, key=lambda pair: serialized(pair[0]) or b"")
+        return list(itertools.islice(merged, count))
 
     def windows(self, located: Located, key: Any, time_from: int, time_to: int) -> list[Any]:
         """One key's windows from its local task (``located.task`` must be set)."""
@@ -192,15 +200,21 @@ class StoreQueries:
         return list(_window_reads(located.task, located.spec.name).fetch(key, time_from, time_to))
 
     def local_window_range(
-        self, store: str, low: Any, high: Any, time_from: int, time_to: int
+        self, store: str, low: Any, high: Any, time_from: int, time_to: int, count: int
     ) -> list[tuple[Any, int, int, Any]]:
-        """This instance's windows of keys in ``[low, high]`` starting in the time range."""
+        """This instance's first ``count`` windows of keys in ``[low, high]`` (both None:
+        every key) starting in the time range, in key then start order."""
         spec = self.spec(store)
         found: list[tuple[Any, int, int, Any]] = []
         for task in self._active_tasks(store):
-            found.extend(_window_reads(task, store).fetch_range(low, high, time_from, time_to))
-        return sorted(
-            found, key=lambda entry: (spec.key_serde.serialize(entry[0]) or b"", entry[1])
+            reads = _window_reads(task, store)
+            if low is None and high is None:
+                found.extend(reads.fetch_all(time_from, time_to))
+            else:
+                found.extend(reads.fetch_range(low, high, time_from, time_to))
+        serialized = spec.key_serde.serialize
+        return heapq.nsmallest(
+            count, found, key=lambda entry: (serialized(entry[0]) or b"", entry[1])
         )
 
     def _subtopology(self, store: str) -> SubTopology:
