@@ -89,16 +89,10 @@ class CallerCheck:
             # The group does not exist yet: the coordinator checked the token for it first.
             verdict = None
         else:
-            return Refusal(
-                503,
-                "COORDINATOR_UNAVAILABLE",
-                f"cannot check the token: the coordinator answered {reply.status_code}"
-                + (
-                    " without its error name (is coordinator_url right?)"
-                    if reply.status_code == 404
-                    else ""
-                ),
-            )
+            detail = f"cannot check the token: the coordinator answered {reply.status_code}"
+            if reply.status_code == 404:
+                detail += " without its error name (is coordinator_url right?)"
+            return Refusal(503, "COORDINATOR_UNAVAILABLE", detail)
         self._keep(digest, verdict, time.monotonic())
         return verdict
 

@@ -120,10 +120,10 @@ class Routes:
             if rest[0] == "keys" and len(rest) in (2, 3) and rest[2:] in ([], ["windows"]):
                 raw_key = unquote_to_bytes(rest[1])
                 key = _key(spec.key_serde, raw_key, params)
+                windows = len(rest) == 3
                 onward = f"/v1/stores/{quote(store, safe='')}/keys/{quote(raw_key, safe='')}"
-                if len(rest) == 3:
-                    onward += "/windows"
-                return await self._one_key(request, onward, store, key, params)
+                onward += "/windows" if windows else ""
+                return await self._one_key(request, onward, store, key, params, windows=windows)
             return Answer.problem(404, "NOT_FOUND", f"no route {request.path}")
         except UnknownStore as error:
             return Answer.problem(404, "UNKNOWN_STORE", str(error).strip("'\""))
@@ -135,7 +135,14 @@ class Routes:
             return Answer.problem(400, "INVALID_REQUEST", str(error))
 
     async def _one_key(
-        self, request: Request, onward: str, store: str, key: Any, params: dict[str, str]
+        self,
+        request: Request,
+        onward: str,
+        store: str,
+        key: Any,
+        params: dict[str, str],
+        *,
+        windows: bool,
     ) -> Answer:
         """``onward``: the request's path rebuilt from the store and key it named, for the
         key's owner."""
@@ -144,7 +151,7 @@ class Routes:
             return await self._elsewhere(request, onward, located, params)
         served = {"store": store, **_rendered("key", key, located.spec.key_serde)}
         served["served_by"] = self._name()
-        if onward.endswith("/windows"):
+        if windows:
             time_from, time_to = _times(params)
             found = self._queries.windows(located, key, time_from, time_to)
             served["windows"] = [
@@ -197,9 +204,9 @@ class Routes:
         if params.get("redirect", "false") == "true":
             document = {"owner": owner.name, "endpoint": owner.endpoint}
             return Answer(307, document, {"Location": target})
-        return await self._forward(request, owner, target)
+        return await self._forward(owner, target)
 
-    async def _forward(self, request: Request, owner: KeyOwner, target: str) -> Answer:
+    async def _forward(self, owner: KeyOwner, target: str) -> Answer:
         headers = {self.FORWARDED_HEADER: self._name() or "-"}
         if self._credential is not None:
             headers["Authorization"] = f"Bearer {self._credential}"
@@ -233,7 +240,7 @@ class Routes:
     async def _range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
         low, high = _bounds(serde, params)
         limit = _limit(params)
-        pairs = await self._scanned(self._queries.local_range, store, low, high, limit + 1)
+        pairs = await self._scanned(self._queries.range_scan(store, low, high, limit + 1))
         entries = [
             {**_rendered("key", key, serde), **_rendered("value", value, self._values(store))}
             for key, value in pairs[:limit]
@@ -245,7 +252,7 @@ class Routes:
         time_from, time_to = _times(params)
         limit = _limit(params)
         found = await self._scanned(
-            self._queries.local_window_range, store, low, high, time_from, time_to, limit + 1
+            self._queries.window_scan(store, low, high, time_from, time_to, limit + 1)
         )
         entries = [
             {
@@ -258,10 +265,10 @@ class Routes:
         ]
         return Answer(200, self._listing(store, entries, len(found) > limit))
 
-    async def _scanned(self, scan: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    async def _scanned(self, scan: Callable[[], list[Any]]) -> list[Any]:
         """A scan's entries, read on the scans' threads: the loop meanwhile heartbeats and
         runs rounds, however big the store (a store of millions took the loop seconds)."""
-        return await asyncio.get_running_loop().run_in_executor(self._scans, scan, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._scans, scan)
 
     def _listing(self, store: str, entries: list[dict[str, Any]], truncated: bool) -> Any:
         """A scan's answer: this instance's part only, which ``served_by`` names."""
