@@ -5,6 +5,7 @@ would refuse for the group (docs/streams.md, "Queries over HTTP")."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from client.errors import EndpointNotAllowed
 from client.http import CoordinatorClient
 from client.streams import StreamsApp
 from client.streams.config import StreamsConfig
@@ -314,3 +316,30 @@ async def test_an_advertised_address_never_receives_a_callers_token_nor_its_para
     assert "secret" not in forwarded.text
     assert redirect.status_code == 307, redirect.text
     assert redirect.headers["Location"] == f"{elsewhere}/v1/stores/counts/keys/{theirs[0]}"
+
+
+async def test_an_instance_advertising_a_host_the_operator_did_not_allow_does_not_start(
+    database_url: str,
+    kafka_bootstrap: str,
+    start_coordinator: Any,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+) -> None:
+    coordinator: RunningCoordinator = await start_coordinator(
+        database_url, kafka_bootstrap=kafka_bootstrap, allowed_endpoint_hosts=["10.9.0.0/16"]
+    )
+    words, counts = await make_topic(1), await make_topic(1)
+    app = StreamsApp(
+        count_topology(words, counts),
+        StreamsConfig(
+            application_id=f"iq-refused-{words}",
+            bootstrap_servers=kafka_bootstrap,
+            coordinator_url=coordinator.url,
+            state_dir=tmp_path,
+            show_progress=False,
+            query_port=0,
+            query_advertised_url="http://169.254.169.254",
+        ),
+    )
+    with pytest.raises(EndpointNotAllowed, match="allowed_endpoint_hosts"):
+        await asyncio.wait_for(app.run(), 60)
