@@ -46,8 +46,8 @@ async def server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[str, in
             await served.stop()
 
 
-def connection_threads() -> int:
-    return sum("process_request_thread" in t.name for t in threading.enumerate())
+def connection_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
 
 
 def trickle(address: tuple[str, int], give_up_s: float) -> float | None:
@@ -76,7 +76,7 @@ async def test_a_caller_trickling_its_headers_is_cut_at_the_deadline(
 ) -> None:
     closed_after = await asyncio.to_thread(trickle, server, 8.0)
     assert closed_after is not None, "a byte a second kept the connection open past 8 s"
-    assert closed_after < 2.0 + 1.5, closed_after
+    assert closed_after < 2.0 + 2.5, closed_after
 
 
 def idle(address: tuple[str, int]) -> socket.socket:
@@ -86,22 +86,24 @@ def idle(address: tuple[str, int]) -> socket.socket:
 
 
 async def test_connections_past_the_cap_are_refused_without_a_thread(
-    server: tuple[str, int],
+    server: tuple[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Idle connections stay open for the whole test: the cap, not the deadline, is tested.
+    monkeypatch.setattr(query_server, "READ_TIMEOUT_S", 60.0)
     before = connection_threads()
     callers = [await asyncio.to_thread(idle, server) for _ in range(4)]
-    await until(lambda: connection_threads() - before == 4, 10, "four connections served")
+    await until(lambda: len(connection_threads() - before) == 4, 10, "four connections served")
     extra = [await asyncio.to_thread(idle, server) for _ in range(6)]
     try:
         for caller in extra:
             answer = await asyncio.to_thread(caller.recv, 4096)
             assert answer.startswith(b"HTTP/1.0 503"), answer
             assert b'"error": "BUSY"' in answer
-        assert connection_threads() - before == 4
+        assert len(connection_threads() - before) == 4
     finally:
         for caller in callers + extra:
             caller.close()
-    await until(lambda: connection_threads() == before, 10, "the connections' threads ended")
+    await until(lambda: not connection_threads() - before, 10, "the connections' threads ended")
 
     async with httpx.AsyncClient(timeout=10) as http:
         reply = await http.get(f"http://{server[0]}:{server[1]}/v1/stores/counts/range")
