@@ -28,6 +28,7 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ from client.streams.serde import Serde
 DEFAULT_LIMIT = 1_000
 MAX_LIMIT = 10_000
 TIME_MAX = 2**63 - 1
+logger = logging.getLogger(__name__)
+
 _PROBLEM = "application/problem+json"
 # What a one-key request may carry on to the key's owner: the route's own parameters, none
 # of the caller's others.
@@ -82,6 +85,11 @@ class Answer:
 
 class _BadRequest(Exception):
     pass
+
+
+class _StoreChanged(Exception):
+    """A scan met its stores changing under it (a revocation closing one, a window segment
+    dropped): the caller retries."""
 
 
 class Routes:
@@ -133,6 +141,8 @@ class Routes:
             return Answer.problem(400, "NOT_A_KEY_VALUE_STORE", str(error))
         except (_BadRequest, StreamsError) as error:
             return Answer.problem(400, "INVALID_REQUEST", str(error))
+        except _StoreChanged as error:
+            return Answer.problem(503, "STORE_CHANGED", str(error), retry_after=1)
 
     async def _one_key(
         self,
@@ -268,7 +278,13 @@ class Routes:
     async def _scanned(self, scan: Callable[[], list[Any]]) -> list[Any]:
         """A scan's entries, read on the scans' threads: the loop meanwhile heartbeats and
         runs rounds, however big the store (a store of millions took the loop seconds)."""
-        return await asyncio.get_running_loop().run_in_executor(self._scans, scan)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._scans, scan)
+        except Exception as error:
+            # Off the loop, the tasks chosen may be revoked and their stores closed while
+            # the scan reads: whatever the store then raises means "ask again".
+            logger.info("a scan failed as its stores changed", exc_info=True)
+            raise _StoreChanged(f"the stores changed during the scan; retry ({error})") from None
 
     def _listing(self, store: str, entries: list[dict[str, Any]], truncated: bool) -> Any:
         """A scan's answer: this instance's part only, which ``served_by`` names."""

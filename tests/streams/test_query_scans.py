@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +22,7 @@ from client.streams import INT64, JSON, STRING, StoreSpec, Topology
 from client.streams.queries import StoreQueries
 from client.streams.routes import Request, Routes
 from client.streams.runtime import StreamsRuntime
-from client.streams.stores import RocksStore, TaskStore
+from client.streams.stores import MemoryStore, RocksStore, TaskStore
 from client.streams.window_store import TaskWindowStore, open_window_backend
 from tests.streams.harness import Count
 
@@ -140,3 +140,30 @@ async def test_a_window_scan_without_key_bounds_lists_every_key_up_to_its_limit(
         assert (len(one.body["entries"]), one.body["truncated"]) == (1, True)
         half = await routes.answer(Request("/v1/stores/windows/windows", "from=a"))
         assert (half.status, half.body["error"]) == (400, "INVALID_REQUEST")
+
+
+class ClosedUnderTheScan(MemoryStore):
+    """A store a revocation may close while a scan reads it."""
+
+    closed = False
+
+    def scan(
+        self, low: bytes | None = None, high: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        if self.closed:
+            raise RuntimeError("the store is closed")
+        yield from super().scan(low, high)
+
+
+async def test_a_scan_whose_store_closes_under_it_is_a_503_to_retry() -> None:
+    spec = StoreSpec("counts", STRING, INT64)
+    backend = ClosedUnderTheScan()
+    store = TaskStore(spec, backend, [FULL], lambda key, value: None)
+    store.put("fox", 1)
+    async with routes_over(spec, store) as routes:
+        served = await routes.answer(Request("/v1/stores/counts/range", ""))
+        assert served.body["entries"] == [{"key": "fox", "value": 1}]
+        backend.closed = True
+        answer = await routes.answer(Request("/v1/stores/counts/range", ""))
+    assert (answer.status, answer.body["error"]) == (503, "STORE_CHANGED"), answer.body
+    assert answer.headers == {"Retry-After": "1"}
