@@ -66,6 +66,13 @@ class IndividualCommitNotAllowed(KeyrangeClientError):
     error = names.INDIVIDUAL_COMMIT_NOT_ALLOWED
 
 
+class EndpointNotAllowed(KeyrangeClientError):
+    """The query endpoint this member advertises is on a host the coordinator's operator did
+    not allow (``KEYRANGE_ALLOWED_ENDPOINT_HOSTS``); the member does not join."""
+
+    error = names.ENDPOINT_NOT_ALLOWED
+
+
 class GroupNotEmpty(KeyrangeClientError):
     error = names.GROUP_NOT_EMPTY
 
@@ -147,6 +154,7 @@ ERROR_CLASSES: dict[str, type[KeyrangeClientError]] = {
             UnknownMemberId,
             IndividualCommitNotAllowed,
             GroupNotEmpty,
+            EndpointNotAllowed,
             GroupMaxSizeReached,
             GroupMaxPartitionsReached,
             MaxGroupsReached,

@@ -2,8 +2,10 @@
 ``keyrange streams``). prometheus-client comes with their extras; the SDK itself never needs
 it, so it is imported here only when a port is asked for.
 
-The HTTP server answers on a thread of its own; each scrape asks the event loop for the
-runtime's figures, so nothing reads the runtime's structures while the loop changes them.
+The HTTP server answers on a thread of its own, on ``host`` (loopback unless told: it has no
+authentication); each scrape asks the event loop for the runtime's figures, so nothing reads
+the runtime's structures while the loop changes them. Taking them is a copy of counters, no
+I/O and no store reads, so a scrape costs the loop microseconds.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class Family:
 
 
 class MetricsServer:
-    """Serves ``/metrics`` on ``port`` until ``close``; ``families`` runs on ``loop`` at each
-    scrape. ``extra`` names the package extra that brings prometheus-client."""
+    """Serves ``/metrics`` on ``host:port`` until ``close``; ``families`` runs on ``loop`` at
+    each scrape. ``extra`` names the package extra that brings prometheus-client."""
 
     def __init__(
         self,
@@ -43,6 +45,7 @@ class MetricsServer:
         loop: asyncio.AbstractEventLoop,
         *,
         extra: str,
+        host: str = "127.0.0.1",
     ) -> None:
         try:
             from prometheus_client import start_http_server
@@ -69,9 +72,9 @@ class MetricsServer:
         registry = CollectorRegistry()
         registry.register(RuntimeCollector())
         try:
-            self._server, self._thread = start_http_server(port, registry=registry)
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
         except OSError as error:
-            raise MetricsUnavailable(f"cannot serve metrics on port {port}: {error}") from None
+            raise MetricsUnavailable(f"cannot serve metrics on {host}:{port}: {error}") from None
 
     @property
     def port(self) -> int:

@@ -44,6 +44,12 @@ class Forbidden(KeyrangeError):
     title = "Forbidden"
 
 
+class EndpointNotAllowed(KeyrangeError):
+    status = 403
+    error = names.ENDPOINT_NOT_ALLOWED
+    title = "Endpoint not allowed"
+
+
 class GroupIdNotFound(KeyrangeError):
     status = 404
     error = names.GROUP_ID_NOT_FOUND

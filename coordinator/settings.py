@@ -7,7 +7,7 @@ agree on one list of names and defaults.
 from __future__ import annotations
 
 from functools import lru_cache
-from ipaddress import ip_address
+from ipaddress import ip_address, ip_network
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     # must exceed the members served by one replica, with room for commits besides.
     max_connections: int = Field(default=10_000, ge=1)
 
+    # Hosts a member may advertise as its query endpoint (docs/security.md, "Queries over
+    # HTTP"): host-name globs (``*.streams.svc.cluster.local``) or networks of literal
+    # addresses (``10.0.0.0/8``). Empty: any host, as before the setting existed.
+    allowed_endpoint_hosts: list[str] = Field(default_factory=list)
+
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: SecretStr | None) -> SecretStr | None:
@@ -162,6 +167,20 @@ class Settings(BaseSettings):
                 "database, with special characters in the password percent-encoded"
             ) from None
         return SecretStr(url)
+
+    @field_validator("allowed_endpoint_hosts")
+    @classmethod
+    def _host_patterns(cls, value: list[str]) -> list[str]:
+        patterns = [pattern.strip().lower() for pattern in value]
+        if any(not pattern for pattern in patterns):
+            raise ValueError("allowed_endpoint_hosts holds host globs or CIDRs, none empty")
+        for pattern in patterns:
+            if "/" in pattern:
+                try:
+                    ip_network(pattern, strict=False)
+                except ValueError:
+                    raise ValueError(f"allowed_endpoint_hosts: {pattern!r} is no CIDR") from None
+        return patterns
 
     @field_validator("log_level")
     @classmethod

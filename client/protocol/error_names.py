@@ -25,6 +25,9 @@ INTERNAL_ERROR = "INTERNAL_ERROR"
 GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
 GROUP_MAX_PARTITIONS_REACHED = "GROUP_MAX_PARTITIONS_REACHED"
 MAX_GROUPS_REACHED = "MAX_GROUPS_REACHED"
+# A member advertising a query endpoint whose host the operator's allow-list does not name
+# (``KEYRANGE_ALLOWED_ENDPOINT_HOSTS``, docs/security.md).
+ENDPOINT_NOT_ALLOWED = "ENDPOINT_NOT_ALLOWED"
 
 # A commit's per-partition outcomes: the request was applied, this partition's part was not
 # (or not all of it).
@@ -54,6 +57,7 @@ PROBLEM_ERRORS = frozenset(
         GROUP_MAX_SIZE_REACHED,
         GROUP_MAX_PARTITIONS_REACHED,
         MAX_GROUPS_REACHED,
+        ENDPOINT_NOT_ALLOWED,
     }
 )
 PARTITION_ERRORS = frozenset({INDIVIDUAL_COMMIT_TOO_OLD, MAX_INDIVIDUAL_COMMIT_REACHED})

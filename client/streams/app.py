@@ -17,6 +17,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -28,7 +29,7 @@ from client.consumer_source import ConsumerSource
 from client.errors import KeyrangeClientError
 from client.graceful import GracefulStop
 from client.http import CoordinatorClient
-from client.metrics_server import MetricsServer
+from client.metrics_server import Family, MetricsServer
 from client.streams.config import StreamsConfig
 from client.streams.errors import StreamsError
 from client.streams.internal import (
@@ -116,15 +117,8 @@ class StreamsApp:
         self._graceful.request()
 
     async def run(self, *, handle_signals: bool = False) -> None:
-        metrics = (
-            None
-            if self.config.metrics_port is None
-            else MetricsServer(
-                self.config.metrics_port,
-                lambda: streams_families(self.metrics(), self.budget_figures()),
-                asyncio.get_running_loop(),
-                extra=METRICS_EXTRA,
-            )
+        metrics = _metrics_server(
+            self.config, lambda: streams_families(self.metrics(), self.budget_figures())
         )
         try:
             with self._graceful.signals_handled(handle_signals):
@@ -174,6 +168,7 @@ class StreamsApp:
             coordinator_url=self.config.coordinator_url,
             group_id=self.config.application_id,
             name=lambda: self.config.instance_id or self.member_id,
+            credential=self.config.token,
         )
         self._consumer.endpoint = self._query_server.endpoint
 
@@ -366,3 +361,18 @@ class StreamsApp:
 
 def _no_standby(task: TaskId) -> None:
     """Without standbys, nothing stops before a task's restore."""
+
+
+def _metrics_server(
+    config: StreamsConfig, families: Callable[[], list[Family]]
+) -> MetricsServer | None:
+    """The Prometheus port when ``metrics_port`` asks for one, on the running loop."""
+    if config.metrics_port is None:
+        return None
+    return MetricsServer(
+        config.metrics_port,
+        families,
+        asyncio.get_running_loop(),
+        extra=METRICS_EXTRA,
+        host=config.metrics_host,
+    )

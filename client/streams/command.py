@@ -56,6 +56,7 @@ _TABLE = (
     Option("session-timeout-ms", "session_timeout_ms", int, "membership session timeout"),
     Option("instance-id", "instance_id", str, "a stable name for this instance"),
     Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),
+    Option("metrics-host", "metrics_host", str, "the address the metrics port listens on"),
     Option("query-port", "query_port", int, "serve the stores over HTTP on this port"),
     Option("query-host", "query_host", str, "the address the query port listens on"),
     Option(

@@ -34,7 +34,9 @@ class StreamsConfig:
     the next commit, so the changelog carries one record per key per commit and DSL tables
     and aggregations forward one change per key per commit (docs/streams.md, "The record
     cache").
-    ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra).
+    ``metrics_port`` serves ``app.metrics()`` to Prometheus (the ``streams`` extra) on
+    ``metrics_host`` (default ``127.0.0.1``, as the query port: the port has no
+    authentication; ``0.0.0.0`` for a scraper on another host).
     ``query_port`` serves the stores over HTTP on ``query_host`` (0: any free port; None, the
     default: no server), and the group learns the address as ``query_advertised_url``, by
     default ``http://`` this host's name (or ``query_host`` when it names one) and the port
@@ -60,6 +62,7 @@ class StreamsConfig:
     changelog_replication_factor: int = 1
     show_progress: bool | None = None
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     query_port: int | None = None
     query_host: str = "127.0.0.1"
     query_advertised_url: str | None = None

@@ -10,14 +10,17 @@ One description of the group serves the look-ups of ``OWNERS_TTL_S``.
 
 Range scans answer from this instance's tasks only: keys are spread over every instance by
 their hash, so a scan of the whole store asks each instance (Kafka Streams' range queries
-are per instance too). Reads run on the event loop, where the rounds on the loop write; with
-``processing_threads`` above 1 a read may see a round's writes half done, as it may in Kafka
-Streams with its stream threads.
+are per instance too). A key's read runs on the event loop, where the rounds on the loop
+write; scans run on the query server's threads (``client.streams.routes``), so the loop never
+waits for a big one. With ``processing_threads`` above 1, or during a scan, a read may see a
+round's writes half done, as it may in Kafka Streams with its stream threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from client.http import CoordinatorClient, GroupOwners, KeyOwner
 from client.protocol.keyspace import key_hash
 from client.streams.errors import StreamsError, UnknownStore
 from client.streams.runtime import StreamsRuntime
+from client.streams.stores import TaskStore
 from client.streams.task import StreamTask
 from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
 
@@ -63,14 +67,16 @@ class QueryAnswer:
 class WindowReads(Protocol):
     """What a window store offers to queries, as Kafka Streams' ``ReadOnlyWindowStore``:
     one key's windows that start in ``[time_from, time_to]`` (ms) as ``(start, end, value)``,
-    and every key's in a key range as ``(key, start, end, value)``, both in key then start
-    order (``client.streams.window_store.TaskWindowStore``)."""
+    and every key's in a key range, or of every key (``fetch_all``), as ``(key, start, end,
+    value)`` (``client.streams.window_store.TaskWindowStore``)."""
 
     def fetch(self, key: Any, time_from: int, time_to: int) -> list[tuple[int, int, Any]]: ...
 
     def fetch_range(
         self, low: Any, high: Any, time_from: int, time_to: int
     ) -> list[tuple[Any, int, int, Any]]: ...
+
+    def fetch_all(self, time_from: int, time_to: int) -> list[tuple[Any, int, int, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -172,36 +178,57 @@ class StoreQueries:
             endpoint=None if owner is None else owner.endpoint,
         )
 
-    def local_range(self, store: str, low: Any, high: Any) -> list[tuple[Any, Any]]:
-        """This instance's keys of ``store`` in ``[low, high]`` (both None: all of them), in
-        the order of their serialized bytes, as the stores keep them."""
+    def range_scan(
+        self, store: str, low: Any, high: Any, count: int
+    ) -> Callable[[], list[tuple[Any, Any]]]:
+        """A scan of this instance's first ``count`` keys of ``store`` in ``[low, high]`` (both
+        None: all of them), in the order of their serialized bytes, as the stores keep them,
+        to run off the loop. The tasks are chosen here, on the loop, where they change; each
+        task's store is then read only as far as the answer needs (``TaskStore.scan``)."""
         spec = self.spec(store)
-        pairs: list[tuple[Any, Any]] = []
+        scans = []
         for task in self._active_tasks(store):
             view = task.stores[store]
-            if isinstance(view, WindowReads):
+            if not isinstance(view, TaskStore):
                 raise NotAKeyValueStore(
                     f"store '{store}' is a window store: scan it with /windows and a time range"
                 )
-            pairs.extend(view.all() if low is None and high is None else view.range(low, high))
-        return sorted(pairs, key=lambda pair: spec.key_serde.serialize(pair[0]) or b"")
+            scans.append(view.scan(low, high))
+        serialized = spec.key_serde.serialize
+
+        def scan() -> list[tuple[Any, Any]]:
+            merged = heapq.merge(*scans, key=lambda pair: serialized(pair[0]) or b"")
+            return list(itertools.islice(merged, count))
+
+        return scan
 
     def windows(self, located: Located, key: Any, time_from: int, time_to: int) -> list[Any]:
         """One key's windows from its local task (``located.task`` must be set)."""
         assert located.task is not None
         return list(_window_reads(located.task, located.spec.name).fetch(key, time_from, time_to))
 
-    def local_window_range(
-        self, store: str, low: Any, high: Any, time_from: int, time_to: int
-    ) -> list[tuple[Any, int, int, Any]]:
-        """This instance's windows of keys in ``[low, high]`` starting in the time range."""
+    def window_scan(
+        self, store: str, low: Any, high: Any, time_from: int, time_to: int, count: int
+    ) -> Callable[[], list[tuple[Any, int, int, Any]]]:
+        """A scan of this instance's first ``count`` windows of keys in ``[low, high]`` (both
+        None: every key) starting in the time range, in key then start order, to run off the
+        loop (the tasks chosen here, as ``range_scan``)."""
         spec = self.spec(store)
-        found: list[tuple[Any, int, int, Any]] = []
-        for task in self._active_tasks(store):
-            found.extend(_window_reads(task, store).fetch_range(low, high, time_from, time_to))
-        return sorted(
-            found, key=lambda entry: (spec.key_serde.serialize(entry[0]) or b"", entry[1])
-        )
+        reads = [_window_reads(task, store) for task in self._active_tasks(store)]
+        serialized = spec.key_serde.serialize
+
+        def scan() -> list[tuple[Any, int, int, Any]]:
+            found: list[tuple[Any, int, int, Any]] = []
+            for read in reads:
+                if low is None and high is None:
+                    found.extend(read.fetch_all(time_from, time_to))
+                else:
+                    found.extend(read.fetch_range(low, high, time_from, time_to))
+            return heapq.nsmallest(
+                count, found, key=lambda entry: (serialized(entry[0]) or b"", entry[1])
+            )
+
+        return scan
 
     def _subtopology(self, store: str) -> SubTopology:
         return next(sub for sub in self._topology.subtopologies if store in sub.stores)

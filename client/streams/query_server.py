@@ -4,19 +4,28 @@
 The server is the standard library's, on a thread of its own like the metrics server, so the
 client needs no server package; each request is answered by a coroutine on the event loop
 (``client.streams.routes``), where the stores, the owner look-ups and the onward requests
-live. Requests in flight are bounded: past ``MAX_IN_FLIGHT`` a caller gets 503 at once
-instead of a thread.
+live; scans read on ``SCAN_THREADS`` threads of their own.
+
+What a caller can make the process spend is bounded before it is spent: past
+``MAX_CONNECTIONS`` open connections a new one is answered 503 and closed by the accepting
+thread, without a thread of its own; a connection's request line and headers must all
+arrive within ``READ_TIMEOUT_S`` of its opening, however slowly they trickle; and past
+``MAX_IN_FLIGHT`` requests waiting for the loop a caller gets 503 at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -28,11 +37,25 @@ from client.streams.routes import Answer, Request, Routes
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
+# Connections open at once, each a thread: the requests in flight, with room for as many
+# being read or written; a thread is a stack (8 MiB of address space) in the processing
+# process.
+MAX_CONNECTIONS = 2 * MAX_IN_FLIGHT
 # A request waits this long for its answer, the onward request to the owner included.
 ANSWER_TIMEOUT_S = 30.0
-# Headers must arrive within this long of the connection opening (a slow caller holds a
-# thread for no longer).
+# The request line and headers must all arrive within this long of the connection opening
+# (a slow caller holds a thread for no longer), and each write of the answer within this
+# long of the last.
 READ_TIMEOUT_S = 10.0
+# Scans at once: each reads stores off the loop, and more would take the processing's CPU.
+SCAN_THREADS = 2
+_BUSY = json.dumps(
+    {"status": 503, "error": "BUSY", "detail": "too many connections to queries"}
+).encode()
+_REFUSED = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)
+)
 
 
 class QueryServerError(Exception):
@@ -51,6 +74,7 @@ class QueryServer:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._http: httpx.AsyncClient | None = None
+        self._scans: ThreadPoolExecutor | None = None
 
     @property
     def listening(self) -> bool:
@@ -73,17 +97,20 @@ class QueryServer:
         coordinator_url: str,
         group_id: str,
         name: Callable[[], str | None],
+        credential: str | None,
     ) -> None:
         """Listen, on the running loop: ``name`` says who this instance is in the group
-        (its instance id, else its member id; None before it joined)."""
+        (its instance id, else its member id; None before it joined); ``credential`` is its
+        coordinator token, the one its forwards to owners present."""
         loop = asyncio.get_running_loop()
         # One pool for the coordinator's token checks and the onward requests to owners; it
-        # sends no credentials of its own, only the caller's.
+        # holds no credentials: a check sends the caller's, a forward this instance's.
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(ANSWER_TIMEOUT_S / 3), follow_redirects=False
         )
+        self._scans = ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="keyrange-scans")
         check = CallerCheck(self._http, coordinator_url, group_id, queries.check_topic)
-        routes = Routes(queries, self._http, name)
+        routes = Routes(queries, self._http, name, credential=credential, scans=self._scans)
         try:
             self._server = _Server((self._host, self._port), routes, check, loop)
         except OSError as error:
@@ -104,6 +131,9 @@ class QueryServer:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self._scans is not None:
+            self._scans.shutdown(wait=False, cancel_futures=True)
+            self._scans = None
 
 
 class _Server(ThreadingHTTPServer):
@@ -123,6 +153,30 @@ class _Server(ThreadingHTTPServer):
         self.check = check
         self.loop = loop
         self.in_flight = threading.BoundedSemaphore(MAX_IN_FLIGHT)
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """On the accepting thread: a thread for the connection, or, past
+        ``MAX_CONNECTIONS``, a 503 sent without waiting and the connection closed."""
+        if not self.connections.acquire(blocking=False):
+            try:
+                request.setblocking(False)
+                request.send(_REFUSED)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
     def answer(self, request: Request) -> Answer:
         """On a request's thread: the loop's answer, or why there is none."""
@@ -153,12 +207,42 @@ class _Server(ThreadingHTTPServer):
         return await self.routes.answer(request)
 
 
+class _Deadline(io.RawIOBase):
+    """A connection's reading side that ends at ``deadline`` (``time.monotonic``) however
+    the bytes trickle in: each read waits only what is left of it."""
+
+    def __init__(self, connection: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._connection = connection
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's headers did not arrive in time")
+        self._connection.settimeout(left)
+        return self._connection.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = READ_TIMEOUT_S
     server_version = "keyrange-streams"
 
+    def setup(self) -> None:
+        super().setup()
+        standard, self.rfile = (
+            self.rfile,
+            io.BufferedReader(_Deadline(self.connection, time.monotonic() + READ_TIMEOUT_S)),
+        )
+        standard.close()
+
     def do_GET(self) -> None:
+        # The headers are in: from here on the socket's timeout bounds each write.
+        self.connection.settimeout(READ_TIMEOUT_S)
         parts = urlsplit(self.path)
         authorizations = self.headers.get_all("Authorization") or []
         if len(authorizations) > 1:

@@ -10,21 +10,30 @@ instances"):
 
 A key is given as its serialized bytes (what the store's key serde writes), as UTF-8 text
 percent-encoded in the path, or base64url with ``key_encoding=base64``. A key this instance
-does not own is forwarded to its owner's advertised endpoint with the caller's token, and the
-owner's answer returned; with ``redirect=true`` the answer is a 307 to it instead. A request
-already forwarded once is never forwarded again: a hand-off moving the key meanwhile is a
-503 to retry, not a loop.
+does not own is forwarded to its owner's advertised endpoint and the owner's JSON answer
+returned; with ``redirect=true`` the answer is a 307 to it instead. Either way only the
+route's own parameters go on, and the caller's credential never does: the caller was
+checked here, and the forward presents this instance's own token, as a Kafka Streams
+application's RPC layer calls its peers as itself (docs/security.md, "Queries over HTTP").
+A request already forwarded once is never forwarded again: a hand-off moving the key
+meanwhile is a 503 to retry, not a loop.
+
+Scans read on a thread of their own (``scans``), never on the event loop the heartbeats and
+rounds run on, and stop at ``limit + 1`` entries of what the stores would list.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, unquote_to_bytes
+from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode
 
 import httpx
 
@@ -36,7 +45,15 @@ from client.streams.serde import Serde
 DEFAULT_LIMIT = 1_000
 MAX_LIMIT = 10_000
 TIME_MAX = 2**63 - 1
+logger = logging.getLogger(__name__)
+
 _PROBLEM = "application/problem+json"
+# What a one-key request may carry on to the key's owner: the route's own parameters, none
+# of the caller's others.
+ONWARD_PARAMS = ("key_encoding", "from_ms", "to_ms")
+# The answers relayed from an owner: our own routes' documents. Anything else (an address
+# that is no Keyrange instance) is not passed back to the caller.
+_RELAYED_TYPES = ("application/json", _PROBLEM)
 
 
 @dataclass(frozen=True)
@@ -70,15 +87,30 @@ class _BadRequest(Exception):
     pass
 
 
+class _StoreChanged(Exception):
+    """A scan met its stores changing under it (a revocation closing one, a window segment
+    dropped): the caller retries."""
+
+
 class Routes:
     FORWARDED_HEADER = "Keyrange-Forwarded-By"
 
     def __init__(
-        self, queries: StoreQueries, http: httpx.AsyncClient, name: Callable[[], str | None]
+        self,
+        queries: StoreQueries,
+        http: httpx.AsyncClient,
+        name: Callable[[], str | None],
+        *,
+        credential: str | None,
+        scans: Executor,
     ) -> None:
+        """``credential``: this instance's own coordinator token, the one its forwards present
+        (None: the coordinator has no tokens); ``scans``: where scans read the stores."""
         self._queries = queries
         self._http = http
         self._name = name
+        self._credential = credential
+        self._scans = scans
 
     async def answer(self, request: Request) -> Answer:
         segments = request.path.split("/")
@@ -90,12 +122,16 @@ class Routes:
             spec = self._queries.spec(store)
             rest = segments[4:]
             if rest == ["range"]:
-                return self._range(store, spec.key_serde, params)
+                return await self._range(store, spec.key_serde, params)
             if rest == ["windows"]:
-                return self._window_range(store, spec.key_serde, params)
+                return await self._window_range(store, spec.key_serde, params)
             if rest[0] == "keys" and len(rest) in (2, 3) and rest[2:] in ([], ["windows"]):
-                key = _key(spec.key_serde, unquote_to_bytes(rest[1]), params)
-                return await self._one_key(request, store, key, params, windows=len(rest) == 3)
+                raw_key = unquote_to_bytes(rest[1])
+                key = _key(spec.key_serde, raw_key, params)
+                windows = len(rest) == 3
+                onward = f"/v1/stores/{quote(store, safe='')}/keys/{quote(raw_key, safe='')}"
+                onward += "/windows" if windows else ""
+                return await self._one_key(request, onward, store, key, params, windows=windows)
             return Answer.problem(404, "NOT_FOUND", f"no route {request.path}")
         except UnknownStore as error:
             return Answer.problem(404, "UNKNOWN_STORE", str(error).strip("'\""))
@@ -105,13 +141,24 @@ class Routes:
             return Answer.problem(400, "NOT_A_KEY_VALUE_STORE", str(error))
         except (_BadRequest, StreamsError) as error:
             return Answer.problem(400, "INVALID_REQUEST", str(error))
+        except _StoreChanged as error:
+            return Answer.problem(503, "STORE_CHANGED", str(error), retry_after=1)
 
     async def _one_key(
-        self, request: Request, store: str, key: Any, params: dict[str, str], *, windows: bool
+        self,
+        request: Request,
+        onward: str,
+        store: str,
+        key: Any,
+        params: dict[str, str],
+        *,
+        windows: bool,
     ) -> Answer:
+        """``onward``: the request's path rebuilt from the store and key it named, for the
+        key's owner."""
         located = self._queries.locate(store, key)
         if located.task is None:
-            return await self._elsewhere(request, located, params)
+            return await self._elsewhere(request, onward, located, params)
         served = {"store": store, **_rendered("key", key, located.spec.key_serde)}
         served["served_by"] = self._name()
         if windows:
@@ -132,7 +179,7 @@ class Routes:
         return Answer(200, {**served, **_rendered("value", value, located.spec.value_serde)})
 
     async def _elsewhere(
-        self, request: Request, located: Located, params: dict[str, str]
+        self, request: Request, onward: str, located: Located, params: dict[str, str]
     ) -> Answer:
         """A key this instance does not own now: forward, redirect, or say who to retry."""
         if request.forwarded_by is not None:
@@ -160,18 +207,19 @@ class Routes:
                 owner=owner.name,
                 retry_after=1,
             )
-        target = f"{owner.endpoint}{request.path}"
-        if request.query:
-            target += f"?{request.query}"
+        target = f"{owner.endpoint}{onward}"
+        known = {name: params[name] for name in ONWARD_PARAMS if name in params}
+        if known:
+            target += f"?{urlencode(known)}"
         if params.get("redirect", "false") == "true":
             document = {"owner": owner.name, "endpoint": owner.endpoint}
             return Answer(307, document, {"Location": target})
-        return await self._forward(request, owner, target)
+        return await self._forward(owner, target)
 
-    async def _forward(self, request: Request, owner: KeyOwner, target: str) -> Answer:
+    async def _forward(self, owner: KeyOwner, target: str) -> Answer:
         headers = {self.FORWARDED_HEADER: self._name() or "-"}
-        if request.authorization is not None:
-            headers["Authorization"] = request.authorization
+        if self._credential is not None:
+            headers["Authorization"] = f"Bearer {self._credential}"
         try:
             reply = await self._http.get(target, headers=headers)
         except httpx.HTTPError as error:
@@ -187,32 +235,35 @@ class Routes:
             # The owner named no longer owns the key (or cannot answer now): the next query
             # asks the coordinator who does.
             self._queries.forget_owners()
+        content_type = reply.headers.get("Content-Type", "")
+        if content_type.partition(";")[0].strip().lower() not in _RELAYED_TYPES:
+            return Answer.problem(
+                502,
+                "OWNER_UNREACHABLE",
+                f"{owner.name} at {owner.endpoint} answered no query document",
+                owner=owner.name,
+                retry_after=1,
+            )
         relayed = {name: reply.headers[name] for name in ("Retry-After",) if name in reply.headers}
-        return Answer(
-            reply.status_code,
-            reply.content,
-            relayed,
-            reply.headers.get("Content-Type", "application/json"),
-            raw=True,
-        )
+        return Answer(reply.status_code, reply.content, relayed, content_type, raw=True)
 
-    def _range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
+    async def _range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
         low, high = _bounds(serde, params)
         limit = _limit(params)
-        pairs = self._queries.local_range(store, low, high)
+        pairs = await self._scanned(self._queries.range_scan(store, low, high, limit + 1))
         entries = [
             {**_rendered("key", key, serde), **_rendered("value", value, self._values(store))}
             for key, value in pairs[:limit]
         ]
         return Answer(200, self._listing(store, entries, len(pairs) > limit))
 
-    def _window_range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
+    async def _window_range(self, store: str, serde: Serde, params: dict[str, str]) -> Answer:
         low, high = _bounds(serde, params)
-        if low is None:
-            raise _BadRequest("a window scan needs from and to")
         time_from, time_to = _times(params)
         limit = _limit(params)
-        found = self._queries.local_window_range(store, low, high, time_from, time_to)
+        found = await self._scanned(
+            self._queries.window_scan(store, low, high, time_from, time_to, limit + 1)
+        )
         entries = [
             {
                 **_rendered("key", key, serde),
@@ -223,6 +274,17 @@ class Routes:
             for key, start, end, value in found[:limit]
         ]
         return Answer(200, self._listing(store, entries, len(found) > limit))
+
+    async def _scanned(self, scan: Callable[[], list[Any]]) -> list[Any]:
+        """A scan's entries, read on the scans' threads: the loop meanwhile heartbeats and
+        runs rounds, however big the store (a store of millions took the loop seconds)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._scans, scan)
+        except Exception as error:
+            # Off the loop, the tasks chosen may be revoked and their stores closed while
+            # the scan reads: whatever the store then raises means "ask again".
+            logger.info("a scan failed as its stores changed", exc_info=True)
+            raise _StoreChanged(f"the stores changed during the scan; retry ({error})") from None
 
     def _listing(self, store: str, entries: list[dict[str, Any]], truncated: bool) -> Any:
         """A scan's answer: this instance's part only, which ``served_by`` names."""

@@ -10,6 +10,7 @@ would live in the wrong task, and restoration by key range would never bring it 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -227,11 +228,20 @@ class TaskStore:
                 listener(key_serde.deserialize(raw_key), value_serde.deserialize(raw_value))
 
     def range(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
-        raw_low, raw_high = self._key(low, check=False), self._key(high, check=False)
-        return self._decoded(self._merged(self._backend.scan(raw_low, raw_high), raw_low, raw_high))
+        return list(self.scan(low, high))
 
     def all(self) -> list[tuple[Any, Any]]:
-        return self._decoded(self._merged(self._backend.scan(), None, None))
+        return list(self.scan())
+
+    def scan(self, low: Any = None, high: Any = None) -> Iterator[tuple[Any, Any]]:
+        """The task's keys in ``[low, high]`` (both None: all of them) in key-byte order,
+        read as they are consumed: a query that wants a thousand entries of a store of
+        millions reads a thousand (``client.streams.queries``)."""
+        if low is None and high is None:
+            raw_low = raw_high = None
+        else:
+            raw_low, raw_high = self._key(low, check=False), self._key(high, check=False)
+        return self._decoded(self._merged(self._backend.scan(raw_low, raw_high), raw_low, raw_high))
 
     def _merged(
         self, pairs: Iterator[tuple[bytes, bytes]], low: bytes | None, high: bytes | None
@@ -240,21 +250,15 @@ class TaskStore:
         deletion hides the key), in key-byte order."""
         if self.cache is None or not len(self.cache):
             return pairs
-        merged = dict(pairs)
-        for key, value in self.cache.entries(low, high):
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        return iter(sorted(merged.items()))
+        return _overlaid(pairs, sorted(self.cache.entries(low, high)))
 
-    def _decoded(self, pairs: Iterator[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
+    def _decoded(self, pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Any, Any]]:
         key_serde, value_serde = self._spec.key_serde, self._spec.value_serde
-        return [
+        return (
             (key_serde.deserialize(key), value_serde.deserialize(value))
             for key, value in pairs
             if in_ranges(self._ranges, key_hash(key, 0))
-        ]
+        )
 
     def _key(self, key: Any, *, check: bool) -> bytes:
         raw = self._spec.key_serde.serialize(key)
@@ -266,3 +270,21 @@ class TaskStore:
                 "re-key the stream through a topic (a sink and a source) before storing by it"
             )
         return raw
+
+
+def _overlaid(
+    stored: Iterator[tuple[bytes, bytes]], cached: Entries
+) -> Iterator[tuple[bytes, bytes]]:
+    """Two key-ordered streams as one, a cached entry (``cached``, sorted) over the stored
+    one of its key and a cached deletion (None) hiding it."""
+    tagged = heapq.merge(
+        ((key, 0, value) for key, value in cached),
+        ((key, 1, value) for key, value in stored),
+    )
+    last: bytes | None = None
+    for key, _, value in tagged:
+        if key == last:
+            continue
+        last = key
+        if value is not None:
+            yield key, value

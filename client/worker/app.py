@@ -122,6 +122,7 @@ class Worker:
                 ),
                 asyncio.get_running_loop(),
                 extra=METRICS_EXTRA,
+                host=self.config.metrics_host,
             )
         )
         try:

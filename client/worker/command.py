@@ -70,6 +70,7 @@ _TABLE = (
     Option("commit-interval-ms", "commit_interval_ms", int, "periodic commit interval"),
     Option("assignor", "assignor", str, "round-robin or another coordinator assignor"),
     Option("metrics-port", "metrics_port", int, "serve Prometheus metrics on this port"),
+    Option("metrics-host", "metrics_host", str, "the address the metrics port listens on"),
     *KAFKA_SECURITY_OPTIONS,
 )
 OPTIONS = Options(

@@ -52,6 +52,9 @@ class WorkerConfig:
     commit_interval_ms: int = 1_000
     assignor: str = "round-robin"
     metrics_port: int | None = None
+    # The address the metrics port listens on: this host only, unless told (the port has no
+    # authentication; "0.0.0.0" for a scraper on another host).
+    metrics_host: str = "127.0.0.1"
     consumer_options: Mapping[str, Any] = field(default_factory=dict)
     # TLS and SASL for the consumer and the dead-letter producer alike (docs/kafka-security.md).
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)

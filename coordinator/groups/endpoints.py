@@ -14,7 +14,12 @@ from coordinator.core.handoff import Hold
 from coordinator.db.engine import Transaction
 from coordinator.groups import heartbeat as membership
 from coordinator.groups import operations
-from coordinator.groups.schemas import GroupOwnersReply, HeartbeatReply, HeartbeatRequest
+from coordinator.groups.schemas import (
+    GroupOwnersReply,
+    HeartbeatReply,
+    HeartbeatRequest,
+    check_endpoint,
+)
 from coordinator.groups.turns import GroupTurns
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
 from coordinator.problems import TOKEN_ROUTE_ERRORS, problem_responses
@@ -97,6 +102,7 @@ async def answer(
     if arrived is None:
         arrived = asyncio.get_running_loop().time()
     settings = state.settings
+    check_endpoint(body.endpoint, settings.allowed_endpoint_hosts)
     engine = state.engine
     await membership.learn_subscribed_topics(
         engine, getattr(state, "cluster", None), body, state.stored_topics

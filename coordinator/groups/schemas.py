@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from fnmatch import fnmatchcase
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -16,6 +20,7 @@ from pydantic import (
 
 from client.protocol.epochs import JOIN_EPOCH
 from coordinator.core.topic_pattern import compile_topic_pattern
+from coordinator.errors import EndpointNotAllowed
 from coordinator.validation import (
     INT32_MAX,
     STORABLE,
@@ -49,6 +54,31 @@ Endpoint = Annotated[
 ]
 
 KeyRangeJson = tuple[KeyHash, KeyHash]
+
+
+def check_endpoint(endpoint: str | None, allowed_hosts: Sequence[str]) -> None:
+    """Refuse an endpoint on a host the operator's ``allowed_endpoint_hosts`` does not name
+    (none: any host). Streams instances send queries to the endpoints members advertise, so
+    without the list a member of a group could point its peers at any address they reach
+    (docs/security.md, "Queries over HTTP"). A CIDR matches only a literal address: names
+    are not resolved here, as their answer may change by the time a peer connects."""
+    if endpoint is None or not allowed_hosts:
+        return
+    host = (urlsplit(endpoint).hostname or "").lower()
+    try:
+        address: IPv4Address | IPv6Address | None = ip_address(host)
+    except ValueError:
+        address = None
+    for pattern in allowed_hosts:
+        if "/" in pattern:
+            if address is not None and address in ip_network(pattern, strict=False):
+                return
+        elif fnmatchcase(host, pattern):
+            return
+    raise EndpointNotAllowed(
+        f"endpoint host {host!r} is not in the coordinator's allowed_endpoint_hosts",
+        endpoint=endpoint,
+    )
 
 
 class StrictModel(BaseModel):

@@ -342,6 +342,7 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
             "maxPartitionsPerGroup": 2000,
             "maxGroupsPerPrefix": 200,
             "offsetsRetentionMinutes": 1440,
+            "allowedEndpointHosts": ["10.0.0.0/8", "*.svc.cluster.local"],
         }
     )
     config = one(render(chart, values), "ConfigMap")["data"]
@@ -362,7 +363,11 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
         "KEYRANGE_MAX_PARTITIONS_PER_GROUP": "2000",
         "KEYRANGE_MAX_GROUPS_PER_PREFIX": "200",
         "KEYRANGE_OFFSETS_RETENTION_MINUTES": "1440",
+        "KEYRANGE_ALLOWED_ENDPOINT_HOSTS": '["10.0.0.0/8","*.svc.cluster.local"]',
     }
+    # What the coordinator reads of it: a JSON list, as pydantic-settings reads list settings.
+    hosts = json.loads(config["KEYRANGE_ALLOWED_ENDPOINT_HOSTS"])
+    assert Settings(allowed_endpoint_hosts=hosts).allowed_endpoint_hosts == hosts
 
 
 def pod_annotations(chart: helm.Chart, values: dict[str, Any]) -> dict[str, str]:
@@ -1170,6 +1175,8 @@ def test_the_worker_runs_keyrange_worker_against_this_release(
     assert chosen["coordinator_url"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8080"
     assert chosen["token"] == "client-token-billing-0001"
     assert chosen["failure_policy"] == "retry"
+    # The PodMonitor scrapes the pod's address, not the worker's loopback default.
+    assert (chosen["metrics_port"], chosen["metrics_host"]) == (9400, "0.0.0.0")
     # The worker passes a NetworkPolicy that admits only labelled clients.
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels[f"{FULLNAME}-client"] == "true"

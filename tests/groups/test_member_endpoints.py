@@ -132,3 +132,61 @@ async def test_owners_name_each_owned_range_and_its_address_to_a_client_token_of
             assert (await api.get("/v1/groups/owners-g/owners")).status_code == 403
         async with httpx.AsyncClient(transport=transport, base_url="http://c") as anonymous:
             assert (await anonymous.get("/v1/groups/owners-g/owners")).status_code == 401
+
+
+async def test_an_endpoint_on_a_host_the_operator_did_not_allow_is_refused_by_name(
+    database_url: str,
+) -> None:
+    """Peers send queries to what members advertise: an operator's allow-list keeps a member
+    from pointing them at any address they reach (docs/security.md, "Queries over HTTP")."""
+    settings = settings_for_tests(
+        allowed_endpoint_hosts=["10.1.0.0/16", "*.streams.svc.cluster.local"]
+    )
+    app = create_app(settings, database_url)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as api:
+            await given_topics(app, allowed_topic=1)
+            for endpoint in (
+                "http://169.254.169.254",
+                "http://10.2.0.5:7070",
+                "http://attacker.example:80",
+                "http://streams.svc.cluster.local.attacker.example:80",
+            ):
+                reply = await api.post(
+                    "/v1/groups/endpoints-allowed/heartbeat",
+                    json={
+                        "member_epoch": 0,
+                        "subscribed_topics": ["allowed_topic"],
+                        "endpoint": endpoint,
+                    },
+                )
+                assert reply.status_code == 403, reply.text
+                assert reply.json()["error"] == "ENDPOINT_NOT_ALLOWED", reply.text
+            assert (await api.get("/v1/admin/groups/endpoints-allowed")).status_code == 404
+
+            first, second = Member(api, "endpoints-allowed"), Member(api, "endpoints-allowed")
+            await first.join(["allowed_topic"], endpoint="http://10.1.3.4:7070")
+            await second.join(
+                ["allowed_topic"], endpoint="https://s-1.Streams.svc.cluster.local:7443/q"
+            )
+            refused = await api.post(
+                "/v1/groups/endpoints-allowed/heartbeat",
+                json={
+                    "member_id": first.member_id,
+                    "member_epoch": first.epoch,
+                    "endpoint": "http://127.0.0.1:9999",
+                },
+            )
+            assert (refused.status_code, refused.json()["error"]) == (403, "ENDPOINT_NOT_ALLOWED")
+            assert set((await endpoints_of(api, "endpoints-allowed")).values()) == {
+                "http://10.1.3.4:7070",
+                "https://s-1.Streams.svc.cluster.local:7443/q",
+            }
+
+
+def test_the_allowed_hosts_setting_is_checked() -> None:
+    with pytest.raises(ValueError, match="allowed_endpoint_hosts"):
+        settings_for_tests(allowed_endpoint_hosts=["10.0.0.0/33"])
+    with pytest.raises(ValueError, match="allowed_endpoint_hosts"):
+        settings_for_tests(allowed_endpoint_hosts=[" "])

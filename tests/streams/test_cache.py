@@ -68,6 +68,22 @@ def entry_size(key: str) -> int:
     return len(key.encode()) + 8 + ENTRY_OVERHEAD
 
 
+def test_a_scan_reads_the_cache_over_the_store_in_key_order_as_it_goes() -> None:
+    store, backend, _ = cached_store(1 << 20)
+    for key in ("a", "b", "c"):
+        store.put(key, 1)
+    store.flush_cache()
+    store.put("b", 2)
+    store.delete("c")
+    store.put("0", 3)
+    assert [key for key, _ in backend.scan()] == [b"a", b"b", b"c"]
+    assert store.all() == [("0", 3), ("a", 1), ("b", 2)]
+    assert store.range("a", "c") == [("a", 1), ("b", 2)]
+    scan = store.scan()
+    assert next(scan) == ("0", 3)
+    assert list(scan) == [("a", 1), ("b", 2)]
+
+
 def test_updates_wait_in_the_cache_and_leave_it_once_per_key_at_the_flush() -> None:
     store, backend, changelog = cached_store(1 << 20)
     for count in range(1, 6):

@@ -5,7 +5,10 @@ would refuse for the group (docs/streams.md, "Queries over HTTP")."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from client.errors import EndpointNotAllowed
 from client.http import CoordinatorClient
 from client.streams import StreamsApp
 from client.streams.config import StreamsConfig
@@ -121,8 +125,9 @@ async def test_two_instances_serve_forward_redirect_and_scan_their_keys(
         redirect = await get(f"{a}/v1/stores/counts/keys/{remote}", redirect="true")
         assert redirect.status_code == 307, redirect.text
         assert redirect.json() == {"owner": "b", "endpoint": b}
+        # Only the route's own parameters go on: ``redirect`` is not one of them.
         location = redirect.headers["Location"]
-        assert location.startswith(f"{b}/v1/stores/counts/keys/{remote}?")
+        assert location == f"{b}/v1/stores/counts/keys/{remote}"
         followed = await get(location)
         assert (followed.status_code, followed.json()["served_by"]) == (200, "b")
 
@@ -225,3 +230,116 @@ def test_the_query_port_is_checked(port: int, tmp_path: Path) -> None:
 def test_the_advertised_address_is_an_http_url(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="query_advertised_url"):
         StreamsConfig("iq-x", "b:9092", "http://c", query_port=0, query_advertised_url="host:7070")
+
+
+class Listener(BaseHTTPRequestHandler):
+    """What a member's advertised address may really be: anything. It answers every request
+    with something that is no query document, and keeps what it was sent."""
+
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append((self.path, dict(self.headers.items())))
+        body = b"instance metadata: secret"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+async def test_an_advertised_address_never_receives_a_callers_token_nor_its_parameters(
+    secured: RunningCoordinator, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A member of the group advertises a listener of its own: a caller's admin token and the
+    caller's own parameters never reach it, and what it answers is not relayed (H3 of the
+    round-3 safety review)."""
+    words, counts = await make_topic(1), await make_topic(1)
+    async with CoordinatorClient(secured.url, token=ADMIN) as admin:
+        await admin.set_accept_range_fetch(words)
+    await produce(kafka_bootstrap, words, increments(KEYS))
+    listener = ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    Listener.seen = []
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    elsewhere = f"http://127.0.0.1:{listener.server_port}"
+
+    def config(name: str, **extra: Any) -> StreamsConfig:
+        return StreamsConfig(
+            application_id=f"iq-listened-{words}",
+            bootstrap_servers=kafka_bootstrap,
+            coordinator_url=secured.url,
+            token=CLIENT,
+            state_dir=tmp_path / name,
+            commit_interval_ms=200,
+            session_timeout_ms=3_000,
+            show_progress=False,
+            instance_id=name,
+            query_port=0,
+            **extra,
+        )
+
+    honest = StreamsApp(count_topology(words, counts), config("honest"))
+    rogue = StreamsApp(
+        count_topology(words, counts), config("rogue", query_advertised_url=elsewhere)
+    )
+    theirs: list[str] = []
+
+    async def named_rogue() -> bool:
+        theirs[:] = [key for key in KEYS if (await rogue.query("counts", key)).local]
+        if not theirs:
+            return False
+        answer = await honest.query("counts", theirs[0])
+        return answer.endpoint == elsewhere
+
+    try:
+        async with running(honest), running(rogue):
+            await until(named_rogue, 90, "the honest instance naming the rogue's address")
+            url = f"{honest.query_endpoint}/v1/stores/counts/keys/{theirs[0]}"
+            forwarded = await get(url, token=ADMIN, x="1", key_encoding="utf-8", to_ms="5")
+            redirect = await get(url, token=ADMIN, x="1", redirect="true")
+    finally:
+        listener.shutdown()
+        listener.server_close()
+    assert len(Listener.seen) == 1, Listener.seen
+    path, headers = Listener.seen[0]
+    sent = {name.lower(): value for name, value in headers.items()}
+    # The forward presents the instance's own token, a token of the group: never the caller's.
+    assert sent.get("authorization") == f"Bearer {CLIENT}", headers
+    assert ADMIN not in str(headers)
+    assert path == f"/v1/stores/counts/keys/{theirs[0]}?key_encoding=utf-8&to_ms=5"
+    # What the listener answered is no query document: the caller is told, not given it.
+    assert forwarded.status_code == 502, forwarded.text
+    assert forwarded.json()["error"] == "OWNER_UNREACHABLE"
+    assert "secret" not in forwarded.text
+    assert redirect.status_code == 307, redirect.text
+    assert redirect.headers["Location"] == f"{elsewhere}/v1/stores/counts/keys/{theirs[0]}"
+
+
+async def test_an_instance_advertising_a_host_the_operator_did_not_allow_does_not_start(
+    database_url: str,
+    kafka_bootstrap: str,
+    start_coordinator: Any,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+) -> None:
+    coordinator: RunningCoordinator = await start_coordinator(
+        database_url, kafka_bootstrap=kafka_bootstrap, allowed_endpoint_hosts=["10.9.0.0/16"]
+    )
+    words, counts = await make_topic(1), await make_topic(1)
+    app = StreamsApp(
+        count_topology(words, counts),
+        StreamsConfig(
+            application_id=f"iq-refused-{words}",
+            bootstrap_servers=kafka_bootstrap,
+            coordinator_url=coordinator.url,
+            state_dir=tmp_path,
+            show_progress=False,
+            query_port=0,
+            query_advertised_url="http://169.254.169.254",
+        ),
+    )
+    with pytest.raises(EndpointNotAllowed, match="allowed_endpoint_hosts"):
+        await asyncio.wait_for(app.run(), 60)

@@ -50,14 +50,19 @@ def stub(*statuses: int) -> tuple[httpx.AsyncClient, list[httpx.Request]]:
         status = replies.pop(0)
         if status == 0:
             raise httpx.ConnectError("refused", request=request)
-        body = {"error": "FORBIDDEN", "detail": "no"} if status == 403 else {"partitions": []}
-        return httpx.Response(status, json=body)
+        if status == 403:
+            return httpx.Response(status, json={"error": "FORBIDDEN", "detail": "no"})
+        if status == 404:
+            return httpx.Response(status, json={"error": "GROUP_ID_NOT_FOUND", "detail": "no"})
+        if status == 4040:
+            return httpx.Response(404, text="<html>Not Found</html>")
+        return httpx.Response(status, json={"partitions": []})
 
     return httpx.AsyncClient(transport=httpx.MockTransport(answer)), seen
 
 
 async def test_verdicts_are_kept_per_token_and_failures_to_ask_are_not() -> None:
-    http, seen = stub(200, 403, 0, 503, 404)
+    http, seen = stub(200, 403, 0, 503, 4040, 404)
     async with http:
         check = CallerCheck(http, "http://coordinator/", "iq-app", "words")
         assert await check.refusal("Bearer good") is None
@@ -67,6 +72,10 @@ async def test_verdicts_are_kept_per_token_and_failures_to_ask_are_not() -> None
         # The coordinator unreachable, then failing: nobody is admitted, nothing is kept.
         assert (await check.refusal(None) or Refusal(0, "", "")).status == 503
         assert (await check.refusal(None) or Refusal(0, "", "")).status == 503
+        # A 404 that is not the coordinator's (a proxy, a wrong URL) says nothing of anyone.
+        bare = await check.refusal(None)
+        assert bare is not None and (bare.status, bare.error) == (503, "COORDINATOR_UNAVAILABLE")
+        assert "coordinator_url" in bare.detail
         # A group that does not exist yet: the token was still good for it.
         assert await check.refusal(None) is None
     assert [str(r.url) for r in seen[:1]] == [
@@ -75,6 +84,7 @@ async def test_verdicts_are_kept_per_token_and_failures_to_ask_are_not() -> None
     assert [r.headers.get("authorization") for r in seen] == [
         "Bearer good",
         "Bearer other",
+        None,
         None,
         None,
         None,
@@ -92,7 +102,13 @@ async def test_the_advertised_address_is_the_hosts_name_and_the_bound_port() -> 
         ]
         for server in servers:
             assert not server.listening
-            server.start(queries, coordinator_url="http://coordinator", group_id="iq-x", name=str)
+            server.start(
+                queries,
+                coordinator_url="http://coordinator",
+                group_id="iq-x",
+                name=str,
+                credential=None,
+            )
         try:
             ports = [server._server.server_port for server in servers if server._server]
             assert [server.endpoint for server in servers] == [
@@ -102,7 +118,11 @@ async def test_the_advertised_address_is_the_hosts_name_and_the_bound_port() -> 
             ]
             with pytest.raises(QueryServerError, match="cannot serve queries"):
                 QueryServer("127.0.0.1", ports[0], None).start(
-                    queries, coordinator_url="http://coordinator", group_id="iq-x", name=str
+                    queries,
+                    coordinator_url="http://coordinator",
+                    group_id="iq-x",
+                    name=str,
+                    credential=None,
                 )
         finally:
             for server in servers:
