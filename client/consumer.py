@@ -39,7 +39,6 @@ leave the group, Kafka, HTTP.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -67,7 +66,6 @@ from client.runtime.gate import OwnershipGate, Running
 from client.runtime.hooks import Hooks
 from client.runtime.seams import Runtime
 from client.status import ConsumerStatus
-from client.topic_watch import watch_missing_topics
 from client.tracing import record_tracer
 from client.tracker import CommitMode, OffsetTracker
 
@@ -145,7 +143,6 @@ class KeyrangeConsumer:
             if reserved in aiokafka_kwargs:
                 raise ValueError(f"{reserved} is managed by KeyrangeConsumer")
         self._topics = list(topics)
-        self._topic_watch: asyncio.Task[None] | None = None
         key_deserializer, value_deserializer = _deserializers(aiokafka_kwargs)
         kafka_kwargs = {
             "bootstrap_servers": bootstrap_servers,
@@ -163,6 +160,7 @@ class KeyrangeConsumer:
             value_deserializer=value_deserializer,
             status=status,
             on_outside_log=lambda outside: outside_log_reset.apply(outside),
+            subscribed=self._topics,
         )
         self._handed = handed = HandedOut()
         # Asked by every runtime right before user code starts a record (docs/design.md §5).
@@ -247,14 +245,6 @@ class KeyrangeConsumer:
 
     async def start(self) -> None:
         await self._lifespan.start()
-        if self._topics:
-            self._topic_watch = asyncio.create_task(
-                watch_missing_topics(self._topics, self._existing_topics),
-                name=f"keyrange-topic-watch-{self._group_id}",
-            )
-
-    async def _existing_topics(self) -> set[str]:
-        return set(await self._fetcher.kafka().topics())
 
     async def stop(self) -> None:
         """Let what runs finish, commit what was processed, leave the group and close every
@@ -266,8 +256,6 @@ class KeyrangeConsumer:
         heartbeating, so their keys stay here until they end (docs/design.md §5). A second signal or
         a kill ends the process, and the calls with it, for an operator who will not wait.
         """
-        if self._topic_watch is not None:
-            self._topic_watch.cancel()
         await self._lifespan.stop()
 
     # ----------------------------------------------------------------- public API

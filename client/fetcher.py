@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
@@ -30,6 +30,7 @@ from client.fetch_buffer import FetchBuffer, Item, Record, Run, in_slices
 from client.http import Slices
 from client.kafka_stop import stop_consumer
 from client.raw_filter import RawFilter, install
+from client.topic_watch import watch_missing_topics
 from client.tracker import OffsetTracker
 
 __all__ = [
@@ -92,8 +93,12 @@ class Fetcher:
         value_deserializer: Deserializer | None,
         status: Status,
         on_outside_log: OutsideLogHandler,
+        subscribed: Sequence[str] = (),
     ) -> None:
         self._tracker = tracker
+        # Named in a WARNING while Kafka does not know them (``client.topic_watch``).
+        self._subscribed = tuple(subscribed)
+        self._topic_watch: asyncio.Task[None] | None = None
         # The policy is applied by on_outside_log, with the slices' own positions in view.
         self._kafka_kwargs = {**kafka_kwargs, "auto_offset_reset": "none"}
         self._filter = RawFilter(
@@ -125,8 +130,18 @@ class Fetcher:
             await kafka.stop()
             raise
         self._kafka = kafka
+        if self._subscribed:
+            self._topic_watch = asyncio.create_task(
+                watch_missing_topics(self._subscribed, self._existing_topics),
+                name="keyrange-topic-watch",
+            )
+
+    async def _existing_topics(self) -> set[str]:
+        return set(await self.kafka().topics())
 
     async def stop(self) -> None:
+        if self._topic_watch is not None:
+            self._topic_watch.cancel()
         if self._kafka is not None:
             async with self.lock:
                 await stop_consumer(self._kafka)
