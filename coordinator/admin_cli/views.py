@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from client.protocol.keyspace import KeyRange
 from coordinator.admin_cli.tables import Cell, table
 
 HASH_SPACE = 2**63
@@ -133,14 +134,19 @@ def key_ranges(owned: OwnedRanges) -> str:
     )
 
 
+def key_range_text(start: int, end: int) -> str:
+    """The closed hash range as the client's logs and the console write it, ``[start, end]``."""
+    return str(KeyRange(start, end))
+
+
 def _range_row(topic: str, partition: int, start: int, end: int, member: Body | None) -> list[Cell]:
     share = f"{100 * (end - start + 1) / HASH_SPACE:.1f}%"
     if member is None:
-        return [topic, partition, f"{start}-{end}", share, _UNOWNED, None, None]
+        return [topic, partition, key_range_text(start, end), share, _UNOWNED, None, None]
     return [
         topic,
         partition,
-        f"{start}-{end}",
+        key_range_text(start, end),
         share,
         member["member_id"],
         member["client_id"],

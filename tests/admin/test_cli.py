@@ -130,7 +130,7 @@ async def test_describe_shows_offsets_lag_and_the_owner_of_every_key_range(
     zero = rows_by(ranges, "TOPIC", "PARTITION")
     assert {row["MEMBER-ID"] for row in zero} == set(member_ids)
     assert {row["CLIENT-ID"] for row in zero} == {f"worker-{i}" for i in range(MEMBERS)}
-    bounds = [tuple(int(end) for end in row["KEY-RANGE"].split("-")) for row in zero]
+    bounds = [tuple(int(end) for end in row["KEY-RANGE"].strip("[]").split(", ")) for row in zero]
     # In hash order, each range starts where the one before ended: the rows cover the space.
     assert bounds[0][0] == 0 and bounds[-1][1] == HASH_SPACE - 1
     assert all(later[0] == earlier[1] + 1 for earlier, later in itertools.pairwise(bounds))
