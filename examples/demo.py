@@ -3,9 +3,11 @@
 Starts an embedded Postgres, an embedded broker and the coordinator, creates a one-partition
 topic, produces a keyed workload (skewed keys, as real traffic is), and runs ``--workers``
 Keyrange members, each a separate process doing ``--work-ms`` of simulated I/O per record
-with up to ``--concurrency`` keys at once. Progress is printed every second; the demo ends by
-itself once the group's stable offset reaches the end of the partition, with a summary.
-Ctrl-C stops everything cleanly (workers commit and leave, then the services stop).
+with up to ``--concurrency`` keys at once. Progress is printed every second; the workers stop
+once the group's stable offset reaches the end of the partition, with a summary, and the
+coordinator and its console stay up for a look at the finished group until Ctrl-C
+(``--exit-when-done`` stops everything at once instead). Ctrl-C stops everything cleanly at any
+time (workers commit and leave, then the services stop).
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class Demo:
                 await self.stop_workers()
         elapsed = time.monotonic() - started
         await self.summary(elapsed, finished)
+        if not self.stop.is_set() and not self.args.exit_when_done:
+            say(f"the console stays up: {self.stack.coordinator_url}/ui/groups/{self.group}")
+            say("press Ctrl-C to stop the coordinator, the broker and Postgres")
+            await self.stop.wait()
 
     async def stopped_within(self, seconds: float) -> bool:
         """Wait ``seconds`` unless asked to stop first; True when asked to stop."""
@@ -116,6 +122,12 @@ class Demo:
         say(f"  watch the group:  {self.admin_url()}")
         say(f"  its offsets:      {self.admin_url()}/offsets")
         say(f"  API docs:         {self.stack.coordinator_url}/docs")
+        say()
+        say(
+            "the stable offset is where every record below is processed: the hottest keys'\n"
+            "queued records hold it back while the other keys are processed and committed\n"
+            "above it (IC ranges, watermarks), so it trails the processed count, then catches up"
+        )
         say()
 
     def worker_options(self) -> list[str]:
@@ -211,9 +223,7 @@ class Demo:
         else:
             say("stopped before the end; progress so far is committed")
         say()
-        say(f"the coordinator ran at {self.stack.coordinator_url} (stopped with the demo;")
-        say("`make run` starts one that stays up). Admin API for this group:")
-        say(f"  {self.admin_url()}")
+        say(f"admin API for this group: {self.admin_url()}")
         say(f"logs: {self.stack.coordinator_log_path}, {self.stack.data_dir / 'workers.log'}")
 
     @property
@@ -238,6 +248,11 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=0.0,
         help="seconds between worker starts, to watch the key space split in the console",
+    )
+    parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="stop the services once the workers are done, instead of waiting for Ctrl-C",
     )
     parser.add_argument("--data-dir", type=Path, default=Path(".keyrange/demo"))
     parser.add_argument("--port", type=int, default=8080, help="preferred coordinator port")
