@@ -73,6 +73,13 @@ class EndpointNotAllowed(KeyrangeClientError):
     error = names.ENDPOINT_NOT_ALLOWED
 
 
+class PathNotFound(KeyrangeClientError):
+    """The coordinator serves nothing at the path asked for: ``coordinator_url`` names the
+    wrong place (a prefix too many or missing), not a missing group."""
+
+    error = names.NOT_FOUND
+
+
 class GroupNotEmpty(KeyrangeClientError):
     error = names.GROUP_NOT_EMPTY
 
@@ -150,6 +157,7 @@ ERROR_CLASSES: dict[str, type[KeyrangeClientError]] = {
             Unauthorized,
             Forbidden,
             GroupIdNotFound,
+            PathNotFound,
             FencedMemberEpoch,
             UnknownMemberId,
             IndividualCommitNotAllowed,

@@ -43,10 +43,20 @@ def _bearer(header: str) -> bytes:
 
 
 # Routes anyone may call: the probes and metrics (they reveal no group data), the API's own
-# description, and the console's empty pages and assets (everything they show comes from
-# fragments that need the admin scope). Every other path, unknown ones included, needs a token.
+# description, the root (a redirect to the console), and the console's empty pages and assets
+# (everything they show comes from fragments that need the admin scope). Every other path,
+# unknown ones included, needs a token.
 PUBLIC_PATHS = frozenset(
-    {"/livez", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/ui"}
+    {
+        "/",
+        "/livez",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/ui",
+    }
 )
 _PUBLIC_PREFIXES = ("/docs/assets/", "/ui/static/", "/ui/groups/")
 # The console's data, rendered from the admin API's own route functions.

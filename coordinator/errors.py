@@ -50,6 +50,15 @@ class EndpointNotAllowed(KeyrangeError):
     title = "Endpoint not allowed"
 
 
+class PathNotFound(KeyrangeError):
+    """No route at this path: told apart from a group or topic that does not exist, so a
+    client pointed at the wrong URL (or a proxy's prefix) is not told the group is missing."""
+
+    status = 404
+    error = names.NOT_FOUND
+    title = "Not found"
+
+
 class GroupIdNotFound(KeyrangeError):
     status = 404
     error = names.GROUP_ID_NOT_FOUND

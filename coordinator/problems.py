@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.protocol import error_names as names
 from coordinator import metrics
-from coordinator.errors import KeyrangeError, QuotaExceeded
+from coordinator.errors import KeyrangeError, PathNotFound, QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,8 @@ def error_response(exc: Exception) -> JSONResponse:
         loc, msg = located[0] if located else ("", "invalid request")
         detail = f"{loc}: {msg}" if loc else msg
         return problem(400, names.INVALID_REQUEST, "Invalid request", detail, errors=errors)
+    if isinstance(exc, StarletteHTTPException) and exc.status_code == 404:
+        return problem(404, names.NOT_FOUND, PathNotFound.title, str(exc.detail))
     if isinstance(exc, StarletteHTTPException):
         response = problem(
             exc.status_code, names.INVALID_REQUEST, "Request not served", str(exc.detail)

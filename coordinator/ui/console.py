@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
 from coordinator.admin.endpoints import get_topic_config, list_groups
@@ -65,6 +65,12 @@ def _shell(request: Request, title: str, fragment: str) -> HTMLResponse:
     return _html(
         "shell.html", base=base, title=title, fragment=base + fragment, refresh_ms=REFRESH_MS
     )
+
+
+@router.get("/", include_in_schema=False)
+async def root(request: Request) -> RedirectResponse:
+    """A newcomer opening the coordinator's address lands on its console, not on a 404."""
+    return RedirectResponse(request.scope.get("root_path", "") + "/ui", status_code=307)
 
 
 @router.get("/ui", response_class=HTMLResponse)

@@ -34,6 +34,22 @@ async def test_pages_are_shells_that_hold_no_data_and_load_nothing_from_elsewher
             assert "<script>" not in page.text
 
 
+async def test_the_root_leads_to_the_console_and_an_unknown_path_is_not_found_by_name(
+    live_console: LiveConsole,
+) -> None:
+    """Issue 47 item 7: ``GET /`` was a 404 named ``INVALID_REQUEST``."""
+    async with httpx.AsyncClient(base_url=live_console.url) as anonymous:
+        root = await anonymous.get("/")
+        assert (root.status_code, root.headers["location"]) == (307, "/ui")
+        landed = await anonymous.get("/", follow_redirects=True)
+        assert landed.status_code == 200 and landed.url.path == "/ui"
+        unknown = await anonymous.get(
+            "/v2/nothing-here", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+        assert unknown.status_code == 404
+        assert unknown.json()["error"] == "NOT_FOUND"
+
+
 async def test_fragments_need_the_admin_token(live_console: LiveConsole) -> None:
     async with httpx.AsyncClient(base_url=live_console.url) as anonymous:
         for path in ("/ui/fragments/groups", f"/ui/fragments/groups/{live_console.group}"):
