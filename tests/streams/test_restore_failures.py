@@ -241,3 +241,31 @@ async def test_a_changelog_without_a_leader_fails_the_restore_after_a_while_nami
             await asyncio.wait_for(restorer.restore("words-restore-none", progress, store), 20)
     finally:
         await restorer.stop()
+
+
+class BrokenInit(Processor):
+    def init(self, context: Any) -> None:
+        raise RuntimeError("no connection to the enrichment service")
+
+    def process(self, key: Any, value: Any) -> None:
+        self.context.forward(key, value)
+
+
+async def test_processors_failing_to_start_after_the_restore_are_an_error_not_silence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topology = (
+        Topology()
+        .add_source("words", "words", key_serde=STRING, value_serde=INT64)
+        .add_processor("broken", BrokenInit, "words")
+        .add_sink("out", "counts", "broken", key_serde=STRING, value_serde=INT64)
+        .build()
+    )
+    runtime, running = await run_words(topology, Changelog(), StateManager(topology, None))
+    await until(
+        lambda: logged(caplog, "task not started after its restore"), 10, "the failure logged"
+    )
+    (error,) = logged(caplog, "task not started after its restore")
+    assert error.levelno == logging.ERROR and error.exc_info is not None
+    assert "enrichment service" in str(error.exc_info[1])
+    await stop(runtime, running)
