@@ -123,8 +123,7 @@ class Lifecycle:
         progress_list: list[RestoreProgress] = []
         self.restores[task.id] = progress_list
         for store in task.stores:
-            start = self._state.restore_from(store, task.id.partition, task.id.keys)
-            progress = RestoreProgress(store, task.id.partition, [task.id.keys], start)
+            progress = RestoreProgress(store, task.id.partition, [task.id.keys], 0)
             progress_list.append(progress)
             job = StoreRestore(
                 str(task.id),

@@ -74,10 +74,19 @@ async def restore_store(
     on_progress: Callable[[RestoreProgress], None],
 ) -> None:
     """Restore ``job`` into its backend, recording each attempt in ``progress``; returns once
-    an attempt succeeds (cancelled with the task)."""
+    an attempt succeeds (cancelled with the task). Each attempt starts where the range's
+    state stands (``StateManager.restore_from``; opening the store is part of the attempt),
+    except one going on from the log start."""
     backoff = FIRST_BACKOFF_S
+    from_log_start: int | None = None
     while True:
         try:
+            progress.start_offset = (
+                state.restore_from(job.store, job.partition, job.keys)
+                if from_log_start is None
+                else from_log_start
+            )
+            from_log_start = None
             await restorer.restore(
                 job.changelog, progress, state.backend(job.store, job.partition), on_progress
             )
@@ -86,7 +95,7 @@ async def restore_store(
         except ChangelogOutOfRange as gone:
             if _from_log_start(job, gone):
                 state.restart(job.application_id, job.store, job.partition, job.keys)
-                progress.start_offset = gone.log_start
+                from_log_start = gone.log_start
                 continue
             failure: Exception = gone
         except Exception as error:  # any failure is reported and retried
@@ -110,7 +119,6 @@ async def restore_store(
         )
         await asyncio.sleep(backoff)
         backoff = min(2 * backoff, MAX_BACKOFF_S)
-        progress.start_offset = state.restore_from(job.store, job.partition, job.keys)
 
 
 def _from_log_start(job: StoreRestore, gone: ChangelogOutOfRange) -> bool:

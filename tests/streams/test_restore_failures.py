@@ -159,6 +159,34 @@ async def test_a_failed_restore_is_an_error_counted_and_retried_until_the_task_r
     await stop(runtime, running)
 
 
+class DiskErrorOnce(StateManager):
+    """Deleting the range's stale local keys before a restore from 0 fails once, as a full
+    or failing disk makes it."""
+
+    def __init__(self, topology: BuiltTopology) -> None:
+        super().__init__(topology, None)
+        self.refusals = 1
+
+    def restore_from(self, store: str, partition: int, keys: KeyRange) -> int:
+        if self.refusals:
+            self.refusals -= 1
+            raise OSError(28, "No space left on device")
+        return super().restore_from(store, partition, keys)
+
+
+async def test_a_store_failing_before_its_restore_reads_is_retried_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topology = count_topology("words", "counts").build()
+    runtime, running = await run_words(topology, Changelog(), DiskErrorOnce(topology))
+    task = next(iter(runtime.tasks))
+    await until(lambda: task.metrics.records == 4, 10, "the task ran after the disk error")
+    (error,) = logged(caplog, "store restore failed; retried")
+    assert "No space left on device" in error.__dict__["error"]
+    assert runtime.restores[task.id][0].failures == 1
+    await stop(runtime, running)
+
+
 async def test_a_window_changelog_whose_start_expired_restores_from_its_log_start(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
