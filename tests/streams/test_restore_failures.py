@@ -5,30 +5,35 @@ store's changelog) or where the log is a new one (past its end), and refused, lo
 live keys' values were deleted (a compacted changelog). The runtime is driven offline, its
 restorer a fake of our own port (the embedded broker has no DeleteRecords, so Kafka's
 OffsetOutOfRange below the log start cannot be made on it); the restorer's own side of it,
-the log start and the give-up on a changelog that never answers, runs on the broker."""
+the log start and the give-up on a changelog that never answers, runs on the broker, and so
+does a whole app whose changelog lacks a partition."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka.structs import TopicPartition
 
 from client.protocol.keyspace import KeyRange, key_hash
-from client.streams import INT64, STRING, StoreSpec, restore, restoring
+from client.streams import INT64, STRING, StoreSpec, StreamsApp, restore, restoring
 from client.streams.errors import ChangelogOutOfRange, StreamsError
+from client.streams.metrics import streams_families
 from client.streams.processor import Processor
 from client.streams.restore import RestoreProgress, Restorer
 from client.streams.runtime import StreamsRuntime
 from client.streams.state import StateManager
 from client.streams.stores import BytesStore
 from client.streams.topology import BuiltTopology, Topology
+from coordinator.kafka import ClusterMetadata
 from tests.client.in_memory_source import InMemorySource
 from tests.fixtures.services import MakeTopic
-from tests.streams.harness import count_topology, increments, produce
+from tests.streams.harness import count_topology, increments, produce, running
+from tests.streams.test_examples import config
 from tests.streams.test_runtime_offline import WORDS, Producer
 from tests.streams.test_task import Rec
 from tests.waiting import until
@@ -297,3 +302,58 @@ async def test_processors_failing_to_start_after_the_restore_are_an_error_not_si
     assert error.levelno == logging.ERROR and error.exc_info is not None
     assert "enrichment service" in str(error.exc_info[1])
     await stop(runtime, running)
+
+
+async def test_an_app_whose_changelog_lacks_a_partition_says_so_in_its_logs_and_metrics(
+    kafka_bootstrap: str,
+    coordinator_url: str,
+    cluster_metadata: ClusterMetadata,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a real broker: the changelog was created by hand with one partition for an input
+    of two, so partition 1's restore never finds its changelog partition. The base code
+    retried that at INFO for ever, the task RESTORING with no word of why; now the restore
+    fails after a while, at ERROR, and the failures show in ``app.metrics()`` and on the
+    metrics port, while partition 0 is counted."""
+    monkeypatch.setattr(restore, "RETRIES_FOR_S", 0.5)
+    words, counts = await make_topic(2), await make_topic(1)
+    app_id = f"short-changelog-{words}"
+    await cluster_metadata.create_topic(
+        f"{app_id}-counts-changelog", 1, config={"cleanup.policy": "compact"}
+    )
+    await produce(kafka_bootstrap, words, increments([f"w{n}" for n in range(40)]))
+    app = StreamsApp(
+        count_topology(words, counts), config(app_id, kafka_bootstrap, coordinator_url, tmp_path)
+    )
+
+    def failing() -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (task, restore)
+            for task, figures in app.metrics().items()
+            for restore in figures["restore"]
+            if restore["failures"] >= 2
+        ]
+
+    async with running(app):
+        await until(failing, 60, "partition 1's restore failing, twice")
+        ((task, figures),) = failing()
+        assert task.startswith("0_1") and not app.metrics()[task]["ready"]
+        assert "[1]: no leader known, for over 0.5 s" in figures["error"]
+        await until(
+            lambda: any(f["records"] for t, f in app.metrics().items() if t.startswith("0_0")),
+            60,
+            "partition 0 counted meanwhile",
+        )
+        families = {family.name: family for family in streams_families(app.metrics())}
+        failures = dict(families["keyrange_streams_restore_failures"].samples)
+        assert failures[(task, "counts")] >= 2
+    errors = [
+        record
+        for record in logged(caplog, "store restore failed; retried")
+        if record.__dict__["task"] == task
+    ]
+    assert errors and all(record.levelno == logging.ERROR for record in errors)
+    assert errors[0].__dict__["changelog"] == f"{app_id}-counts-changelog"
