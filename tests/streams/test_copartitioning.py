@@ -114,5 +114,6 @@ async def test_an_app_on_topics_not_co_partitioned_stops_before_joining_its_grou
     )
     with pytest.raises(TopologyError) as refused:
         await app.run()
-    assert f"'{clicks}' has 6, '{users}' has 3 partitions" in str(refused.value)
+    message = str(refused.value)
+    assert f"'{clicks}' has 6" in message and f"'{users}' has 3" in message
     assert app.member_id is None
