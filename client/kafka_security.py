@@ -12,12 +12,14 @@ not depend on the server's packages.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
+from urllib.parse import unquote, urlsplit
 
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.helpers import create_ssl_context
@@ -29,16 +31,73 @@ _TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 _SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
 
 
+# Directories (comma-separated, as Kafka's ``org.apache.kafka.sasl.oauthbearer.allowed.urls``
+# lists URLs) under which a ``file://`` token URL given as a Kafka property may name a file.
+# Read from the environment of the process that reads the token, never from the properties:
+# those may come from a less trusted party (a Spark job's data-source options on a shared SQL
+# endpoint), who could otherwise have any local file sent as a bearer token to servers of
+# their choosing (CVE-2025-27817). Unset or empty: no file is allowed.
+OAUTH_TOKEN_DIRS_ENV = "KEYRANGE_KAFKA_OAUTH_TOKEN_DIRS"
+
+
 class TokenFile(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka ships no types
     """An OAUTHBEARER token read from a file at every connection, so a token the platform
     rotates (a projected service-account token, a sidecar's refreshed token) is used
-    without restarting the coordinator."""
+    without restarting the coordinator. ``confined``: the path came from Kafka properties,
+    so it is checked against ``OAUTH_TOKEN_DIRS_ENV`` here too, where the file is read (a
+    Spark executor), not only where the properties were parsed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, confined: bool = False) -> None:
         self.path = path
+        self.confined = confined
 
     async def token(self) -> str:
+        if self.confined:
+            allowed_token_file(self.path)
         return (await asyncio.to_thread(Path(self.path).read_text)).strip()
+
+
+def token_file_of_url(url: str) -> str:
+    """The local file a ``sasl.oauthbearer.token.endpoint.url`` names, once
+    ``allowed_token_file`` admits it: a ``file://`` URL of an absolute path, on no host but
+    this one."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "file":
+        raise KafkaPropertyError(
+            "OAUTHBEARER reads its token from a file here: set "
+            "sasl.oauthbearer.token.endpoint.url to a file:// URL"
+        )
+    if parts.netloc not in ("", "localhost"):
+        raise KafkaPropertyError(
+            f"sasl.oauthbearer.token.endpoint.url names host {parts.netloc!r}: a token file "
+            "is read on this machine only (file:///path)"
+        )
+    path = unquote(parts.path)
+    if not path.startswith("/") or parts.query or parts.fragment:
+        raise KafkaPropertyError(
+            "sasl.oauthbearer.token.endpoint.url must name an absolute path (file:///path)"
+        )
+    return allowed_token_file(path)
+
+
+def allowed_token_file(path: str, environ: Mapping[str, str] | None = None) -> str:
+    """``path`` when, symbolic links and ``..`` resolved, it lies under a directory
+    ``OAUTH_TOKEN_DIRS_ENV`` names; ``KafkaPropertyError`` naming the setting otherwise."""
+    listed = (os.environ if environ is None else environ).get(OAUTH_TOKEN_DIRS_ENV, "")
+    allowed = [Path(entry.strip()) for entry in listed.split(",") if entry.strip()]
+    real = Path(os.path.realpath(path))
+    if not any(
+        directory.is_absolute() and real.is_relative_to(os.path.realpath(directory))
+        for directory in allowed
+    ):
+        named = f"it names {listed!r}" if allowed else "it is not set"
+        raise KafkaPropertyError(
+            f"sasl.oauthbearer.token.endpoint.url: {path!r} is not under a directory "
+            f"{OAUTH_TOKEN_DIRS_ENV} allows ({named}); a token file given as a Kafka property "
+            f"is read only under the directories {OAUTH_TOKEN_DIRS_ENV} names in the "
+            "environment of the process reading it (docs/kafka-security.md)"
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -56,6 +115,8 @@ class KafkaSecurity:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     sasl_oauth_token_file: str | None = None
+    # The token file came from Kafka properties: read only under OAUTH_TOKEN_DIRS_ENV.
+    sasl_oauth_token_confined: bool = False
 
     @property
     def uses_tls(self) -> bool:
@@ -168,7 +229,9 @@ class KafkaSecurity:
             options["sasl_mechanism"] = self.sasl_mechanism
             if self.sasl_mechanism == "OAUTHBEARER":
                 assert self.sasl_oauth_token_file is not None  # problems() requires it
-                options["sasl_oauth_token_provider"] = TokenFile(self.sasl_oauth_token_file)
+                options["sasl_oauth_token_provider"] = TokenFile(
+                    self.sasl_oauth_token_file, confined=self.sasl_oauth_token_confined
+                )
             else:
                 assert self.sasl_password is not None  # problems() requires it
                 # aiokafka takes SCRAM credentials under the PLAIN names too.
@@ -267,13 +330,7 @@ def security_from_kafka_properties(properties: Mapping[str, str]) -> KafkaSecuri
             )
         username, password = jaas.get("username"), jaas.get("password")
     elif jaas_module == _OAUTH_MODULE:
-        url = properties.get("sasl.oauthbearer.token.endpoint.url")
-        if url is None or not url.startswith("file:"):
-            raise KafkaPropertyError(
-                "OAUTHBEARER reads its token from a file here: set "
-                "sasl.oauthbearer.token.endpoint.url to a file:// URL"
-            )
-        token_file = url.removeprefix("file://") if url.startswith("file://") else url[5:]
+        token_file = token_file_of_url(properties.get("sasl.oauthbearer.token.endpoint.url", ""))
     elif jaas_module is not None:
         raise KafkaPropertyError(
             f"sasl.jaas.config login module {jaas_module} is not supported: PlainLoginModule, "
@@ -294,6 +351,7 @@ def security_from_kafka_properties(properties: Mapping[str, str]) -> KafkaSecuri
         sasl_username=username,
         sasl_password=password,
         sasl_oauth_token_file=token_file,
+        sasl_oauth_token_confined=token_file is not None,
     )
 
 

@@ -306,7 +306,8 @@ class StreamsApp:
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per task: records processed, punctuations, stream time and its lag behind the wall
-        clock, buffered records, and each store's restore progress."""
+        clock, buffered records, and each store's restore progress (with its failed attempts
+        and, until one succeeds, why the last failed)."""
         runtime = self.runtime
         if runtime is None:
             return {}
@@ -321,16 +322,7 @@ class StreamsApp:
                 "stream_time_lag_ms": None if stream_time < 0 else now_ms - stream_time,
                 "buffered": task.inputs.buffered(),
                 "ready": task.state is not TaskState.RESTORING,
-                "restore": [
-                    {
-                        "store": progress.store,
-                        "read": progress.read,
-                        "restored": progress.restored,
-                        "fraction": round(progress.fraction, 3),
-                        "done": progress.done,
-                    }
-                    for progress in runtime.restores.get(task_id, [])
-                ],
+                "restore": [progress.figures() for progress in runtime.restores.get(task_id, [])],
             }
         return result
 

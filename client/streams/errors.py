@@ -31,3 +31,21 @@ class SendFailed(StreamsError):
     """The producer could not deliver a sink record or a changelog write: nothing processed
     since is committed, and the instance stops (Kafka Streams' at-least-once does the same),
     so whoever takes the keys processes those records again (docs/streams.md)."""
+
+
+class ChangelogOutOfRange(StreamsError):
+    """A restore's start offset is outside its changelog's log: the records below
+    ``log_start`` were deleted (retention, deleted records) or the offset is past the log's
+    end (the topic was created again). ``client.streams.restoring`` decides whether the
+    restore may go on from ``log_start``."""
+
+    def __init__(self, topic: str, partition: int, offset: int, log_start: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.log_start = log_start
+        where = "below its log start" if offset < log_start else "past its end"
+        super().__init__(
+            f"cannot restore from changelog {topic}[{partition}]: offset {offset} is {where} "
+            f"(log start {log_start})"
+        )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from client.streams.errors import TopologyError
-from client.streams.topology import BuiltTopology, StoreSpec, SubTopology
+from client.streams.topology import BuiltTopology, StoreSpec, SubTopology, check_copartitioned
 
 
 def internal_name(application_id: str, topic: str) -> str:
@@ -48,28 +48,63 @@ def external_topics(topology: BuiltTopology) -> list[str]:
 
 
 def plan_internal_topics(topology: BuiltTopology, partitions: dict[str, int]) -> dict[str, int]:
-    """Each internal topic's partition count: its own, or the largest of the topics its
-    writing sub-topology reads (Kafka Streams' rule). ``partitions`` holds the external
-    topics' counts; the plan is added to it too, as the app reads it afterwards."""
+    """Each internal topic's partition count, checking co-partitioning (Kafka Streams'
+    rules, which it checks at start-up as this is): a sub-topology's input topics are read
+    partition by partition together (a join, a shared store), so they must have one count.
+    Its external topics must agree, or ``TopologyError`` names them with their counts; an
+    internal topic it reads takes their count (a re-keyed stream joined with a table on 3
+    partitions is repartitioned into 3, whatever the stream's topic has), and one declared
+    with another count is refused. A sub-topology reading internal topics only gives them
+    their declared count, or else the largest of the topics their writers read.
+    ``partitions`` holds the external topics' counts; the plan is added to it too, as the
+    app reads it afterwards."""
     planned: dict[str, int] = {}
-    pending = dict(topology.internal_topics)
+    groups = [sub.source_topics for sub in topology.subtopologies]
+    # Internal topics no sub-topology reads are sized by their writers alone.
+    read = {topic for topics in groups for topic in topics}
+    groups += [(topic,) for topic in topology.internal_topics if topic not in read]
+    pending = list(groups)
     while pending:
         progressed = False
-        for topic, count in list(pending.items()):
+        for topics in list(pending):
+            count = _group_count(topology, topics, partitions)
             if count is None:
-                counts = [partitions.get(source) for source in _read_by_writers(topology, topic)]
-                if not counts or any(known is None for known in counts):
-                    continue
-                count = max(known for known in counts if known is not None)
-            planned[topic] = partitions[topic] = count
-            pending.pop(topic)
+                continue
+            for topic in topics:
+                if topic in topology.internal_topics:
+                    planned[topic] = partitions[topic] = count
+            pending.remove(topics)
             progressed = True
         if not progressed:
+            unsized = sorted(
+                topic for topics in pending for topic in topics if topic in topology.internal_topics
+            )
             raise TopologyError(
-                f"cannot size internal topics {sorted(pending)}: no sub-topology writing them "
+                f"cannot size internal topics {unsized}: no sub-topology writing them "
                 "reads a topic of known size"
             )
     return planned
+
+
+def _group_count(
+    topology: BuiltTopology, topics: tuple[str, ...], partitions: dict[str, int]
+) -> int | None:
+    """The partition count of one group of co-partitioned topics (None: not known yet, as a
+    writer's own input is not sized); raises ``TopologyError`` when they cannot agree."""
+    internal = topology.internal_topics
+    external = {topic: partitions[topic] for topic in topics if topic not in internal}
+    declared = {topic: count for topic in topics if (count := internal.get(topic)) is not None}
+    check_copartitioned(external)
+    check_copartitioned({**external, **declared})
+    if external or declared:
+        return next(iter({**external, **declared}.values()))
+    writers: list[int] = []
+    for topic in topics:
+        counts = [partitions.get(source) for source in _read_by_writers(topology, topic)]
+        if not counts or any(known is None for known in counts):
+            return None
+        writers.extend(known for known in counts if known is not None)
+    return max(writers)
 
 
 def _read_by_writers(topology: BuiltTopology, topic: str) -> list[str]:

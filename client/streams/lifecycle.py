@@ -16,6 +16,7 @@ from client.streams.cache import CacheBudget
 from client.streams.gate import TaskGate
 from client.streams.ports import StoreRestorer
 from client.streams.restore import RestoreProgress
+from client.streams.restoring import StoreRestore, restore_store
 from client.streams.state import StateManager
 from client.streams.task import StreamTask, TaskId, TaskState
 from client.streams.tasks import Tasks
@@ -75,9 +76,11 @@ class Lifecycle:
         task.tracer = self._tracer
         self._gate.grant(task, sub.source_topics[0])
         self._tasks.add(task)
-        self._restorations[task_id] = asyncio.create_task(
+        restoring = asyncio.create_task(
             self._restore(task), name=f"keyrange-streams-restore-{task_id}"
         )
+        restoring.add_done_callback(_report_failure)
+        self._restorations[task_id] = restoring
         logger.info("task created", extra={"task": str(task_id)})
         return task
 
@@ -120,23 +123,24 @@ class Lifecycle:
         progress_list: list[RestoreProgress] = []
         self.restores[task.id] = progress_list
         for store in task.stores:
-            spec = self._topology.stores[store]
-            start = self._state.restore_from(store, task.id.partition, task.id.keys)
-            progress = RestoreProgress(store, task.id.partition, [task.id.keys], start)
+            progress = RestoreProgress(store, task.id.partition, [task.id.keys], 0)
             progress_list.append(progress)
-            await self._restorer.restore(
-                spec.changelog_topic(self._application_id),
-                progress,
-                self._state.backend(store, task.id.partition),
-                self._on_restore,
+            job = StoreRestore(
+                str(task.id),
+                self._application_id,
+                store,
+                self._topology.stores[store],
+                task.id.partition,
+                task.id.keys,
             )
+            await restore_store(job, progress, self._restorer, self._state, self._on_restore)
             self._state.restored(store, task.id.partition, task.id.keys, progress.position)
             logger.info(
                 "store restored",
                 extra={
                     "task": str(task.id),
                     "store": store,
-                    "start_offset": start,
+                    "start_offset": progress.start_offset,
                     "records_read": progress.read,
                     "records_restored": progress.restored,
                     "seconds": round(progress.seconds, 3),
@@ -147,3 +151,14 @@ class Lifecycle:
         if task.state is TaskState.RESTORING:
             task.init()
         self._on_ready()
+
+
+def _report_failure(restoring: asyncio.Task[None]) -> None:
+    """A restore that ended in an exception (the store restores retry theirs: this is a
+    task's processors failing to start) is logged, never left for the collector to drop."""
+    if not restoring.cancelled() and (error := restoring.exception()) is not None:
+        logger.error(
+            "task not started after its restore",
+            extra={"restore": restoring.get_name()},
+            exc_info=error,
+        )

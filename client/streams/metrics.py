@@ -20,9 +20,10 @@ _TASK_FIGURES = (
     ("ready", "gauge", "1 once every store of the task is restored, 0 while restoring."),
 )
 _RESTORE_FIGURES = (
-    ("read", "Changelog records fetched by the restoration (every record, any key)."),
-    ("restored", "Changelog records of the task's key range written to the store."),
-    ("fraction", "Share of the changelog span read so far (1 when done)."),
+    ("read", "gauge", "Changelog records fetched by the restoration (every record, any key)."),
+    ("restored", "gauge", "Changelog records of the task's key range written to the store."),
+    ("fraction", "gauge", "Share of the changelog span read so far (1 when done)."),
+    ("failures", "counter", "Attempts of the restoration that failed (each logged as ERROR)."),
 )
 
 
@@ -62,6 +63,7 @@ def streams_families(
         Family(
             f"keyrange_streams_restore_{name}",
             text,
+            "counter" if kind == "counter" else "gauge",
             labels=("task", "store"),
             samples=[
                 ((task, restore["store"]), float(restore[name]))
@@ -69,7 +71,7 @@ def streams_families(
                 for restore in figures["restore"]
             ],
         )
-        for name, text in _RESTORE_FIGURES
+        for name, kind, text in _RESTORE_FIGURES
     )
     families.extend(
         Family(f"keyrange_streams_{name}", text, samples=[((), float(budget[name]))])

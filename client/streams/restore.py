@@ -28,6 +28,7 @@ from typing import Any
 import aiokafka.errors as kafka_errors
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
@@ -41,7 +42,7 @@ from client.protocol.keyspace import (
     key_digest_bytes,
     key_hash,
 )
-from client.streams.errors import StreamsError
+from client.streams.errors import ChangelogOutOfRange, StreamsError
 from client.streams.stores import BytesStore
 
 _native: ModuleType | None
@@ -66,7 +67,12 @@ _PARTITION_FETCH_BYTES = 8 * 1024 * 1024
 # the current one is filtered, which takes longer than the broker's answer.
 _FIRST_FETCH_BYTES = 512 * 1024
 _READ_UNCOMMITTED = 0
+# ListOffsets' timestamp that asks for a partition's first offset.
+_EARLIEST = -2
 _RETRY_BACKOFF_S = 0.1
+# How long one fetch retries a retriable error (a leader election takes seconds) before the
+# restore fails and is retried, with an ERROR, by the task restoring.
+RETRIES_FOR_S = 30.0
 # Changes written to the store at a time: one RocksDB write batch. Below the cyclic garbage
 # collector's first-generation threshold (700 allocations net), so a batch is freed before
 # the collector runs; a consumer's whole fetch held at once (100,000 records) made it run
@@ -80,7 +86,8 @@ _LOG_OVERHEAD = 12
 
 @dataclass
 class RestoreProgress:
-    """What a restoration read and wrote; ``read`` counts every fetched record."""
+    """What a restoration read and wrote; ``read`` counts every fetched record. ``failures``
+    counts the attempts that failed, ``error`` says why the last one did until one succeeds."""
 
     store: str
     partition: int
@@ -93,6 +100,8 @@ class RestoreProgress:
     seconds: float = 0.0
     done: bool = False
     started: float = field(default_factory=time.monotonic)
+    failures: int = 0
+    error: str | None = None
 
     @property
     def fraction(self) -> float:
@@ -100,6 +109,18 @@ class RestoreProgress:
             return 0.0
         span = self.end_offset - self.start_offset
         return 1.0 if span <= 0 else min(1.0, (self.position - self.start_offset) / span)
+
+    def figures(self) -> dict[str, Any]:
+        """What ``StreamsApp.metrics()`` shows of the restoration."""
+        return {
+            "store": self.store,
+            "read": self.read,
+            "restored": self.restored,
+            "fraction": round(self.fraction, 3),
+            "done": self.done,
+            "failures": self.failures,
+            "error": self.error,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +233,9 @@ class Restorer:
 
     async def _fetch(self, tp: TopicPartition, offset: int, fetch_bytes: int) -> _Fetched:
         """One fetch from ``offset``, retried through leader moves and lost connections."""
+        since = time.monotonic()
         while True:
-            node = await self._leader(tp)
+            node = await self._leader(tp, since)
             request = FetchRequest(
                 max_wait_time=_FETCH_WAIT_MS,
                 min_bytes=0,
@@ -226,7 +248,7 @@ class Restorer:
             except kafka_errors.KafkaError as err:
                 if not err.retriable:
                     raise StreamsError(f"cannot restore from {_name(tp)}: {err}") from err
-                await self._retry_later(tp, str(err))
+                await self._retry_later(tp, str(err), since)
                 continue
             error_code, high_watermark, records = _partition_reply(reply, tp)
             error = kafka_errors.for_code(error_code)
@@ -235,24 +257,53 @@ class Restorer:
             if error is kafka_errors.OffsetOutOfRangeError:
                 # A consumer would jump to one end of the log and restore too little in
                 # silence; the offset came from a checkpoint or from 0, so the changelog
-                # lost records (retention, deleted records) or was created again.
-                raise StreamsError(
-                    f"cannot restore from {_name(tp)}: offset {offset} is outside its log "
-                    "(records deleted, or the topic created again)"
-                )
+                # lost records (retention, deleted records) or was created again. Kafka
+                # answers this error without the log start, so it is asked for.
+                log_start = await self.log_start(tp)
+                raise ChangelogOutOfRange(tp.topic, tp.partition, offset, log_start)
             if not (error.retriable or error.invalid_metadata):
                 raise StreamsError(f"cannot restore from {_name(tp)}: {error.message}")
-            await self._retry_later(tp, error.message)
+            await self._retry_later(tp, error.message, since)
 
-    async def _leader(self, tp: TopicPartition) -> int:
+    async def log_start(self, tp: TopicPartition) -> int:
+        """The partition's first offset (ListOffsets for the earliest), retried as a fetch."""
+        since = time.monotonic()
+        while True:
+            node = await self._leader(tp, since)
+            request = OffsetRequest(
+                -1, _READ_UNCOMMITTED, [(tp.topic, [(tp.partition, _EARLIEST)])]
+            )
+            try:
+                reply = await self._client.send(node, request)
+            except kafka_errors.KafkaError as err:
+                if not err.retriable:
+                    raise StreamsError(f"cannot read the log start of {_name(tp)}: {err}") from err
+                await self._retry_later(tp, str(err), since)
+                continue
+            error_code, offset = _listed_offset(reply, tp)
+            error = kafka_errors.for_code(error_code)
+            if error is kafka_errors.NoError:
+                return offset
+            if not (error.retriable or error.invalid_metadata):
+                raise StreamsError(f"cannot read the log start of {_name(tp)}: {error.message}")
+            await self._retry_later(tp, error.message, since)
+
+    async def _leader(self, tp: TopicPartition, since: float) -> int:
         await self._client.add_topic(tp.topic)
         while True:
             leader = self._client.cluster.leader_for_partition(tp)
             if leader is not None and leader >= 0:
                 return int(leader)
-            await self._retry_later(tp, "no leader known")
+            await self._retry_later(tp, "no leader known", since)
 
-    async def _retry_later(self, tp: TopicPartition, reason: str) -> None:
+    async def _retry_later(self, tp: TopicPartition, reason: str, since: float) -> None:
+        """Wait out a retriable error; one lasting past ``RETRIES_FOR_S`` fails the restore,
+        so the restoring task says why it waits (``client.streams.restoring``) instead of
+        retrying in silence."""
+        if time.monotonic() - since > RETRIES_FOR_S:
+            raise StreamsError(
+                f"cannot restore from {_name(tp)}: {reason}, for over {RETRIES_FOR_S:g} s"
+            )
         logger.info("changelog fetch retried", extra={"partition": _name(tp), "reason": reason})
         await asyncio.sleep(_RETRY_BACKOFF_S)
         await self._client.force_metadata_update()
@@ -266,6 +317,18 @@ def _partition_reply(reply: Any, tp: TopicPartition) -> tuple[int, int, bytes | 
             if topic == tp.topic and partition_reply[0] == tp.partition:
                 return partition_reply[1], partition_reply[2], partition_reply[-1]
     return kafka_errors.NotLeaderForPartitionError.errno, -1, None
+
+
+def _listed_offset(reply: Any, tp: TopicPartition) -> tuple[int, int]:
+    """(error code, offset) of ``tp`` in a ListOffsets answer: version 0 lists offsets, the
+    later ones carry one after the timestamp."""
+    for topic, partitions in reply.topics:
+        for entry in partitions:
+            if topic == tp.topic and entry[0] == tp.partition:
+                if len(entry) > 3:
+                    return entry[1], int(entry[3])
+                return entry[1], int(entry[2][0]) if entry[2] else -1
+    return kafka_errors.NotLeaderForPartitionError.errno, -1
 
 
 def _batches(

@@ -73,6 +73,14 @@ class StateManager:
         delete_ranges(backend, [keys])
         return 0
 
+    def restart(self, application_id: str, store: str, partition: int, keys: KeyRange) -> None:
+        """``keys`` are restored again from the changelog's log start, their local state and
+        any checkpoint of them being of a log that is gone. Checkpoint first, as ``drop``."""
+        for kept in (self._held, self._standby, self._loaded):
+            self._forget_overlapping(kept, store, partition, keys)
+        self._write_checkpoint(application_id, store, partition)
+        delete_ranges(self.backend(store, partition), [keys])
+
     def restored(self, store: str, partition: int, keys: KeyRange, end_offset: int) -> None:
         """An active task's ``keys`` are restored up to ``end_offset``: a standby of them, if
         any, became this task's state."""

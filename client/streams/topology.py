@@ -281,6 +281,17 @@ class Topology:
                 raise TopologyError(
                     f"store '{spec.name}': its changelog '{spec.source_topic}' is no source's topic"
                 )
+        subtopologies = self._subtopologies(children)
+        # What is known before the topics are: the counts internal topics were declared with.
+        # ``client.streams.internal.plan_internal_topics`` checks the rest at start-up.
+        for sub in subtopologies:
+            check_copartitioned(
+                {
+                    topic: count
+                    for topic in sub.source_topics
+                    if (count := self._internal.get(topic)) is not None
+                }
+            )
         return BuiltTopology(
             sources=dict(self._sources),
             processors=dict(self._processors),
@@ -288,7 +299,7 @@ class Topology:
             stores=dict(self._stores),
             store_users={name: tuple(users) for name, users in self._store_users.items()},
             children={name: tuple(kids) for name, kids in children.items()},
-            subtopologies=self._subtopologies(children),
+            subtopologies=subtopologies,
             internal_topics=dict(self._internal),
         )
 
@@ -346,6 +357,19 @@ class Topology:
                 )
         if len(set(parents)) != len(parents):
             raise TopologyError(f"{kind} '{name}' names a parent twice")
+
+
+def check_copartitioned(counts: dict[str, int]) -> None:
+    """Topics read partition by partition together (one sub-topology's inputs: a join, a
+    shared store) need one partition count: the assignor hands out only the partitions every
+    one of them has, so the rest would never be read."""
+    if len(set(counts.values())) > 1:
+        named = ", ".join(f"'{topic}' has {count}" for topic, count in sorted(counts.items()))
+        raise TopologyError(
+            "topics read together (joined, or sharing a store) are not co-partitioned: "
+            f"{named} partitions; give them one partition count, or re-key one side through "
+            "a repartition topic"
+        )
 
 
 def _check_serdes(owner: str, *serdes: Serde) -> None:

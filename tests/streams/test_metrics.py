@@ -33,7 +33,15 @@ def test_each_task_figure_becomes_a_family_labelled_by_task_and_store() -> None:
             "buffered": 3,
             "ready": True,
             "restore": [
-                {"store": "counts", "read": 40, "restored": 10, "fraction": 1.0, "done": True}
+                {
+                    "store": "counts",
+                    "read": 40,
+                    "restored": 10,
+                    "fraction": 1.0,
+                    "done": True,
+                    "failures": 2,
+                    "error": None,
+                }
             ],
         },
         "1_0[0-3fffffffffffffff]": {
@@ -64,6 +72,8 @@ def test_each_task_figure_becomes_a_family_labelled_by_task_and_store() -> None:
     assert families["keyrange_streams_restore_read"].samples == [((TASK, "counts"), 40.0)]
     assert families["keyrange_streams_restore_restored"].samples == [((TASK, "counts"), 10.0)]
     assert families["keyrange_streams_restore_fraction"].labels == ("task", "store")
+    assert families["keyrange_streams_restore_failures"].kind == "counter"
+    assert families["keyrange_streams_restore_failures"].samples == [((TASK, "counts"), 2.0)]
 
 
 def scraped(text: str, name: str) -> dict[str, float]:
