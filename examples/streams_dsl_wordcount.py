@@ -2,7 +2,7 @@
 split into words, re-keyed by word through a repartition topic the app creates, counted in
 a RocksDB store, every new count to the output topic), in five steps.
 
-    keyrange streams examples.streams_dsl_wordcount:build_topology --application-id wordcount \\
+    keyrange streams examples.streams_dsl_wordcount:build_topology --application-id dsl-wordcount \\
         --bootstrap localhost:9092 --coordinator http://localhost:8080
 
 Topics from the environment: ``WORDCOUNT_LINES`` (default ``lines``), ``WORDCOUNT_COUNTS``

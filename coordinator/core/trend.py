@@ -11,16 +11,38 @@ memory than one.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 TREND_WINDOW_S = 600.0
 TREND_STEP_S = 5.0
 
 
+HASH_SPACE = 2**63
+
+
+def processed_estimate(
+    stable_offset: int, ic_offsets: int, watermarks: Iterable[tuple[int, int, int]]
+) -> int:
+    """Offsets a partition's committed state counts as processed: those below the stable
+    offset, the IC offsets, and for each watermark piece ``(first hash, last hash,
+    watermark)`` the offsets between the stable offset and its watermark by the piece's share
+    of the hash space. Watermarks are how members commit by default, and a hot key's head can
+    hold the stable offset still for a long while: without them the console showed 0 records/s
+    while thousands were processed. The share is an estimate: with skewed keys a piece's share
+    of the records differs from its share of the hash space."""
+    above = sum(
+        (watermark - stable_offset) * (last - first + 1) / HASH_SPACE
+        for first, last, watermark in watermarks
+        if watermark > stable_offset
+    )
+    return stable_offset + ic_offsets + round(above)
+
+
 @dataclass(frozen=True)
 class TrendSample:
-    """``processed``: offsets below the stable offsets plus IC offsets, over the partitions;
-    ``lag`` None when no high watermark was known."""
+    """``processed``: ``processed_estimate`` summed over the partitions; ``lag`` None when no
+    high watermark was known."""
 
     at_s: float
     lag: int | None

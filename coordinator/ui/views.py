@@ -14,7 +14,7 @@ from coordinator.admin.schemas import (
     GroupSummary,
     TopicConfigReply,
 )
-from coordinator.core.trend import GroupTrend, TrendSample
+from coordinator.core.trend import GroupTrend, TrendSample, processed_estimate
 from coordinator.groups.schemas import MemberDescription, SliceJson
 from coordinator.ui.drawing import (
     UNOWNED_COLOUR,
@@ -182,9 +182,12 @@ def topics_of(description: AdminGroupDescription) -> list[str]:
 
 def trend_sample(description: AdminGroupDescription, at_s: float) -> TrendSample:
     """The group's figures now, for its trend: lag over the partitions whose high watermark
-    is known (None with none), and progress as offsets processed."""
+    is known (None with none), and progress as offsets processed (``processed_estimate``)."""
     lags = [item.lag for item in description.partitions if item.lag is not None]
-    processed = sum(item.stable_offset + item.ic_offsets for item in description.partitions)
+    processed = sum(
+        processed_estimate(item.stable_offset, item.ic_offsets, item.watermarks)
+        for item in description.partitions
+    )
     return TrendSample(at_s, sum(lags) if lags else None, processed)
 
 

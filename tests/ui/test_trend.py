@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.core.trend import GroupTrend, TrendPoint, TrendSample
+from coordinator.core.trend import (
+    HASH_SPACE,
+    GroupTrend,
+    TrendPoint,
+    TrendSample,
+    processed_estimate,
+)
 from coordinator.ui.drawing import chart
 
 
@@ -56,3 +62,20 @@ def test_a_flat_zero_line_lies_on_the_bottom_and_no_points_draw_nothing() -> Non
     empty = chart([], 600.0)
     assert (empty.points, empty.latest) == ("", None)
     assert chart([TrendPoint(0.0, 3.0)], 600.0).peak == pytest.approx(3.0)
+
+
+def test_progress_committed_as_watermarks_counts_by_its_share_of_the_hash_space() -> None:
+    """Issue 47 item 7: a hot key held the stable offset at 46 while the other keys were
+    processed and committed as watermarks, and the console drew 0.0 records/s."""
+    half = HASH_SPACE // 2
+    assert processed_estimate(46, 0, []) == 46
+    lower_half_to_1046 = [(0, half - 1, 1046)]
+    assert processed_estimate(46, 0, lower_half_to_1046) == 46 + 500
+    both_halves = [(0, half - 1, 1046), (half, HASH_SPACE - 1, 2046)]
+    assert processed_estimate(46, 10, both_halves) == 46 + 10 + 500 + 1000
+    # A piece at or below the stable offset adds nothing: those offsets are counted already.
+    assert processed_estimate(46, 0, [(0, HASH_SPACE - 1, 40)]) == 46
+    trend = GroupTrend()
+    trend.add(TrendSample(0.0, None, processed_estimate(46, 0, [])))
+    trend.add(TrendSample(10.0, None, processed_estimate(46, 0, lower_half_to_1046)))
+    assert [point.value for point in trend.rate()] == [50.0]
