@@ -60,11 +60,12 @@ def sections() -> list[list[list[str]]]:
 
 def test_a_gap_in_the_key_space_is_a_row_owned_by_nobody() -> None:
     _, _, ranges, _ = sections()
-    assert [row[1:5] for row in ranges] == [
-        ["0", f"0-{QUARTER - 1}", "25.0%", "a"],
-        ["0", f"{QUARTER}-{2 * QUARTER - 1}", "25.0%", "-"],
-        ["0", f"{2 * QUARTER}-{END}", "50.0%", "b"],
-        ["1", f"0-{END}", "100.0%", "b"],
+    # A range is written [first, last] as the client's logs do: two words for split().
+    assert [row[1:6] for row in ranges] == [
+        ["0", "[0,", f"{QUARTER - 1}]", "25.0%", "a"],
+        ["0", f"[{QUARTER},", f"{2 * QUARTER - 1}]", "25.0%", "-"],
+        ["0", f"[{2 * QUARTER},", f"{END}]", "50.0%", "b"],
+        ["1", "[0,", f"{END}]", "100.0%", "b"],
     ]
 
 
