@@ -165,12 +165,13 @@ def marks(changelogs: dict[str, list[tuple[bytes | None, bytes | None]]]) -> lis
 VIEWS_THEN_CLOSE = [("u", 10), ("u", 20), ("v", 250)]
 
 
-@pytest.mark.parametrize("sink", ["pending", "refused"])
+@pytest.mark.parametrize("sink", ["pending", "refused", "session lost"])
 async def test_a_window_whose_result_was_not_acknowledged_is_emitted_by_the_next_owner(
     sink: str,
 ) -> None:
-    """The first instance emits u's window and dies (its sink batch still pending) or stops
-    on the sink's refusal, without a commit; its changelog writes were all acknowledged. A
+    """The first instance emits u's window and dies (its sink batch still pending), stops on
+    the sink's refusal, or loses its session and then commits what it still may; its
+    changelog writes were all acknowledged. A
     fresh instance restores that changelog, is given the same views plus a later one, and
     emits u's window: before, the mark had reached the changelog with the result still on
     its way, the restore found the window final, and nobody ever emitted it."""
@@ -186,7 +187,18 @@ async def test_a_window_whose_result_was_not_acknowledged_is_emitted_by_the_next
         with pytest.raises(SendFailed):
             await asyncio.wait_for(running, 10)
     else:
-        await until(lambda: first_producer.sink_batches == 1, 10, "the result handed over")
+        await until(
+            lambda: (
+                first_producer.sink_batches == 1
+                and any(key == b"v" for log in first_producer.changelogs.values() for key, _ in log)
+            ),
+            10,
+            "the result and the round's changelog writes handed over",
+        )
+        if sink == "session lost":
+            first.lost({VIEWS: [KeyRange.full()]})
+            await first.commit()
+            await first.dropped({VIEWS: [KeyRange.full()]})
         # Killed: nothing after this point runs, no commit, no flush.
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
