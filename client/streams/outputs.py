@@ -9,10 +9,12 @@ word count's CPU (bench/README.md, "rate_cpu_1 after batching the outputs"). The
 same: aiokafka's own ``send`` builds these batches too. A partition has one batch handed over
 at a time: what a round produced for it waits here while the batch before is unacknowledged,
 and goes out with the next round, or when that batch is acknowledged (``wake``), or at a flush
-(which waits for each in turn); a round that left more than a batch waiting for a partition
-waits for it to go. Each partition's records keep their order: its batches are handed over
-one after the other's acknowledgement. The producer sends one request per broker at a time,
-so this costs no throughput: it queued a partition's next batch until the last one was sent.
+(which waits for each in turn). A partition left with more than a batch's worth waiting after
+a hand-over holds the round until no more than that waits, as the producer's own queue held
+it before (it took one batch beyond the one in flight). Each partition's records keep their
+order: its batches are handed over one after the other's acknowledgement. The producer sends
+one request per broker at a time and queued a partition's next batch until the last one was
+sent, so the pace is the same.
 
 The gate is asked for every task whose records a batch holds right before the batch is
 handed over, with no ``await`` between the question and the hand-over that could suspend:
@@ -147,16 +149,20 @@ class Outputs:
 
     async def _hand_over(self, *, everything: bool) -> None:
         """Hand over a batch for each partition whose previous delivery is done, and go on
-        as those deliveries complete: for every partition waiting at a flush, and for one
-        with more records waiting than a batch holds otherwise (the backpressure the
-        producer's own queue gave before)."""
+        as those deliveries complete: for every partition waiting at a flush, and otherwise
+        for one left with more than another batch's worth waiting (the backpressure the
+        producer's own queue gave before: it took one batch beyond the one in flight)."""
         refused: dict[StreamTask, int] = {}
         through: set[Partition] = set(self._waiting) if everything else set()
         try:
             while self.failure is None:
                 for at in list(self._waiting):
-                    if self._delivered_last(at) and await self._send_one(at, refused):
+                    if not self._delivered_last(at):
+                        continue
+                    if await self._send_one(at, refused):
                         through.add(at)
+                    elif not everything:
+                        through.discard(at)
                 pending = [
                     last
                     for at in through
@@ -188,7 +194,8 @@ class Outputs:
         """One batch of the partition's waiting records, its tasks asked at the gate right
         before the hand-over, with no ``await`` in between: the topic's metadata is known
         first (``send_batch`` would wait for it), and the partition's previous delivery is
-        done (``_delivered_last``). Whether records are left waiting (the batch was full)."""
+        done (``_delivered_last``). Whether more records are left waiting than this batch
+        took (a batch's worth, about)."""
         topic = at[0]
         if topic not in self._known:
             await self._metadata(topic)
@@ -216,13 +223,13 @@ class Outputs:
                 members[task] = None
                 changelog = changelog or record.changelog_of is not None
             index += 1
-        left = index < len(waiting)
+        left = len(waiting) - index
         if left:
             del waiting[:index]
             self._waiting[at] = waiting
         if batch.record_count():
             await self._send_batch(at, batch, tuple(members), changelog)
-        return left
+        return left > index
 
     async def _metadata(self, topic: str) -> None:
         """Learn the topic's partitions before any gate is asked for it (a sink's come with

@@ -230,22 +230,23 @@ async def test_the_gate_is_asked_only_once_the_partitions_previous_batch_is_ackn
     producer = Producer(batch_records=2)
     gate = LoggingGate(producer)
     out = Outputs(cast(Any, producer), cast(Any, Written()), cast(Any, gate), lambda: None)
-    task = Task("a", [sink(key) for key in (b"a", b"b", b"c")])
+    # Five records, two a batch: the round waits until no more than a batch's worth waits.
+    task = Task("a", [sink(key) for key in (b"a", b"b", b"c", b"d", b"e")])
     sending = asyncio.create_task(out.send(cast(Any, [task])))
     await asyncio.sleep(0.01)
     assert [batch for _, _, batch in producer.batches] == [[b"a", b"b"]]
     producer.acknowledge(0)
     await asyncio.wait_for(sending, 5)
-    assert [batch for _, _, batch in producer.batches] == [[b"a", b"b"], [b"c"]]
+    assert [batch for _, _, batch in producer.batches] == [[b"a", b"b"], [b"c", b"d"]]
 
-    task.outgoing = [sink(b"d")]
+    task.outgoing = [sink(b"f")]
     await out.send(cast(Any, [task]))
     flushing = asyncio.create_task(out.flush())
     await asyncio.sleep(0.01)
     assert len(producer.batches) == 2
     producer.acknowledge(1)
     await asyncio.wait_for(flushing, 5)
-    assert [batch for _, _, batch in producer.batches][-1] == [b"d"]
+    assert [batch for _, _, batch in producer.batches][-1] == [b"e", b"f"]
     assert gate.asked_while_in_flight == [0, 0, 0]
 
 
