@@ -4,7 +4,7 @@ changelogs and, for DSL tables, downstream, so they are among what step 2 flushe
 1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
 commit, and the instance: ``client.streams.outputs``); 2a. run what waited for those outputs'
 acknowledgement (``after_outputs_acknowledged``: the final marks of windows emitted), then
-flush the stores and the producer again, so a mark never reaches a changelog before the
+flush the caches, the stores and the producer again, so a mark never reaches a changelog before the
 result it marks and is in Kafka before the inputs are; 3. mark the processed records and
 commit input offsets through the coordinator; 4. write the checkpoints of changelog offsets.
 docs/streams.md says what a crash between the steps does.
@@ -116,6 +116,9 @@ class Commits:
             if task.state is not TaskState.HALTED
         )
         if acted:
+            for task in self._tasks.values():
+                if task.state is not TaskState.HALTED:
+                    task.flush_caches()
             self._state.flush()
             await self._outputs.send(self._tasks.values())
             await self._outputs.flush()
