@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 
 from client.protocol.keyspace import KeyRange, key_hash
 from client.streams import JSON, STRING
-from client.streams.dsl import StreamsBuilder, tumbling
+from client.streams.dsl import StreamsBuilder, session, tumbling
 from client.streams.errors import SendFailed
 from client.streams.internal import for_application
 from client.streams.restore import RestoreProgress
@@ -28,6 +29,7 @@ from client.streams.stores import BytesStore
 from client.streams.topology import BuiltTopology
 from client.streams.window_store import FINAL, decode_change
 from tests.client.in_memory_source import InMemorySource
+from tests.streams.test_dsl import windowed_app
 from tests.streams.test_runtime_offline import Batch
 from tests.streams.test_task import Rec
 from tests.waiting import until
@@ -247,3 +249,17 @@ async def test_a_mark_is_written_at_the_commit_after_its_result_is_acknowledged(
     await run.stopping(5)
     await asyncio.wait_for(running, 5)
     assert marks(producer.changelogs) == [0]
+
+
+def test_a_record_reaching_a_session_emitted_but_not_yet_marked_is_late(tmp_path: Path) -> None:
+    """Between a session's emission and its mark (the next commit), the task holds it final
+    all the same: a record that would merge it with a session still open is dropped as late,
+    as when the mark was written at once. The offline task below never commits, so no mark
+    is ever written. With gap 10 and grace 10: k's [0, 9] is emitted once stream time is 38,
+    and k@19 falls within the gap of both [0, 9] and the open [29, 38]; merged, they would
+    end at 38, which Kafka Streams' rule (by the merged session's end) does not call late."""
+    run = windowed_app(session(10, grace_ms=10), final=True, tmp_path=tmp_path)
+    for key, stamp in [("k", 0), ("k", 9), ("k", 29), ("k", 38), ("k", 19), ("z", 200)]:
+        run.send("views", key.encode(), b"{}", stamp)
+    emitted = [(k.decode(), *json.loads(v or b"")) for k, v in run.out["out"]]
+    assert [row for row in emitted if row[0] == "k"] == [("k", 0, 9, 2), ("k", 29, 38, 2)]
