@@ -2,7 +2,10 @@
 0. flush the record caches (``client.streams.cache``: their entries go to the stores, the
 changelogs and, for DSL tables, downstream, so they are among what step 2 flushes);
 1. flush the stores; 2. flush the producer (sinks and changelogs; a failed send stops the
-commit, and the instance: ``client.streams.outputs``); 3. mark the processed records and
+commit, and the instance: ``client.streams.outputs``); 2a. run what waited for those outputs'
+acknowledgement (``after_outputs_acknowledged``: the final marks of windows emitted), then
+flush the caches, the stores and the producer again, so a mark never reaches a changelog before the
+result it marks and is in Kafka before the inputs are; 3. mark the processed records and
 commit input offsets through the coordinator; 4. write the checkpoints of changelog offsets.
 docs/streams.md says what a crash between the steps does.
 
@@ -96,16 +99,29 @@ class Commits:
         )
 
     async def flush_and_mark(self, tasks: Iterable[StreamTask] | None = None) -> None:
-        """Steps 0 to 3a: caches, stores, producer, then the marks of ``tasks`` (every task
-        for None). Every task's caches are flushed, since the producer's flush covers every
-        task's outputs. A halted task's records are not marked: its keys may be another
-        member's, which processes them again; its cache is dropped with it, unwritten."""
+        """Steps 0 to 3a: caches, stores, producer, what waited for the acknowledgement, then
+        the marks of ``tasks`` (every task for None). Every task's caches are flushed, since
+        the producer's flush covers every task's outputs. A halted task's records are not
+        marked: its keys may be another member's, which processes them again; its cache and
+        what waited for its outputs are dropped with it, unwritten."""
         for task in self._tasks.values():
             if task.state is not TaskState.HALTED:
                 task.flush_caches()
         self._state.flush()
         await self._outputs.send(self._tasks.values())
         await self._outputs.flush()
+        acted = sum(
+            task.outputs_acknowledged()
+            for task in self._tasks.values()
+            if task.state is not TaskState.HALTED
+        )
+        if acted:
+            for task in self._tasks.values():
+                if task.state is not TaskState.HALTED:
+                    task.flush_caches()
+            self._state.flush()
+            await self._outputs.send(self._tasks.values())
+            await self._outputs.flush()
         for task in self._tasks.values() if tasks is None else tasks:
             if task.state is TaskState.HALTED:
                 continue

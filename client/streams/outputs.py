@@ -6,16 +6,26 @@ Records go to the producer as whole record batches, one per topic-partition (aio
 ``create_batch``/``send_batch``), not one ``send`` each: a ``send`` costs a future, a metadata
 look-up and, on its acknowledgement, a ``RecordMetadata`` per record, which was a third of the
 word count's CPU (bench/README.md, "rate_cpu_1 after batching the outputs"). The wire is the
-same: aiokafka's own ``send`` builds these batches too. What a round produced for a partition
-waits here while the batch handed over before it is unacknowledged (as ``send`` appends to the
-batch the producer is collecting meanwhile), and goes out with the next round, or when that
-batch is acknowledged (``wake``), or at a flush. Each partition's records keep their order:
-batches of a partition are handed over in order, and the producer has one request at a time
-per broker in flight, so they are written in order.
+same: aiokafka's own ``send`` builds these batches too. A partition has one batch handed over
+at a time: what a round produced for it waits here while the batch before is unacknowledged,
+and goes out with the next round, or when that batch is acknowledged (``wake``), or at a flush
+(which waits for each in turn). A partition left with more than a batch's worth waiting after
+a hand-over holds the round until no more than that waits, as the producer's own queue held
+it before (it took one batch beyond the one in flight). Each partition's records keep their
+order: its batches are handed over one after the other's acknowledgement. The producer sends
+one request per broker at a time and queued a partition's next batch until the last one was
+sent, so the pace is the same.
 
 The gate is asked for every task whose records a batch holds right before the batch is
-handed over, with no ``await`` between the question and the hand-over; a task it refuses has
-its records left out of the batch ("outputs withheld").
+handed over, with no ``await`` between the question and the hand-over that could suspend:
+the partition's previous batch is acknowledged and the topic's metadata known, so the
+producer queues the batch at once (aiokafka's ``send_batch`` waits, up to its
+``request_timeout_ms``, for an unknown topic's metadata or for the partition's queued batch
+to be sent, and a gate's answer given before that wait could be one the session no longer
+allows). A task the gate refuses has its records left out of the batch ("outputs withheld").
+What remains after the hand-over is the producer's own delivery: a queued batch is written
+when its broker can take it, up to ``request_timeout_ms`` later (docs/guarantees.md,
+"Exceptions, and how to fence them").
 
 A failed delivery (a batch holding a sink record or a changelog write) is fatal to the
 instance, as under Kafka Streams' at-least-once: it is logged at ERROR naming each task with
@@ -84,6 +94,8 @@ class Outputs:
         # order, so each ``send`` looks at the done ones at the head.
         self._sends: deque[tuple[tuple[StreamTask, ...], asyncio.Future[Any]]] = deque()
         self._reported: set[StreamTask] = set()
+        # Topics whose metadata the producer has: ``send_batch`` queues at once for them.
+        self._known: set[str] = set()
         self.failure: SendFailed | None = None
 
     async def send(self, tasks: Iterable[StreamTask]) -> None:
@@ -118,10 +130,12 @@ class Outputs:
         (absent, not authorized, no broker within its ``request_timeout_ms``) fails the task
         as a failed send does."""
         try:
-            return sorted(await self._producer.partitions_for(record.topic))
+            partitions = sorted(await self._producer.partitions_for(record.topic))
         except Exception as error:
             self._fail(task, error)
             raise self.failure or error from error
+        self._known.add(record.topic)
+        return partitions
 
     async def flush(self) -> None:
         """Until everything given to ``send`` is acknowledged; ``SendFailed`` if anything
@@ -134,48 +148,106 @@ class Outputs:
             raise self.failure
 
     async def _hand_over(self, *, everything: bool) -> None:
+        """Hand over a batch for each partition whose previous delivery is done, and go on
+        as those deliveries complete: for every partition waiting at a flush, and otherwise
+        for one left with more than another batch's worth waiting (the backpressure the
+        producer's own queue gave before: it took one batch beyond the one in flight)."""
         refused: dict[StreamTask, int] = {}
+        through: set[Partition] = set(self._waiting) if everything else set()
         try:
-            for at in list(self._waiting):
-                last = self._last.get(at)
-                if not everything and last is not None and not last.done():
-                    continue
-                await self._send_batches(at, self._waiting.pop(at), refused)
+            while self.failure is None:
+                for at in list(self._waiting):
+                    if not self._delivered_last(at):
+                        continue
+                    if await self._send_one(at, refused):
+                        through.add(at)
+                    elif not everything:
+                        through.discard(at)
+                pending = [
+                    last
+                    for at in through
+                    if at in self._waiting
+                    and (last := self._last.get(at)) is not None
+                    and not last.done()
+                ]
+                if not pending:
+                    return
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                self._look_at_done()
         finally:
             for task, count in refused.items():
                 self._withheld(task, count)
 
-    async def _send_batches(
-        self, at: Partition, waiting: Waiting, refused: dict[StreamTask, int]
-    ) -> None:
-        """``waiting``'s records in as few batches as the producer's batch size allows, each
-        batch's tasks asked at the gate after the previous batch was handed over."""
+    def _delivered_last(self, at: Partition) -> bool:
+        """Whether the partition's previous batch is acknowledged, so the producer queues the
+        next one at once: aiokafka's ``send_batch`` waits (up to ``request_timeout_ms``)
+        while the partition's last batch is queued, and the gate's answer must not age in
+        that wait. A failed one lets nothing more go: the failure stops the instance."""
+        last = self._last.get(at)
+        if last is None:
+            return True
+        if not last.done():
+            return False
+        return not last.cancelled() and last.exception() is None
+
+    async def _send_one(self, at: Partition, refused: dict[StreamTask, int]) -> bool:
+        """One batch of the partition's waiting records, its tasks asked at the gate right
+        before the hand-over, with no ``await`` in between: the topic's metadata is known
+        first (``send_batch`` would wait for it), and the partition's previous delivery is
+        done (``_delivered_last``). Whether more records are left waiting than this batch
+        took (a batch's worth, about)."""
+        topic = at[0]
+        if topic not in self._known:
+            await self._metadata(topic)
+        waiting = self._waiting.pop(at)
+        batch = self._producer.create_batch()
+        members: dict[StreamTask, None] = {}
+        changelog = False
         index = 0
-        while index < len(waiting):
-            batch = self._producer.create_batch()
-            members: dict[StreamTask, None] = {}
-            changelog = False
-            for task, record in waiting[index:]:
-                if task in refused:
-                    refused[task] += 1
-                elif task not in members and not self._gate.may_send(task):
-                    refused[task] = 1
-                elif (
-                    batch.append(
-                        timestamp=None,
-                        key=record.key,
-                        value=record.value,
-                        headers=list(record.headers) if record.headers else _NO_HEADERS,
-                    )
-                    is None
-                ):
-                    break
-                else:
-                    members[task] = None
-                    changelog = changelog or record.changelog_of is not None
-                index += 1
-            if batch.record_count():
-                await self._send_batch(at, batch, tuple(members), changelog)
+        for task, record in waiting:
+            if task in refused:
+                refused[task] += 1
+            elif task not in members and not self._gate.may_send(task):
+                refused[task] = 1
+            elif (
+                batch.append(
+                    timestamp=None,
+                    key=record.key,
+                    value=record.value,
+                    headers=list(record.headers) if record.headers else _NO_HEADERS,
+                )
+                is None
+            ):
+                break
+            else:
+                members[task] = None
+                changelog = changelog or record.changelog_of is not None
+            index += 1
+        left = len(waiting) - index
+        if left:
+            del waiting[:index]
+            self._waiting[at] = waiting
+        if batch.record_count():
+            await self._send_batch(at, batch, tuple(members), changelog)
+        return left > index
+
+    async def _metadata(self, topic: str) -> None:
+        """Learn the topic's partitions before any gate is asked for it (a sink's come with
+        its first record, a changelog's here); a topic the producer cannot learn fails the
+        tasks waiting for it as a failed send does."""
+        try:
+            await self._producer.partitions_for(topic)
+        except Exception as error:
+            tasks = {
+                task: None
+                for at, waiting in self._waiting.items()
+                if at[0] == topic
+                for task, _ in waiting
+            }
+            for task in tasks:
+                self._fail(task, error)
+            raise self.failure or error from error
+        self._known.add(topic)
 
     async def _send_batch(
         self, at: Partition, batch: Batch, tasks: tuple[StreamTask, ...], changelog: bool

@@ -132,6 +132,15 @@ class ProcessorContext(Protocol):
 
     def window_store(self, name: str) -> WindowStore: ...
 
+    def after_outputs_acknowledged(self, action: Callable[[], None]) -> None:
+        """Run ``action`` at the task's next commit, once Kafka has acknowledged everything
+        the task produced before this call, and before the task's inputs are marked. What
+        ``action`` writes to stores goes to their changelogs within that commit: a record
+        that must never reach a changelog ahead of the output it stands for (``final()``'s
+        mark of a window emitted) is written here. Never run when the task is dropped first
+        (a lost membership, a failed send): its inputs go to the keys' next owner."""
+        ...
+
 
 class Processor:
     """One node of a topology. ``init`` runs once per task before its first record (the

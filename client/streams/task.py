@@ -4,7 +4,9 @@ source topics, restricted to one key range, with its stores and schedules.
 The task is synchronous and does no I/O: records come in through ``add``, are processed by
 ``process_next``, and what the processors produce (sink records, changelog writes) waits in
 ``outgoing`` for the runtime to send. Records processed since the last commit wait in
-``processed`` until the commit protocol marks them (after the producer flushed).
+``processed`` until the commit protocol marks them (after the producer flushed), and what a
+processor asked to do once its outputs are in Kafka (``after_outputs_acknowledged``: the
+final marks of windows emitted) waits in ``after_acknowledged`` for that commit's flush.
 
 Headers travel as in Kafka Streams: what is forwarded while an input record is processed
 carries that record's headers down to the sinks, what a punctuation forwards carries none,
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -123,6 +125,7 @@ class StreamTask:
         self.punctuations = Punctuations()
         self.outgoing: list[Outgoing] = []
         self.processed: list[Record] = []
+        self.after_acknowledged: list[Callable[[], None]] = []
         # Bytes and records taken off the buffer since the runtime last refunded them to the
         # byte budget, per input topic: written by whichever thread runs the task's round,
         # read on the loop after it.
@@ -197,7 +200,9 @@ class StreamTask:
     def close(self) -> None:
         """Close the processors ``init`` created (none when it never ran), and forget what
         the stores' caches still hold: a task closed after its commit has flushed them, and
-        one dropped without a commit leaves its records to be processed again."""
+        one dropped without a commit leaves its records to be processed again (and what waited
+        for its outputs' acknowledgement undone)."""
+        self.after_acknowledged.clear()
         for store in self.stores.values():
             if store.cache is not None:
                 store.cache.discard()
@@ -209,6 +214,19 @@ class StreamTask:
                 logger.exception("processor close failed", extra={"task": str(self.id)})
         self._processors.clear()
         self._node = None
+
+    def outputs_acknowledged(self) -> int:
+        """Run what waited for the outputs produced so far to be acknowledged: the commit
+        calls it once the producer's flush returned. How many actions ran."""
+        actions, self.after_acknowledged = self.after_acknowledged, []
+        for action in actions:
+            try:
+                action()
+            except StreamsError:
+                raise
+            except Exception as error:
+                raise self._failed("an action after the outputs' acknowledgement", error) from error
+        return len(actions)
 
     def add(self, topic: str, record: Record) -> None:
         source = self._topology.source_of_topic(topic)
@@ -467,6 +485,10 @@ class TaskContext:
 
     def commit(self) -> None:
         self._task.commit_requested = True
+
+    def after_outputs_acknowledged(self, action: Callable[[], None]) -> None:
+        """See ``ProcessorContext.after_outputs_acknowledged``."""
+        self._task.after_acknowledged.append(action)
 
     def state_store(self, name: str) -> KeyValueStore:
         store = self._task.stores.get(name)

@@ -11,8 +11,10 @@ The reference is plain Python: each view produced counts once in its user's tumb
   count twice in a window still open at a crash, as any aggregate under at-least-once);
 - **a final result emitted twice** is a finding, except in the one case docs/guarantees.md
   names: the instance that emitted it crashed (SIGKILL, a lost session, a failed send) after
-  emitting it and before the result's next emission, so the window's final mark may have
-  missed the changelog. Those repeats are counted apart (``final_repeats_after_crash``);
+  emitting it and before the result's next emission, so the commit that writes the window's
+  final mark (after the result's acknowledgement) may not have completed. Those repeats are
+  counted apart (``final_repeats_after_crash``). The judge does not see commits, so it
+  excuses a crash at any time before the next emission, a superset of the documented case;
 - **a result for a window the reference does not have** (a window of the closing views,
   still open at the end, or of no view at all) is a finding.
 """

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from client.streams.processor import Processor, ProcessorContext, WindowStore
@@ -40,6 +41,9 @@ class _Windowed(Processor):
         # many records were late.
         self._pending: set[int] = set()
         self._earliest = _TIME_MAX
+        # Every window ending by this was emitted: those since the last commit are not
+        # marked final in the store yet (``_emit_closed``), yet are as final to this task.
+        self._emitted_until = -1
         self.late = 0
 
     def init(self, context: ProcessorContext) -> None:
@@ -58,18 +62,33 @@ class _Windowed(Processor):
     def _close_until(self, stream_time: int) -> int:
         raise NotImplementedError
 
+    def _final(self, end: int, marked: bool) -> bool:
+        """Whether a window's final result was emitted: marked in the store, or emitted by
+        this task since its last commit and so waiting for its mark."""
+        return marked or end <= self._emitted_until
+
     def _emit_closed(self) -> None:
+        """Forward the closed windows' results; their final marks are written only once
+        Kafka acknowledged the results (at the task's next commit), so no crash, lost
+        session or refused sink record can leave a window marked whose result is not in the
+        output topic: the window's next owner finds it unmarked and emits it."""
         close_until = self._close_until(self.context.stream_time)
         if self._earliest > close_until:
             return
+        self._emitted_until = max(self._emitted_until, close_until)
         # Every window ending before the earliest pending end was emitted already.
         closed = [row for row in self._store.ended(self._earliest, close_until) if not row[4]]
         closed.sort(key=lambda row: (row[2], row[1]))
         for key, start, end, value, _ in closed:
-            self._store.put(key, start, end, value, final=True)
             self.context.forward(Windowed(key, start, end), value)
+        if closed:
+            self.context.after_outputs_acknowledged(partial(self._mark_final, closed))
         self._pending = {end for end in self._pending if end > close_until}
         self._earliest = min(self._pending, default=_TIME_MAX)
+
+    def _mark_final(self, closed: list[Any]) -> None:
+        for key, start, end, value, _ in closed:
+            self._store.put(key, start, end, value, final=True)
 
 
 class TimeWindowAggregate(_Windowed):
@@ -150,9 +169,9 @@ class SessionAggregate(_Windowed):
         start = min([timestamp, *(old_start for old_start, _, _, _ in merged)])
         end = max([timestamp, *(old_end for _, old_end, _, _ in merged)])
         # Late by the merged session's end, as in Kafka Streams: an old record that extends
-        # a session still open counts.
+        # a session still open counts. A session emitted but not yet marked is final too.
         if self._windows.late(end, self.context.stream_time) or any(
-            final for _, _, _, final in merged
+            self._final(old_end, final) for _, old_end, _, final in merged
         ):
             self.late += 1
             return
