@@ -5,7 +5,7 @@ it produced is in Kafka.
 Records go to the producer as whole record batches, one per topic-partition (aiokafka's
 ``create_batch``/``send_batch``), not one ``send`` each: a ``send`` costs a future, a metadata
 look-up and, on its acknowledgement, a ``RecordMetadata`` per record, which was a third of the
-word count's CPU (bench/README.md, "rate_cpu_1 after batching the outputs"). The wire is the
+word count's CPU (bench/history/2026-11-26-issue-30-rate-cpu-batched-outputs.md). The wire is the
 same: aiokafka's own ``send`` builds these batches too. What a round produced for a partition
 waits here while the batch handed over before it is unacknowledged (as ``send`` appends to the
 batch the producer is collecting meanwhile), and goes out with the next round, or when that
