@@ -17,7 +17,7 @@ close every window). The four instances' run ends with the one holding the most 
 ``windowed_largest_share`` (its share of them, read from the settled group's ownership and the
 views' key hashes) bounds the speed-up at its inverse before any other cost: each instance owns
 a quarter of the hash space, and how many of the users hash into each quarter is chance
-(bench/README.md, "The windowed speed-up's bound").
+(bench/history/2026-11-27-issue-30-round-5-windowed-bound.md).
 ``windowed_cpu_us_1`` / ``_4``: the streams processes' CPU time over the same interval per
 view (all instances together), a figure other load on the machine moves far less than the
 speed-up: four instances share two cores with the broker and the coordinator.

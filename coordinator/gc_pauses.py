@@ -3,8 +3,8 @@
 A collection stops the event loop: every request of the replica waits for it. At 10,000
 waiting members a young collection walks every container allocated since the last one that
 is still alive, a few hundred thousand objects, and one such pause is a held reply's or a
-hand-off's whole tail (bench/README.md, "Collector pauses"). Python's own metrics count
-collections but do not time them.
+hand-off's whole tail (bench/history/2026-11-27-issue-29-part-3-round-9.md). Python's own
+metrics count collections but do not time them.
 
 The collector calls back in the middle of an allocation, so the callback only adds to plain
 counters; the histogram is built from them when ``/metrics`` is scraped.

@@ -5,8 +5,8 @@ it produced is in Kafka.
 Records go to the producer as whole record batches, one per topic-partition (aiokafka's
 ``create_batch``/``send_batch``), not one ``send`` each: a ``send`` costs a future, a metadata
 look-up and, on its acknowledgement, a ``RecordMetadata`` per record, which was a third of the
-word count's CPU (bench/README.md, "rate_cpu_1 after batching the outputs"). The wire is the
-same: aiokafka's own ``send`` builds these batches too. A partition has one batch handed over
+word count's CPU (bench/history/2026-11-26-issue-30-rate-cpu-batched-outputs.md). The wire
+is the same: aiokafka's own ``send`` builds these batches too. A partition has one batch handed over
 at a time: what a round produced for it waits here while the batch before is unacknowledged,
 and goes out with the next round, or when that batch is acknowledged (``wake``), or at a flush
 (which waits for each in turn). A partition left with more than a batch's worth waiting after

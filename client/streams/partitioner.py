@@ -4,7 +4,8 @@ producer whole batches of one partition): Kafka's default (murmur2 of the key, a
 would put them), with each key's hash remembered.
 
 aiokafka computes murmur2 in Python, about 7% of the word count's CPU in ``rate_cpu_1``
-(bench/README.md): a stream's keys repeat (words, users, customers), so the hash of a key
+(bench/history/2026-11-26-issue-30-rate-cpu-record-cache.md): a stream's keys repeat
+(words, users, customers), so the hash of a key
 seen before is a dict look-up. The hash, not the partition, is kept, so a topic whose
 partition count grows is partitioned as the default partitioner does it. At most
 ``max_keys`` hashes are kept; when full the memo starts over (a scan of a key space larger

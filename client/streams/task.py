@@ -87,7 +87,7 @@ ACTIVE = TaskState.RUNNING
 class Outgoing(NamedTuple):
     """One record for the producer. A named tuple: made once or twice per record, and a
     frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field) is several times
-    slower to make (bench/README.md, "rate_cpu_1")."""
+    slower to make (bench/history/2026-11-26-issue-30-rate-cpu-record-cache.md)."""
 
     topic: str
     partition: int | None

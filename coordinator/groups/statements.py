@@ -3,7 +3,7 @@
 Building a statement per call cost more Python than running it, and SQLAlchemy's expression
 objects form reference cycles that only the collector frees: at 10,000 waiting members the
 statements a join's hand-off ran fed collector pauses of hundreds of milliseconds, which held
-every group's replies (bench/README.md, "Collector pauses").
+every group's replies (bench/history/2026-11-26-issue-29-part-3-round-4.md).
 ``tests/groups/test_heartbeat_garbage.py`` keeps it so.
 """
 

@@ -4,7 +4,8 @@ A heartbeat that carries a subscription (every join does) first makes sure the c
 topics are stored, reading them outside the group's lock (``heartbeat.learn_subscribed_topics``)
 so that Kafka is never called under it. That read was a transaction of its own, three round
 trips on the event loop in front of every join: at 10,000 waiting members they took up to half
-a second at the tail, all of it on the join's hand-off (bench/README.md). Counts, once stored,
+a second at the tail, all of it on the join's hand-off
+(bench/history/2026-11-27-issue-29-part-3-round-11.md). Counts, once stored,
 stay stored until the metadata refresh finds a topic gone, and each replica's refresh reads
 every stored count each interval. So the refresh and the learning read note what they saw
 here, the refresh forgets what it removed, and a topic seen stored within the last two

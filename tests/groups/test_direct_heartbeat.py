@@ -311,7 +311,7 @@ async def test_heartbeats_on_the_protocol_s_path_leave_no_cycles_for_the_collect
     served: RunningCoordinator, api: httpx.AsyncClient
 ) -> None:
     """Neither a held reply nor a closed connection leaves work for the garbage collector,
-    whose collections stop the event loop (bench/README.md, "Collector pauses")."""
+    whose collections stop the event loop (bench/history/2026-11-27-issue-29-part-3-round-9.md)."""
     member = await stable_member(served, api, group(), "collected_flow")
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
     try:

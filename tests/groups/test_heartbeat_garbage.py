@@ -3,8 +3,8 @@
 Only the collector frees a cycle, and its pauses stop the whole event loop: at 10,000
 waiting members, statements built per heartbeat (SQLAlchemy expressions are cyclic) fed
 collections of 150-440 ms during joins, which held every group's hand-offs and replies
-(bench/README.md, "Collector pauses"). The statements are now built once; this
-looks at what joins, hand-offs and leaves leave for the collector.
+(bench/history/2026-11-26-issue-29-part-3-round-4.md). The statements are now built
+once; this looks at what joins, hand-offs and leaves leave for the collector.
 """
 
 from __future__ import annotations
