@@ -133,7 +133,7 @@ class SliceRelease:
         those calls have ended: only those not granted back meanwhile, which are this
         member's again (their next records run under the new grant and are its to mark)."""
         generation = self._gate.generation
-        if not await self.hold(held):
+        if not await self.hold(held, still_held=True):
             return
         async with self.changing:
             ended = _intersection(held, self._held)
@@ -182,14 +182,17 @@ class SliceRelease:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, COMMIT_RETRY_MAX_S)
 
-    async def hold(self, slices: Slices | None) -> bool:
+    async def hold(self, slices: Slices | None, *, still_held: bool = False) -> bool:
         """Until no call of ``slices`` (of any slice with None) is in user code: True, or
         False when the membership was lost meanwhile (its keys are gone; what still runs is
-        the frozen-mid-call case). Each call still running is named in a WARNING now and
-        then, reported to the coordinator and counted by ``stuck_calls``."""
+        the frozen-mid-call case). With ``still_held``, only the keys of ``slices`` not
+        granted back count: a call of a key granted back runs under the grant. Each call
+        still running is named in a WARNING now and then, reported to the coordinator and
+        counted by ``stuck_calls``."""
         generation = self._gate.generation
         warned_at = float("-inf")
-        while calls := self._gate.running_in(slices):
+        waiting = slices
+        while calls := self._gate.running_in(waiting):
             if self._gate.generation != generation:
                 return False
             now = time.monotonic()
@@ -211,7 +214,11 @@ class SliceRelease:
                         },
                     )
                 self._wake()
-            await self._gate.until_ended(slices, HOLD_WARNING_INTERVAL_S)
+            await self._gate.until_ended(waiting, HOLD_WARNING_INTERVAL_S)
+            if still_held and slices is not None:
+                waiting = _intersection(slices, self._held)
+                if not waiting:
+                    break
         self._stuck = self.stuck_calls()
         return True
 
@@ -231,8 +238,9 @@ class SliceRelease:
 
     def granted_again(self, added: Slices) -> None:
         """Held keys granted back: ours again (the runtime runs the key's next record only
-        after the call, one chain per key)."""
+        after the call, one chain per key); the holds waiting for their calls look again."""
         self._held = slices_minus(self._held, added)
+        self._gate.wake_waiters()
 
     def clear(self) -> None:
         """The membership is lost: nothing is held any more."""

@@ -264,6 +264,13 @@ class OwnershipGate:
             calls = [running for running in self._running if slices is None or _in(slices, running)]
         return sorted(calls, key=lambda running: running.started)
 
+    def wake_waiters(self) -> None:
+        """Whoever waits in ``until_ended`` looks again (what it waits for changed)."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(_wake, waiter)
+
     async def until_ended(self, slices: Slices | None, timeout_s: float | None) -> bool:
         """Until no call of ``slices`` is in user code (True), or ``timeout_s`` (False)."""
         loop = asyncio.get_running_loop()
