@@ -9,10 +9,12 @@ and the tests assert no key ran on two members at once."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +22,13 @@ from aiokafka.structs import TopicPartition
 
 from client import key_hash
 from client.protocol.keyspace import KeyRange
+from client.runtime.pools.processes import ProcessPool
 from client.worker import Worker
+from tests.client import worker_targets
 from tests.client.test_consumer import produce
 from tests.client.test_release import Ledger, Warnings
 from tests.client.test_worker import config, group, running
+from tests.client.test_worker_deadline import Slot, granted_gate, sent, starts
 from tests.e2e.harness import allow_range_fetch
 from tests.fixtures.services import MakeTopic
 from tests.waiting import until
@@ -164,3 +169,43 @@ async def test_a_held_key_granted_back_and_hanging_again_is_held_again_not_run_b
     finally:
         hangs.release()
     assert ledger.overlaps() == []
+
+
+async def test_the_gate_sees_a_call_in_a_pool_process_until_its_process_says_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release asks the gate what still runs, on every pool: a record sent to a child is
+    in the gate until its outcome is back or its process is gone; a queued one a stop made
+    sure never starts leaves it at once."""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv("WORKER_TEST_JOURNAL", str(journal))
+    monkeypatch.setenv("WORKER_TEST_SLEEP", "30")
+    gate = granted_gate(lambda: time.monotonic() + 60)
+    pool = ProcessPool(1, gate)
+    slots = [Slot(), Slot()]
+
+    def running() -> list[int]:
+        return sorted(call.offset for call in gate.running_in(None))
+
+    try:
+        both = asyncio.gather(
+            *(
+                sent(pool, worker_targets.notes_its_start, gate, offset, slots[offset])
+                for offset in (0, 1)
+            ),
+            return_exceptions=True,
+        )
+        await until(lambda: 0 in dict(starts(journal)), 30, "offset 0 running in the child")
+        # The running call and the one behind it in the child's pipe.
+        assert running() == [0, 1]
+        assert slots[1].stop is not None and slots[0].stop is not None
+        slots[1].stop()
+        assert running() == [0]
+        slots[0].stop()
+        assert running() == [0], "killed, but not gone yet"
+        await pool.until_stopped()
+        outcomes = await asyncio.wait_for(both, 30)
+        assert running() == []
+    finally:
+        pool.close()
+    assert [type(outcome).__name__ for outcome in outcomes] == ["Stopped", "NotStarted"]
