@@ -142,3 +142,44 @@ async def test_a_processing_timeout_does_not_retry_a_record_whose_acknowledgemen
     first_end = calls[0][1]
     assert first_end is not None and first_end <= calls[1][0]
     assert worker.stats.dead_lettered == 0 and worker.stats.retried == 1
+
+
+async def test_a_stop_waits_for_a_deferred_acknowledgement_before_the_heir_gets_its_key(
+    kafka_bootstrap: str, coordinator_url: str, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    await allow_range_fetch(coordinator_url, topic)
+    group_id = group()
+    ledger = Ledger()
+    settings = {"drain_timeout_s": 1.0, "subpartitions": 8}
+
+    def member(name: str) -> Worker:
+        return Worker(
+            config(topic, kafka_bootstrap, coordinator_url, group_id, **settings),
+            task=billing(ledger, name, slow_s=4.0),
+        )
+
+    first, second = member("first"), member("second")
+    slow = {key.decode() for key in SLOW}
+    async with running(second):
+        first_run = asyncio.create_task(first.run())
+        try:
+            await until(
+                lambda: first.consumer.assignment() and second.consumer.assignment(),
+                60,
+                "both members to own a half",
+            )
+            await produce(kafka_bootstrap, topic, [*SLOW, *FAST])
+            await until(lambda: slow & {c.key for c in ledger.of("first")}, 60, "a bill pending")
+            first.stop()
+            await asyncio.wait_for(first_run, 60)
+        finally:
+            first.stop()
+            await asyncio.gather(first_run, return_exceptions=True)
+        await until(
+            lambda: slow <= {c.key for c in ledger.of("second")},
+            60,
+            "the heir to bill the stopped member's key",
+        )
+    # The stop waited for the pending bill: the heir billed its key only afterwards.
+    assert ledger.overlaps() == []
