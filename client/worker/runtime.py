@@ -222,6 +222,10 @@ class Scheduler:
             # Stopped by its timeout, a loss or a revocation past the drain, which decide
             # what follows once the call has ended (``_call_ended``); no answer comes now.
             self._call_over(observer)
+        except asyncio.CancelledError:
+            # The worker itself is cancelled (the end of a shutdown): as stopped.
+            self._call_over(observer)
+            raise
         except NotStarted:
             if attempt.observer is observer and attempt.overdue is None:
                 self._not_started(attempt)
