@@ -5,11 +5,13 @@ A revocation first ends the slices' leases in the ownership gate, so nothing of 
 any more, and tells every part ``revoking`` (``client.runtime.hooks``), which gives back what
 is queued. Records in processing get ``revoke_timeout_s`` to finish; past it, the parts stop
 what can be stopped (``stop_calls``: a loop call cancelled, a process killed) and the gate
-shows what still runs: calls on threads, which nothing can stop. Their keys stay with this
-member as single-hash slices, reported as owned, so the heir gets the rest of the range at
-once; they are named in a WARNING now and then, counted for metrics, reported to the
-coordinator, and released once their calls end. Once nothing of a slice runs and its
-progress is committed, the parts hear ``revoked`` and the slice is released.
+shows what still runs: calls on threads and a worker task's acknowledgements still pending,
+which nothing can stop. Their keys within the revoked range, and nothing beside them, stay
+with this member as single-hash slices (a streams round: its task's revoked part), reported as
+owned, so the heir gets the rest of the range at once; they are named in a WARNING now and
+then, counted for metrics, reported to the coordinator, and released once their calls end,
+unless granted back meanwhile (they are this member's again then). Once nothing of a slice
+runs and its progress is committed, the parts hear ``revoked`` and the slice is released.
 """
 
 from __future__ import annotations
