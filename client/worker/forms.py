@@ -40,6 +40,7 @@ class Form(Protocol):
 
     # Whether a task may punctuate at all (the punctuation loop ends at once otherwise).
     punctuates: bool
+
     @property
     def attempt(self) -> type[Attempt]:
         """What a handed-out record becomes: a task's may be acknowledged after its call."""
