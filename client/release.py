@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
 from client.committer import Committer
-from client.errors import KeyrangeClientError
+from client.errors import CoordinatorUnavailable, KeyrangeClientError
 from client.fetcher import Fetcher
 from client.handout import HandedOut
 from client.http import Slices, StuckCall
@@ -164,11 +165,18 @@ class SliceRelease:
         names what was processed and not committed."""
         backoff = COMMIT_RETRY_INITIAL_S
         while True:
+            # A request the network swallows must not outlive the session: the loss at the
+            # deadline would cancel the release before it could say what it leaves.
+            remaining = self._session_deadline() - time.monotonic() - COMMIT_RETRY_INITIAL_S
             try:
-                await self._committer.commit(raise_errors=True)
+                if remaining <= 0:
+                    raise CoordinatorUnavailable("no time left in the session to commit")
+                async with asyncio.timeout(None if math.isinf(remaining) else remaining):
+                    await self._committer.commit(raise_errors=True)
                 return
-            except KeyrangeClientError as error:
-                retry = error.retriable and time.monotonic() + backoff < self._session_deadline()
+            except (KeyrangeClientError, TimeoutError) as error:
+                retriable = isinstance(error, KeyrangeClientError) and error.retriable
+                retry = retriable and time.monotonic() + backoff < self._session_deadline()
                 if not retry:
                     logger.warning(
                         "releasing slices whose processed records are not committed; the "
@@ -177,7 +185,7 @@ class SliceRelease:
                             "group_id": self._group_id,
                             "slices": describe(releasing),
                             "uncommitted": _uncommitted(self._tracker, releasing),
-                            "error": str(error),
+                            "error": str(error) or type(error).__name__,
                         },
                     )
                     return
