@@ -81,6 +81,7 @@ class Ownership:
             committer,
             hooks,
             wake=status.wake,
+            session_deadline=status.session_deadline,
             revoke_timeout_s=revoke_timeout_s,
         )
 
@@ -95,6 +96,10 @@ class Ownership:
         return self._tracker.owned()
 
     async def assign(self, added: Slices) -> None:
+        async with self.releasing.changing:
+            await self._assign(added)
+
+    async def _assign(self, added: Slices) -> None:
         self._fetcher.kafka()
         topics = sorted({tp.topic for tp in added})
         committed = await self._client.fetch_offsets(self._group_id, topics)

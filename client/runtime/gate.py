@@ -11,9 +11,11 @@ slice are in user code, which is what a revocation waits for before it reports t
 released. Between ``enter`` and ``exit`` a revocation cannot slip in unseen: both take one
 lock, so after ``revoke`` returns, the calls it must wait for are exactly those it can see.
 
-Child processes cannot share the lock. They check a copy of ``revision`` (moved by every
-revocation, loss and stop) and the session deadline in shared memory before each record
-(``client.runtime.pools``), and the parent stops a child that runs a revoked key.
+Child processes cannot share the lock. The parent enters a record's call when it sends it to
+a child and exits it when the child's outcome, or its death, says the call is over; the child
+checks a copy of ``revision`` (moved by every revocation, loss and stop) and the session
+deadline in shared memory before each record (``client.runtime.pools``), and the parent stops
+a child that runs a revoked key.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class Lease:
 class Running:
     """A call of user code on a record of ``tp`` with key hash ``hashed``, since ``started``
     (monotonic); or, for a streams task's processing round, on keys ``hashed`` to
-    ``last_hash``, with ``current`` telling which record it is on."""
+    ``last_hash``, with ``current`` telling which record it is on. ``ends`` counts what must
+    still happen before the call is over: its return, and for a worker task that may
+    acknowledge after returning, the acknowledgement (each is one ``exit``)."""
 
     tp: TopicPartition
     hashed: int
@@ -62,6 +66,7 @@ class Running:
     started: float
     last_hash: int | None = None
     current: Callable[[], tuple[int, int] | None] | None = None
+    ends: int = 1
 
     @property
     def keys(self) -> KeyRange:
@@ -195,15 +200,16 @@ class OwnershipGate:
         return not self._closed and self.owns(lease)
 
     def enter(
-        self, lease: Lease | None, tp: TopicPartition, hashed: int, offset: int
+        self, lease: Lease | None, tp: TopicPartition, hashed: int, offset: int, ends: int = 1
     ) -> Running | None:
         """Asked immediately before user code starts a record, on any thread: the call's
-        registration when it may start (give it to ``exit`` when the call is over), None
-        when it may not (the record goes back to the slice's owner, or is sent again)."""
+        registration when it may start (give it to ``exit`` when the call is over, once for
+        each of its ``ends``), None when it may not (the record goes back to the slice's
+        owner, or is sent again)."""
         with self._lock:
             if not self.permits(lease):
                 return None
-            running = Running(tp, hashed, offset, time.monotonic())
+            running = Running(tp, hashed, offset, time.monotonic(), ends=ends)
             self._running.add(running)
             return running
 
@@ -225,9 +231,24 @@ class OwnershipGate:
             return running
 
     def exit(self, running: Running) -> None:
-        """The call registered by ``enter`` is over; any thread."""
+        """One of the ends of the call registered by ``enter`` happened; after the last,
+        the call is over. Any thread."""
         with self._lock:
+            running.ends -= 1
+            if running.ends > 0:
+                return
             self._running.discard(running)
+            waiters, self._waiters = self._waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(_wake, waiter)
+
+    def exit_all(self, calls: Iterable[Running]) -> None:
+        """``exit`` of each of ``calls`` under one hold of the lock (a batch's outcomes)."""
+        with self._lock:
+            for running in calls:
+                running.ends -= 1
+                if running.ends <= 0:
+                    self._running.discard(running)
             waiters, self._waiters = self._waiters, []
         for loop, waiter in waiters:
             loop.call_soon_threadsafe(_wake, waiter)
@@ -242,6 +263,13 @@ class OwnershipGate:
         with self._lock:
             calls = [running for running in self._running if slices is None or _in(slices, running)]
         return sorted(calls, key=lambda running: running.started)
+
+    def wake_waiters(self) -> None:
+        """Whoever waits in ``until_ended`` looks again (what it waits for changed)."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(_wake, waiter)
 
     async def until_ended(self, slices: Slices | None, timeout_s: float | None) -> bool:
         """Until no call of ``slices`` is in user code (True), or ``timeout_s`` (False)."""
@@ -276,10 +304,14 @@ def _in(slices: Slices, running: Running) -> bool:
     return any(keys.start <= last and running.hashed <= keys.end for keys in ranges)
 
 
-def pieces_of(calls: Iterable[Running]) -> dict[TopicPartition, list[KeyRange]]:
-    """The slices of ``calls``' keys (a single hash for a record's call): what a revocation
-    keeps while they run."""
+def pieces_of(calls: Iterable[Running], within: Slices) -> dict[TopicPartition, list[KeyRange]]:
+    """The keys of ``calls`` that lie in ``within`` (a single hash for a record's call, the
+    revoked part of a streams round's range): what a revocation of ``within`` keeps while
+    they run, and never a key beside them that the member keeps anyway."""
     pieces: dict[TopicPartition, list[KeyRange]] = {}
     for running in calls:
-        pieces.setdefault(running.tp, []).append(running.keys)
+        for keys in within.get(running.tp, ()):
+            piece = running.keys.intersection(keys)
+            if piece is not None:
+                pieces.setdefault(running.tp, []).append(piece)
     return {tp: normalize(ranges) for tp, ranges in pieces.items()}

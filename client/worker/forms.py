@@ -23,7 +23,7 @@ from client.fetcher import Item, Record
 from client.worker.calls import Calls, overrides
 from client.worker.config import WorkerConfig
 from client.worker.failures import WorkerFailed
-from client.worker.lanes import Attempt, Lane, LaneId, Observer
+from client.worker.lanes import Attempt, Lane, LaneId, Observer, TaskAttempt
 from client.worker.task import Partitioner, SubPartition, WorkerTask
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ class Form(Protocol):
 
     # Whether a task may punctuate at all (the punctuation loop ends at once otherwise).
     punctuates: bool
+
+    @property
+    def attempt(self) -> type[Attempt]:
+        """What a handed-out record becomes: a task's may be acknowledged after its call."""
 
     def lane_id(self, item: Item) -> LaneId:
         """The lane a record goes to; ``WorkerFailed`` if the partitioner is wrong."""
@@ -70,6 +74,7 @@ class HandlerForm:
     """Every key its own lane, one shared stateless task calling the handler."""
 
     punctuates = False
+    attempt = Attempt
 
     def __init__(self, process: Process) -> None:
         self.process = process
@@ -105,6 +110,7 @@ class TaskForm:
     """A task instance per sub-partition, made by ``factory``."""
 
     punctuates = True
+    attempt = TaskAttempt
 
     def __init__(
         self,

@@ -123,6 +123,25 @@ class Attempt:
         return gate.enter(self.lease, tp, hashed, record.offset)
 
 
+class TaskAttempt(Attempt):
+    """An attempt of the task form, whose task may acknowledge after ``process`` returned
+    (``asyncio.create_task(self.bill(record, observer))``, docs/workers.md): its call is in
+    the gate from its start until both ``process`` returned and the observer was answered,
+    so a revocation, a timeout and a shutdown wait for the acknowledgement, or hold the key,
+    as they do for a thread call still running."""
+
+    __slots__ = ()
+
+    def enter(self, gate: OwnershipGate) -> Running | None:
+        tp, record, hashed = self.item
+        observer = self.observer
+        if observer is None:
+            return gate.enter(self.lease, tp, hashed, record.offset)
+        running = gate.enter(self.lease, tp, hashed, record.offset, ends=2)
+        observer.running = running
+        return running
+
+
 Resolve = Callable[["Observer", BaseException | None], None]
 
 
@@ -130,11 +149,15 @@ class Observer:
     """One attempt's acknowledgement. Callable from any thread: the outcome is handed to the
     event loop, where the first one counts and later ones are ignored."""
 
-    __slots__ = ("_loop", "_resolve", "_thread", "attempt", "resolved")
+    __slots__ = ("_loop", "_resolve", "_thread", "attempt", "deferred", "resolved", "running")
 
     def __init__(self, attempt: Attempt, resolve: Resolve, loop: asyncio.AbstractEventLoop) -> None:
         self.attempt: Attempt | None = attempt
         self.resolved = False
+        # A task's call in the gate until this observer is answered (``TaskAttempt``), and
+        # the attempt whose ``process`` returned before the answer: its call lasts until it.
+        self.running: Running | None = None
+        self.deferred: Attempt | None = None
         self._resolve = resolve
         self._loop = loop
         self._thread = threading.get_ident()

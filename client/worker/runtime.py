@@ -95,6 +95,9 @@ class Scheduler:
         self.failures = Failures(config, source, dead_letters, lifecycle, self, stats)
         self.timeouts = Timeouts(config.processing_timeout_s, self._loop, self.resolve)
         self.tasks = PartitionTasks(self, form, lifecycle, config, self._loop)
+        # Where an observer's answer goes: a task's, which may come after its call, first
+        # ends the call's wait in the gate.
+        self._answered = self.acknowledged if form.attempt is not Attempt else self.resolve
 
     def new_lane(self, ident: LaneId) -> Lane | None:
         try:
@@ -188,7 +191,7 @@ class Scheduler:
             return  # the membership is lost; ``lost`` drops what is queued
         lane.queue.popleft()
         lease = self._source.hand_out(tp, record, hashed)
-        attempt = Attempt(item, lane, weight(record), lease)
+        attempt = self._form.attempt(item, lane, weight(record), lease)
         if self._tracer is not None:
             attempt.trace = self._tracer.start(tp.topic, tp.partition, record, hashed)
         self.open[(tp, hashed)] = attempt
@@ -202,29 +205,62 @@ class Scheduler:
         (of the key, in the handler form) starts before it has ended. A call that has not
         started, or runs on the loop or in a process, is ended when its record times out or
         its slice must go (``Attempt.stop``); a call running on a thread cannot be, and the
-        record's outcome waits for it."""
+        record's outcome waits for it. A task's call that returned before it acknowledged
+        lasts until the acknowledgement (``acknowledged``), which nothing can stop either."""
         attempt.number += 1
         if attempt.trace is not None:
             attempt.trace.attempt(attempt.number)
-        observer = Observer(attempt, self.resolve, self._loop)
+        observer = Observer(attempt, self._answered, self._loop)
         attempt.observer = observer
         self.timeouts.start(observer)
         attempt.calling = True
+        deferred = False
         try:
             await self._form.process(attempt.lane.task, attempt, observer)
+            deferred = observer.running is not None
         except Stopped:
             # Stopped by its timeout, a loss or a revocation past the drain, which decide
-            # what follows once the call has ended (``_call_ended``).
-            pass
+            # what follows once the call has ended (``_call_ended``); no answer comes now.
+            self._call_over(observer)
+        except asyncio.CancelledError:
+            # The worker itself is cancelled (the end of a shutdown): as stopped.
+            self._call_over(observer)
+            raise
         except NotStarted:
             if attempt.observer is observer and attempt.overdue is None:
                 self._not_started(attempt)
         except Exception as error:
             observer.failure(error)
         finally:
-            attempt.calling = False
             attempt.stop = None
+            if not deferred:
+                attempt.calling = False
+        if deferred:
+            observer.deferred = attempt
+            return
         self._call_ended(attempt, observer)
+
+    def acknowledged(self, observer: Observer, error: BaseException | None) -> None:
+        """The task answered through ``observer`` (the task form's ``Observer`` reports
+        here): its call is over once ``process`` returned too, and when ``process``
+        returned first, what waited for the call (a timeout's outcome, giving the record
+        back) happens now."""
+        if observer.running is not None:
+            self._call_over(observer)
+            attempt = observer.deferred
+            if attempt is not None:
+                observer.deferred = None
+                attempt.calling = False
+                self.resolve(observer, error)
+                self._call_ended(attempt, observer)
+                return
+        self.resolve(observer, error)
+
+    def _call_over(self, observer: Observer) -> None:
+        """No answer through ``observer`` is waited for any more: its end in the gate."""
+        running, observer.running = observer.running, None
+        if running is not None:
+            self._source.gate.exit(running)
 
     def _call_ended(self, attempt: Attempt, observer: Observer) -> None:
         """What waited for the call to end: a timeout's outcome, or giving the record back

@@ -1,7 +1,8 @@
 """Processing timeouts: every call of ``process`` gets ``processing_timeout_s`` to be
 acknowledged. A call that timed out is stopped where it can be (``Attempt.stop``), and its
 outcome, the timeout, waits for the call to end, so no retry (and no next record of its key)
-overlaps it (the runtime resolves it when the call ends)."""
+overlaps it (the runtime resolves it when the call ends). A task's call that returned before
+it acknowledged ends with the acknowledgement: nothing can stop the work still pending."""
 
 from __future__ import annotations
 

@@ -35,11 +35,8 @@ class Stopped(RuntimeError):
 
 
 class Claim(Protocol):
-    """What a call of user code asks the gate for, right before it starts."""
-
-    @property
-    def lease(self) -> Lease | None:
-        """The right it was handed out under (a child process's parent checks it)."""
+    """What a call of user code asks the gate for, right before it starts (for a child
+    process, as the parent sends it)."""
 
     def enter(self, gate: OwnershipGate) -> Running | None:
         """``gate.enter`` (or ``enter_range``) for this call: its registration, or None."""

@@ -14,18 +14,23 @@ a process's share of the most records the pool has had at once, each sent to the
 with the fewest records outstanding: a process then has its next batch waiting while it
 works, and does not sit idle while the loop hands out more records.
 
-A record waiting in a pipe can outlive the right it was handed out under (the session
-deadline passed, its slice revoked, the member stopping), so a child asks the ownership
-gate's shared copy before each record (``SharedGate``) and reports the records it did not
-start as ``NotStarted``. A call that must end now (its key revoked, its processing timed
-out, the membership lost) is ended by killing its process: the pool then knows which of the
-process's records had started (``ProcessDied``), which was running (``Stopped``) and which
-never started (``NotStarted``, sent again without counting an attempt).
+The gate sees every call a child may run: a record enters it as it is sent (refused, it is
+``NotStarted`` at once) and exits once its outcome is back, its process is gone, or a stop made
+sure it never starts. A revocation then waits for a child's call, or holds its key, as it does
+for a thread's, whatever else it found. A record waiting in a pipe can outlive the right it was
+handed out under (the session deadline passed, its slice revoked, the member stopping), so a
+child asks the ownership gate's shared copy before each record (``SharedGate``) and reports
+the records it did not start as ``NotStarted``. A call that must end now (its key revoked,
+its processing timed out, the membership lost) is ended by killing its process: the pool then
+knows which of the process's records had started (``ProcessDied``), which was running
+(``Stopped``) and which never started (``NotStarted``, sent again without counting an
+attempt).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import os
@@ -34,12 +39,12 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from client.runtime.gate import Lease, OwnershipGate
+from client.runtime.gate import OwnershipGate, Running
 from client.runtime.pools.pool import Claim, NotStarted, Stoppable, Stopped
 from client.runtime.pools.shared import ChildProgress, SharedGate
 
@@ -51,6 +56,8 @@ _Call = tuple[Function, tuple[Any, ...]]
 Outcomes = list[BaseException | None] | None
 
 _HEADER = struct.Struct("!Q")
+# ``map``'s second argument for ``dict.pop``'s default: None for every sequence number.
+_NOTHING = itertools.repeat(None)
 _READ_SIZE = 1 << 16
 # How often the loop copies the session deadline to the children while they have records.
 # The membership moves the deadline on with each successful heartbeat, at most a third of a
@@ -69,7 +76,7 @@ class ProcessDied(RuntimeError):
 
 
 # Each call sent gets a sequence number; a child notes the one it starts in shared memory.
-_Pending = tuple[_Call, asyncio.Future[None], int, Lease | None, int]
+_Pending = tuple[_Call, asyncio.Future[None], Claim, int]
 
 
 class ProcessPool:
@@ -94,6 +101,8 @@ class ProcessPool:
         self._refresh: asyncio.TimerHandle | None = None
         self._children: list[_Child] = []
         self._pending: list[_Pending] = []
+        # The gate's registration of each record sent and not over yet, by sequence number.
+        self._running: dict[int, Running] = {}
         self._sequence = 0
         self._closed = False
         self._waited_by_replaced = 0.0
@@ -117,9 +126,7 @@ class ProcessPool:
             loop.call_soon(self._send)
         self._sequence += 1
         sequence = self._sequence
-        self._pending.append(
-            ((function, args), outcome, self._gate.revision, claim.lease, sequence)
-        )
+        self._pending.append(((function, args), outcome, claim, sequence))
         if slot is None:
             await outcome
             return
@@ -158,7 +165,7 @@ class ProcessPool:
         if self._refresh is not None:
             self._refresh.cancel()
             self._refresh = None
-        for _, outcome, _, _, _ in self._pending:
+        for _, outcome, _, _ in self._pending:
             _settle(outcome, PoolClosed("the process pool was shut down"))
         self._pending = []
         for child in self._children:
@@ -176,18 +183,31 @@ class ProcessPool:
         if any(child.load() for child in self._children):
             self._refresh = asyncio.get_running_loop().call_later(_REFRESH_S, self._keep_published)
 
+    def _ended(self, sequences: Iterable[int]) -> None:
+        """The calls of ``sequences`` are over, or never start: out of the gate."""
+        running = self._running
+        calls = [call for call in map(running.pop, sequences, _NOTHING) if call is not None]
+        if calls:
+            self._gate.exit_all(calls)
+
     def _send(self) -> None:
-        revision = self._gate.revision
+        if self._closed:
+            for _, outcome, _, _ in self._pending:
+                _settle(outcome, PoolClosed("the process pool was shut down"))
+            self._pending = []
+            return
+        gate, running = self._gate, self._running
         pending: list[_Pending] = []
         for entry in self._pending:
-            _, outcome, handed_out_under, lease, _ = entry
-            if handed_out_under == revision or self._gate.permits(lease):
-                pending.append(entry)
-            else:
+            call = entry[2].enter(gate)
+            if call is None:
                 # Its right ended while it waited for this turn of the loop: given back.
-                _settle(outcome, NotStarted("its slice was revoked or lost before it was sent"))
+                _settle(entry[1], NotStarted("its slice was revoked or lost before it was sent"))
+            else:
+                running[entry[3]] = call
+                pending.append(entry)
         self._pending = []
-        if self._closed or not pending:
+        if not pending:
             return
         # Started on first use; a process that died (its records failed) is replaced.
         alive = [child for child in self._children if child.alive]
@@ -195,11 +215,12 @@ class ProcessPool:
         try:
             loop = asyncio.get_running_loop()
             while len(alive) < self._count:
-                alive.append(_Child(self._shared, loop, alive))
+                alive.append(_Child(self._shared, loop, alive, self._ended))
         except Exception as error:
             # Nothing can run them; their failure goes to the policy like a handler's.
             logger.exception("a pool process could not be started")
-            for _, outcome, _, _, _ in pending:
+            self._ended(entry[3] for entry in pending)
+            for _, outcome, _, _ in pending:
                 _settle(outcome, error)
             return
         finally:
@@ -217,8 +238,9 @@ class ProcessPool:
             child = min(alive, key=_Child.load)
             outcomes = [entry[1] for entry in batch]
             try:
-                child.send([(entry[4], entry[0]) for entry in batch], outcomes, self._gate.revision)
+                child.send([(entry[3], entry[0]) for entry in batch], outcomes, self._gate.revision)
             except Exception as error:  # a record that cannot be pickled
+                self._ended(entry[3] for entry in batch)
                 for outcome in outcomes:
                     _settle(outcome, error)
         if self._refresh is None:
@@ -235,8 +257,11 @@ class _Child:
         gate: SharedGate,
         loop: asyncio.AbstractEventLoop,
         siblings: list[_Child],
+        ended: Callable[[Iterable[int]], None],
     ) -> None:
         self._loop = loop
+        # Told of the records whose calls are over or never start (``ProcessPool._ended``).
+        self._ended = ended
         context = multiprocessing.get_context()
         to_child, self._inbox = context.Pipe(duplex=False)
         self._outbox, from_child = context.Pipe(duplex=False)
@@ -296,6 +321,7 @@ class _Child:
     ) -> None:
         if not self._open:
             # It died while this turn's batches went out.
+            self._ended(sequence for sequence, _ in records)
             for outcome in outcomes:
                 _settle(outcome, NotStarted(f"the pool process {self._process.pid} died"))
             return
@@ -314,7 +340,10 @@ class _Child:
     def stop(self, sequence: int) -> None:
         """End the call of record ``sequence``: the child skips it if it has not started it,
         else the child is killed."""
-        if self._progress.refuse(sequence, self._last_sent) or self.killed:
+        if self._progress.refuse(sequence, self._last_sent):
+            self._ended((sequence,))
+            return
+        if self.killed:
             return
         self.killed = True
         self._process.kill()
@@ -352,7 +381,9 @@ class _Child:
         self._inbox.close()
         self._outbox.close()
         while self._batches:
-            for _, outcome in self._batches.popleft():
+            batch = self._batches.popleft()
+            self._ended(sequence for sequence, _ in batch)
+            for _, outcome in batch:
                 _settle(outcome, error)
         self._outstanding = 0
 
@@ -365,6 +396,7 @@ class _Child:
         outcomes = [entry for batch in self._batches for entry in batch]
         self._batches.clear()
         self.close(NotStarted(f"the pool process {pid} ended before the record's turn"))
+        self._ended(seq for seq, _ in outcomes)
         for seq, outcome in outcomes:
             if seq > started:
                 _settle(outcome, NotStarted(f"the pool process {pid} ended before its turn"))
@@ -424,6 +456,7 @@ class _Child:
     def _settle_batch(self, errors: Outcomes) -> None:
         outcomes = self._batches.popleft()
         self._outstanding -= len(outcomes)
+        self._ended(sequence for sequence, _ in outcomes)
         if errors is None:
             for _, outcome in outcomes:
                 if not outcome.done():
