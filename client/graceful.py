@@ -33,8 +33,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class GracefulStop:
     """One runtime's stop request and the drive that ends on it."""
 
-    def __init__(self, runtime: str) -> None:
+    def __init__(self, runtime: str, group_id: str) -> None:
         self._runtime = runtime
+        self._group_id = group_id
         self._requested = asyncio.Event()
         self._signals = 0
         self._starting: asyncio.Task[object] | None = None
@@ -79,6 +80,10 @@ class GracefulStop:
         """Run ``consumer.drive(make_runtime)`` until it ends by itself (a failure) or a stop
         is requested; then stop the consumer, logging ``stopping``, and wait for the drive."""
         self._starting = None
+        logger.info(
+            f"{self._runtime} started",
+            extra={"group_id": self._group_id, "member_id": consumer.member_id},
+        )
         driving = asyncio.create_task(
             consumer.drive(make_runtime), name=f"keyrange-{self._runtime}"
         )
@@ -90,7 +95,10 @@ class GracefulStop:
         if not driving.done():
             logger.info(f"{self._runtime} stopping: {stopping}")
             await consumer.stop()
-        await driving
+        try:
+            await driving
+        finally:
+            logger.info(f"{self._runtime} stopped", extra={"group_id": self._group_id})
 
     def _on_signal(self, number: int) -> None:
         self._signals += 1

@@ -93,7 +93,7 @@ class StreamsApp:
         self._restorer: Restorer | None = None
         self._standby_restorer: Restorer | None = None
         self._standby_set: Standbys | None = None
-        self._graceful = GracefulStop("streams")
+        self._graceful = GracefulStop("streams", config.application_id)
         self._partitions: dict[str, int] = {}
         interactive = sys.stderr.isatty() if config.show_progress is None else config.show_progress
         self._show_progress = interactive

@@ -92,7 +92,7 @@ class Worker:
         )
         self._calls = Calls(config.threads, config.processes, self._consumer.gate)
         self.runtime: WorkerRuntime | None = None
-        self._graceful = GracefulStop("worker")
+        self._graceful = GracefulStop("worker", config.group_id)
 
     @property
     def consumer(self) -> KeyrangeConsumer:

@@ -77,7 +77,11 @@ async def test_the_readme_worker_processes_every_record(
         if process.returncode is None:
             process.kill()
     assert process.returncode == 0, stderr.decode()
-    assert "billing closed" in stderr.decode()
+    said = stderr.decode()
+    assert "billing closed" in said
+    # Issue 47 item 6: a worker says when it started and when it stopped.
+    assert "worker started" in said and group_id in said
+    assert said.index("worker started") < said.index("worker stopped")
 
 
 def test_the_readme_names_the_example_and_the_topic_commands() -> None:
