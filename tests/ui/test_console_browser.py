@@ -131,6 +131,19 @@ async def test_the_group_page_draws_who_owns_which_keys_and_the_offsets(
     assert await browser.run(browser.text_of, f"{section} .high-watermark") == str(RECORDS)
     assert len(await browser.run(browser.css, f"{section} rect.ic-range")) == 1
     assert len(await browser.run(browser.css, f"{section} rect.watermark")) == 1
+    # Issue 47 item 7: watermark pieces are painted over the IC bands, in their legend's
+    # orange (under the bands' blue they read as grey), and member ids keep to one line.
+    painted = await browser.run(browser.attributes, f"{section} svg.offsetbar rect", "class")
+    assert painted.index("watermark") > painted.index("ic-range"), painted
+    assert await browser.run(browser.attributes, f"{section} rect.watermark", "fill") == ["#f28e2b"]
+    assert await browser.run(browser.attributes, f"{section} rect.watermark", "fill-opacity") == [
+        "None"
+    ]
+    white_space = await browser.run(
+        browser.driver.execute_script,
+        "return getComputedStyle(document.querySelector('td.member-id')).whiteSpace",
+    )
+    assert white_space == "nowrap"
     widths = await browser.run(browser.attributes, f"{section} rect.segment", "width")
     assert sum(float(width) for width in widths) == pytest.approx(1000, abs=0.01)
     # The offset axis is the whole log, from its start to the high watermark.
