@@ -45,8 +45,14 @@ class KafkaGroups:
 
     def __init__(self, cluster: ClusterMetadata) -> None:
         self._connection = cluster.connection
+        # Each group's coordinator, looked up once: the mirror makes one of these per round,
+        # so a coordinator that moved is found again the next round.
+        self._coordinators: dict[str, int] = {}
 
     async def _coordinator(self, group: str) -> int:
+        known = self._coordinators.get(group)
+        if known is not None:
+            return known
         await self._connection.ready()
         reply = await self._connection.send(
             self._connection.any_node(), FindCoordinatorRequest(group, _GROUP_COORDINATOR)
@@ -54,7 +60,8 @@ class KafkaGroups:
         error = kafka_errors.for_code(reply.error_code)
         if error is not kafka_errors.NoError:
             raise error(f"no coordinator for group {group!r}")
-        return int(reply.coordinator_id)
+        self._coordinators[group] = int(reply.coordinator_id)
+        return self._coordinators[group]
 
     async def describe(self, group: str) -> KafkaGroupState:
         async with self._connection.bounded(f"describing group {group!r}"):

@@ -13,6 +13,7 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from fastapi import FastAPI
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from coordinator.app import create_app
@@ -172,3 +173,19 @@ async def test_only_offsets_kafka_does_not_hold_are_written(
         await engine.dispose()
     assert first[f"{prefix}steady"] == {(topic, 0): 6}
     assert f"{prefix}steady" not in second
+
+
+async def test_a_round_another_replica_holds_is_skipped(
+    database_url: str, cluster_metadata: ClusterMetadata
+) -> None:
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.begin() as holder:
+            # What a replica mid-round holds (coordinator.mirror's advisory lock).
+            await holder.execute(text("SELECT pg_advisory_xact_lock(x'4B526D'::int, 0)"))
+            skipped = await mirror_once(
+                engine, KafkaGroups(cluster_metadata), "held-", SkippedGroups()
+            )
+    finally:
+        await engine.dispose()
+    assert skipped is None
