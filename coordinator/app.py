@@ -258,11 +258,16 @@ def create_app(
     from coordinator.groups.loops import background_loops
     from coordinator.health.endpoints import router as health_router
     from coordinator.limits import router as limits_router
+    from coordinator.mirror import mirror_loops
     from coordinator.offsets.endpoints import router as offsets_router
     from coordinator.offsets.log_end import router as out_of_range_router
+    from coordinator.record_age import record_age_loops
     from coordinator.ui.router import router as ui_router
 
     loops = dict(background_loops(settings) if background is None else background)
+    if background is None:
+        loops.update(mirror_loops(settings))
+        loops.update(record_age_loops(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

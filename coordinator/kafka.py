@@ -349,6 +349,12 @@ class ClusterMetadata:
         self._offsets = _OffsetLookup(self._connection)
         self._watermarks = _Watermarks(self._connection, self._offsets)
 
+    @property
+    def connection(self) -> _Connection:
+        """The shared connection, for the modules that ask the cluster other questions
+        (``coordinator.kafka_groups``) over the same client and security settings."""
+        return self._connection
+
     async def start(self) -> None:
         async with self._connection.bounded("connecting"):
             await self._connection.ready()

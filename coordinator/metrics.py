@@ -92,6 +92,12 @@ PARTITION_LAG = Gauge(
     ["group_id", "topic", "partition"],
     registry=TENANT_REGISTRY,
 )
+PARTITION_OLDEST_UNPROCESSED_AGE = Gauge(
+    "keyrange_partition_oldest_unprocessed_age_seconds",
+    "Seconds since the record at the stable offset was written (0: nothing unprocessed)",
+    ["group_id", "topic", "partition"],
+    registry=TENANT_REGISTRY,
+)
 GROUP_DESIRED_MEMBERS = Gauge(
     "keyrange_group_desired_members",
     "Members the group's lag asks for at its measured processing rate (docs/scaling.md), "
@@ -116,6 +122,7 @@ _GROUP_SERIES = (
     GROUP_MEMBERS,
     MEMBER_LOAD,
     PARTITION_LAG,
+    PARTITION_OLDEST_UNPROCESSED_AGE,
     GROUP_DESIRED_MEMBERS,
     MEMBER_STUCK_CALLS,
     MEMBER_STUCK_CALL_MAX_SECONDS,

@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     metadata_refresh_ms: int = Field(default=10_000, ge=100)
     default_assignor: str = "round-robin"
 
+    # Mirror each group's stable offsets into the Kafka consumer group of the same name (with
+    # this prefix), where kafka-consumer-groups, Burrow and KEDA's Kafka scaler read lag
+    # (docs/operations.md, "Lag in Kafka's own tools"); once per metadata refresh.
+    mirror_offsets: Literal["off", "all"] = "off"
+    mirror_group_prefix: str = Field(default="", max_length=200)
+
     # The coordinator's own Kafka connection (docs/kafka-security.md); checked together by
     # ``_kafka_security_consistent``.
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"

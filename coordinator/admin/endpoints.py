@@ -103,7 +103,9 @@ async def describe_offsets(
 ) -> AdminOffsets:
     await _require_group(connection, group_id, lock=False)
     stored = await offsets_repository.read_partitions(connection, group_id, topic)
-    return AdminOffsets(group_id=group_id, partitions=await admin_offsets(request, stored))
+    return AdminOffsets(
+        group_id=group_id, partitions=await admin_offsets(request, stored, group_id=group_id)
+    )
 
 
 @router.post(

@@ -35,7 +35,7 @@ async def describe_group(
     description = await operations.describe(connection, group_id)
     stored = await offsets_repository.read_partitions(connection, group_id)
     return AdminGroupDescription(
-        **dict(description), partitions=await admin_offsets(request, stored)
+        **dict(description), partitions=await admin_offsets(request, stored, group_id=group_id)
     )
 
 

@@ -35,6 +35,9 @@ class AdminPartitionOffsets(PartitionOffsetsReply):
     high_watermark: int | None
     lag: int | None
     offset_out_of_range: bool = False
+    # Seconds since the record at the stable offset was written; None when nothing is
+    # unprocessed or Kafka could not say (docs/api.md).
+    oldest_unprocessed_age_seconds: float | None = None
 
 
 class AdminOffsets(BaseModel):

@@ -75,7 +75,7 @@ def partitions(entries: list[Body], also: Iterable[tuple[str, int]]) -> str:
     for topic, partition in sorted(set(stored) | set(also)):
         entry = stored.get((topic, partition))
         if entry is None:
-            rows.append([topic, partition, None, None, None, None, None, None])
+            rows.append([topic, partition, None, None, None, None, None, None, None])
             continue
         rows.append(
             [
@@ -87,6 +87,7 @@ def partitions(entries: list[Body], also: Iterable[tuple[str, int]]) -> str:
                 len(entry["ranges"]),
                 len(entry["watermarks"]),
                 entry["ic_offsets"],
+                _seconds(entry.get("oldest_unprocessed_age_seconds")),
             ]
         )
     return table(
@@ -99,9 +100,14 @@ def partitions(entries: list[Body], also: Iterable[tuple[str, int]]) -> str:
             "IC-RANGES",
             "WATERMARK-PIECES",
             "IC-OFFSETS",
+            "OLDEST-UNPROCESSED-S",
         ],
         rows,
     )
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 OwnedRanges = dict[tuple[str, int], list[tuple[int, int, Body]]]

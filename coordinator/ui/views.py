@@ -126,6 +126,8 @@ class OffsetsView:
     stable_offset: int
     high_watermark: int | None
     lag: int | None
+    # Seconds since the oldest unprocessed record was written; None when none is unprocessed.
+    oldest_unprocessed_age_s: float | None
     ic_offsets: int
     ic_range_count: int
     axis: OffsetAxis
@@ -312,6 +314,7 @@ def _offsets_view(offsets: AdminPartitionOffsets, log_start: int) -> OffsetsView
         stable_offset=stable,
         high_watermark=offsets.high_watermark,
         lag=offsets.lag,
+        oldest_unprocessed_age_s=offsets.oldest_unprocessed_age_seconds,
         ic_offsets=offsets.ic_offsets,
         ic_range_count=len(offsets.ranges),
         axis=axis,

@@ -72,8 +72,8 @@ def test_a_gap_in_the_key_space_is_a_row_owned_by_nobody() -> None:
 def test_an_owned_partition_without_offsets_and_an_unknown_watermark_show_a_dash() -> None:
     _, partitions, _, members = sections()
     assert partitions == [
-        ["orders", "0", "7", "-", "-", "1", "0", "1"],
-        ["orders", "1", "-", "-", "-", "-", "-", "-"],
+        ["orders", "0", "7", "-", "-", "1", "0", "1", "-"],
+        ["orders", "1", "-", "-", "-", "-", "-", "-", "-"],
     ]
     assert [(row[0], row[-1]) for row in members] == [("a", "1"), ("b", "2")]
     assert members[0][5:7] == ["2026-11-25", "03:29:16+00:00"]

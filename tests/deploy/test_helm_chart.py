@@ -370,6 +370,17 @@ def test_configmap_carries_every_setting_as_a_keyrange_variable(chart: helm.Char
     assert Settings(allowed_endpoint_hosts=hosts).allowed_endpoint_hosts == hosts
 
 
+def test_the_offset_mirror_is_rendered_only_when_switched_on(chart: helm.Chart) -> None:
+    default = one(render(chart, with_values()), "ConfigMap")["data"]
+    assert "KEYRANGE_MIRROR_OFFSETS" not in default
+    values = with_values(config={"mirrorOffsets": "all", "mirrorGroupPrefix": "keyrange."})
+    config = one(render(chart, values), "ConfigMap")["data"]
+    assert config["KEYRANGE_MIRROR_OFFSETS"] == "all"
+    assert config["KEYRANGE_MIRROR_GROUP_PREFIX"] == "keyrange."
+    mirrored = Settings(mirror_offsets="all", mirror_group_prefix="keyrange.")
+    assert (mirrored.mirror_offsets, mirrored.mirror_group_prefix) == ("all", "keyrange.")
+
+
 def pod_annotations(chart: helm.Chart, values: dict[str, Any]) -> dict[str, str]:
     annotations: dict[str, str] = one(render(chart, values), "Deployment")["spec"]["template"][
         "metadata"

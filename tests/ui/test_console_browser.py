@@ -17,6 +17,7 @@ from tests.ui.browser import Browser, chromium_or_skip
 from tests.ui.conftest import (
     ADMIN_TOKEN,
     IDLE_STABLE_OFFSET,
+    LAG,
     MEMBERS,
     RECORDS,
     STABLE_OFFSET,
@@ -71,7 +72,7 @@ async def test_the_token_is_asked_once_per_tab_and_opens_the_groups_list(
     row = f'tr[data-group="{live_console.group}"]'
     await browser.run(
         browser.wait_for,
-        lambda _: browser.text_of(f"{row} .lag") == str(RECORDS - STABLE_OFFSET),
+        lambda _: browser.text_of(f"{row} .lag") == str(LAG),
         "the group's row with its lag",
     )
     assert await browser.run(browser.text_of, f"{row} .state") == "stable"
@@ -122,7 +123,7 @@ async def test_the_group_page_draws_who_owns_which_keys_and_the_offsets(
     def drawn(_: object) -> bool:
         lag = browser.text_of(f"{section} .lag")
         owners_drawn = segment_owners(browser, live_console.topic) == expected
-        return owners_drawn and lag == str(RECORDS - STABLE_OFFSET)
+        return owners_drawn and lag == str(LAG)
 
     await browser.run(browser.wait_for, drawn, "each member's key ranges and the lag")
     rows = await browser.run(browser.attributes, "#members tbody tr", "data-member")
@@ -157,7 +158,7 @@ async def test_the_group_page_draws_who_owns_which_keys_and_the_offsets(
 
     await browser.run(browser.wait_for, trend_drawn, "the lag's line over the last minutes")
     lag_now = await browser.run(browser.text_of, "#lag-trend .latest")
-    assert lag_now == f"{RECORDS - STABLE_OFFSET:,}"
+    assert lag_now == f"{LAG:,}"
     # Nothing is committed meanwhile: the group processes 0 records a second.
     assert await browser.run(browser.text_of, "#rate-trend .latest") == "0.0"
     assert await browser.run(browser.foreign_requests, live_console.url) == []

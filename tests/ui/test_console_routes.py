@@ -10,6 +10,7 @@ import httpx
 from tests.ui.conftest import (
     ADMIN_TOKEN,
     IC_RANGE,
+    LAG,
     RECORDS,
     STABLE_OFFSET,
     LiveConsole,
@@ -66,12 +67,12 @@ async def test_the_groups_fragment_lists_state_members_and_total_lag(
     live_console: LiveConsole,
 ) -> None:
     html = await fragment_showing(
-        live_console, "/ui/fragments/groups", f'<td class="number lag">{RECORDS - STABLE_OFFSET}'
+        live_console, "/ui/fragments/groups", f'<td class="number lag">{LAG}'
     )
     live_row = _row(html, live_console.group)
     assert '<td class="state">stable</td>' in live_row
     assert '<td class="number members">3</td>' in live_row
-    assert f'<td class="number lag">{RECORDS - STABLE_OFFSET}</td>' in live_row
+    assert f'<td class="number lag">{LAG}</td>' in live_row
     idle_row = _row(html, live_console.idle_group)
     assert '<td class="state">empty</td>' in idle_row
 
@@ -83,7 +84,7 @@ async def test_the_group_fragment_colours_each_members_key_ranges(
     html = await fragment_showing(
         live_console,
         f"/ui/fragments/groups/{live_console.group}",
-        f'<strong class="lag">{RECORDS - STABLE_OFFSET}</strong>',
+        f'<strong class="lag">{LAG}</strong>',
     )
     drawn = re.findall(
         r'data-owner="([^"]*)"\s+data-first-hash="(\d+)" data-last-hash="(\d+)"', html
@@ -97,8 +98,9 @@ async def test_the_group_fragment_colours_each_members_key_ranges(
     assert int(drawn[-1][2]) == 2**63 - 1
     for member_id in owned:
         assert f'<tr data-member="{member_id}">' in html
-    assert f'<strong class="lag">{RECORDS - STABLE_OFFSET}</strong>' in html
+    assert f'<strong class="lag">{LAG}</strong>' in html
     assert f'<strong class="stable-offset">{STABLE_OFFSET}</strong>' in html
+    assert '<strong class="oldest-unprocessed">' in html
     assert f'<strong class="high-watermark">{RECORDS}</strong>' in html
     assert f"IC range [{IC_RANGE[0]}, {IC_RANGE[1]}]" in html
     assert html.count('class="watermark"') == 1
