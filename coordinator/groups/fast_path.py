@@ -7,10 +7,9 @@ object cost as much CPU as serving the heartbeat itself. ``CoordinatorApp`` (in
 ``coordinator/app.py``) hands ``POST /v1/groups/{group_id}/heartbeat`` to
 ``serve_fast_path`` before FastAPI sees it; it takes the declared route's steps in the same
 order (body limit, content type, body, path and body validation; the token was checked before
-all of them, by ``coordinator.auth.admit``), answers through the same ``endpoints.answer``
-and records the route metrics itself. ``coordinator/groups/serve.py`` decides which path
-serves it. A request it cannot serve as valid goes to FastAPI, so
-every refusal is the declared route's. The FastAPI route stays declared: it describes the
+all of them, by ``coordinator.auth.admit``), answers through the same ``serve.answer``, which
+decides which path serves it, and records the route metrics itself. A request it cannot serve
+as valid goes to FastAPI, so every refusal is the declared route's. The FastAPI route stays declared: it describes the
 endpoint in OpenAPI, answers invalid requests and serves requests under a root path.
 """
 
