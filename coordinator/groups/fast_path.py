@@ -9,8 +9,9 @@ object cost as much CPU as serving the heartbeat itself. ``CoordinatorApp`` (in
 order (body limit, content type, body, path and body validation; the token was checked before
 all of them, by ``coordinator.auth.admit``), answers through the same ``serve.answer``, which
 decides which path serves it, and records the route metrics itself. A request it cannot serve
-as valid goes to FastAPI, so every refusal is the declared route's. The FastAPI route stays declared: it describes the
-endpoint in OpenAPI, answers invalid requests and serves requests under a root path.
+as valid goes to FastAPI, so every refusal is the declared route's. The FastAPI route stays
+declared: it describes the endpoint in OpenAPI, answers invalid requests and serves requests
+under a root path.
 """
 
 from __future__ import annotations
