@@ -160,9 +160,6 @@ class Fetcher:
     def buffered(self) -> bool:
         return bool(self._buffer)
 
-    def buffered_count(self) -> int:
-        return self._buffer.count()
-
     async def start_positions(
         self, partitions: list[TopicPartition], auto_offset_reset: str
     ) -> dict[TopicPartition, int]:

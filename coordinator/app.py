@@ -27,6 +27,7 @@ from coordinator.auth import admit
 from coordinator.body_limit import BodySizeLimit
 from coordinator.cross_origin import refuse_cross_origin
 from coordinator.db.engine import make_engine
+from coordinator.direct_routes import group_route
 from coordinator.errors import KeyrangeError
 from coordinator.gc_pauses import time_collections
 from coordinator.groups import fast_path as heartbeat_fast_path
@@ -209,12 +210,12 @@ class CoordinatorApp(FastAPI):
             except KeyrangeError as exc:
                 await _refuse(exc, scope, receive, send)
                 return
-        group_id = fast_path.commit_group(scope)
+        group_id = group_route(scope, fast_path.SUFFIX)
         if group_id is not None:
             scope["app"] = self
             await fast_path.serve_fast_path(scope, receive, send, group_id)
             return
-        group_id = heartbeat_fast_path.heartbeat_group(scope)
+        group_id = group_route(scope, heartbeat_fast_path.SUFFIX)
         if group_id is not None:
             scope["app"] = self
             routed = super().__call__

@@ -1,9 +1,11 @@
-"""The `keyrange` command: run the coordinator, migrate its database, administer groups
-through the admin API, run a worker or a streams application, and make test topics.
+"""The coordinator's subcommands of the `keyrange` command: run the coordinator, migrate its
+database, administer groups through the admin API. The command's root is `client/cli.py`, which
+adds these to its own (the runtimes, topics, the version); this package imports no client
+runtime. `python -m coordinator` runs these subcommands alone.
 
 `serve` and `migrate` need the coordinator's packages (the `keyrange[server]` extra) and import
-them when they run; `admin`, `worker`, `streams` and `version` need only what a plain `pip install
-keyrange` brings, so a worker's image runs and administers without the server installed."""
+them when they run; `admin` needs only what a plain `pip install keyrange` brings, so a worker's
+image administers without the server installed."""
 
 from __future__ import annotations
 
@@ -19,9 +21,6 @@ from importlib.util import find_spec
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from client import topic_command
-from client.streams import command as streams_command
-from client.worker import command as worker_command
 from coordinator import logs
 from coordinator.admin_cli import commands as admin_commands
 
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
     from coordinator.settings import Settings
 
 log = logging.getLogger("keyrange")
-
-VERSION = "0.1.0"
 
 # The embedded broker listens on loopback only (coordinator/embedded/broker.py).
 _BROKER_HOST = "127.0.0.1"
@@ -231,36 +228,9 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _version(_: argparse.Namespace) -> int:
-    print(VERSION)
-    return 0
-
-
-def _client_command(name: str, command: Any) -> Callable[[argparse.Namespace], int]:
-    """``keyrange worker`` and ``keyrange streams``: the client's own commands, with this
-    process's logging set up as the command's options say."""
-
-    def run(args: argparse.Namespace) -> int:
-        level, fmt = command.logging_settings(args, os.environ)
-        if not isinstance(logging.getLevelName(level), int) or fmt not in logs.LOG_FORMATS:
-            problem = f"invalid log level {level!r} or format {fmt!r}"
-            print(f"keyrange {name}: {problem}", file=sys.stderr)
-            return 2
-        logs.configure(level, fmt)
-        code: int = command.run(args)
-        return code
-
-    return run
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="keyrange",
-        description="Keyrange coordinator: cooperative key-range consumption for Kafka. "
-        "Settings come from KEYRANGE_* environment variables (see the README).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def add_commands(commands: Any) -> None:
+    """Add ``serve``, ``migrate`` and ``admin`` to ``commands`` (an argparse subparsers
+    action)."""
     serve = commands.add_parser(
         "serve", help="run the coordinator (embedded Postgres and broker when not configured)"
     )
@@ -280,22 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate_cmd.set_defaults(handler=_needs_server(_migrate))
 
-    version = commands.add_parser("version", help="print the version")
-    version.set_defaults(handler=_version)
-
     admin_commands.add_parser(commands).set_defaults(handler=admin_commands.run)
-    worker_command.add_parser(commands).set_defaults(
-        handler=_client_command("worker", worker_command)
-    )
-    streams_command.add_parser(commands).set_defaults(
-        handler=_client_command("streams", streams_command)
-    )
-    topic_command.add_parser(commands).set_defaults(handler=topic_command.run)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The coordinator's subcommands alone (``python -m coordinator serve``)."""
+    parser = argparse.ArgumentParser(prog="keyrange", description="Keyrange coordinator.")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
     except KeyboardInterrupt:

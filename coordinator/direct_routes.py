@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
+from starlette.types import Scope
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
@@ -35,16 +36,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from starlette.applications import Starlette
-    from starlette.types import ASGIApp, Scope
+    from starlette.types import ASGIApp
     from uvicorn._types import ASGI3Application
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     # How the protocol runs an application on a cycle, as it runs any request's.
     StartAsgi = Callable[[RequestResponseCycle, ASGI3Application], None]
 
-# Every route answered here is under this prefix, followed by the group id.
+# Every route answered here, and by the fast paths ahead of FastAPI, is under this prefix,
+# followed by the group id.
 GROUP_ROUTES = "/v1/groups/{group_id}"
-_GROUPS_PREFIX = GROUP_ROUTES.partition("{group_id}")[0].encode()
+_PREFIX = GROUP_ROUTES.partition("{group_id}")[0]
+_GROUPS_PREFIX = _PREFIX.encode()
 # Headers whose requests the ASGI path answers: a browser's (the cross-origin refusal is
 # that path's business), and those that change how the body or the connection is read.
 _HANDED_OVER = frozenset(
@@ -58,6 +61,20 @@ _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 # What a route's checks make of a request, for its answer.
 Checked = TypeVar("Checked")
+
+
+def group_route(scope: Scope, suffix: str) -> str | None:
+    """The raw group id of a ``POST`` to ``GROUP_ROUTES`` + ``suffix`` that a fast path
+    ahead of FastAPI serves, else None (a request under a root path is the router's)."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path: str = scope["path"]
+    if not (path.startswith(_PREFIX) and path.endswith(suffix)):
+        return None
+    group_id = path[len(_PREFIX) : len(path) - len(suffix)]
+    if not group_id or "/" in group_id:
+        return None
+    return group_id
 
 
 class DirectCycle(RequestResponseCycle, Generic[Checked]):

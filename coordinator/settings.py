@@ -6,7 +6,6 @@ agree on one list of names and defaults.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from ipaddress import ip_address, ip_network
 from typing import Literal
 
@@ -278,8 +277,3 @@ def _variable(location: tuple[int | str, ...]) -> str:
     head, *rest = location
     name = ENV_PREFIX + str(head).upper()
     return name + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()

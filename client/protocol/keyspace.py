@@ -202,7 +202,3 @@ def intersect(left: Iterable[KeyRange], right: Iterable[KeyRange]) -> list[KeyRa
             if piece is not None:
                 result.append(piece)
     return normalize(result)
-
-
-def total_size(ranges: Iterable[KeyRange]) -> int:
-    return sum(r.size for r in normalize(ranges))

@@ -158,10 +158,6 @@ class SourceOptions:
     planned_batch: bool = False
 
     @property
-    def uses_coordinator(self) -> bool:
-        return self.coordinator_url is not None
-
-    @property
     def outside_log_reset(self) -> OffsetReset:
         """What a position outside the log moves to: ``failOnDataLoss=true`` fails instead."""
         return "none" if self.fail_on_data_loss else self.auto_offset_reset

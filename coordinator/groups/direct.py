@@ -10,7 +10,7 @@ may wait, starts the held wait on a timer and writes the reply when it ends. Onl
 case is answered here: a join, a leave, a heartbeat carrying a subscription, a report, or one
 of a member that the watch remembers as unsettled or whose renewal finds it not stable is
 handed to the ASGI path, which takes it from its start. docs/membership.md, "The heartbeat's
-HTTP path".
+HTTP path"; which requests it serves is decided in ``coordinator/groups/serve.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import Any
 from starlette.types import Scope
 
 from coordinator.direct_routes import DirectCycle
-from coordinator.groups import endpoints, fast_path
-from coordinator.groups import heartbeat as membership
+from coordinator.groups import fast_path, heartbeat, serve
 from coordinator.groups.repository import StableHeartbeat
 from coordinator.groups.schemas import HeartbeatRequest
 from coordinator.groups.watch import HeldHeartbeat, MembershipWatch
@@ -55,25 +54,18 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
     def _serve(self, checked: tuple[str, HeartbeatRequest]) -> None:
         group_id, request = checked
         state = self._coordinator.state
-        renewal = membership.stable_renewal(group_id, request, state.settings)
-        if (
-            renewal is None
-            or request.subscribed_topics is not None
-            or request.subscribed_topic_regex is not None
-        ):
-            # Not a stable heartbeat, or one whose subscription the ASGI path learns first.
+        renewal = serve.protocol_renewal(group_id, request, state.settings)
+        if renewal is None:
             self._hand_over()
             return
         watch: MembershipWatch = state.membership_watch
-        if watch.take_unsettled(group_id, renewal.member_id):
+        if serve.skips_renewal(watch, group_id, request):
             # Sure to fail its renewal: the locked path serves it at once.
             self._scope[fast_path.NOT_STABLE_SINCE] = (self._arrived, self._started)
             self._hand_over()
             return
-        held = (
-            watch.hold(group_id, renewal.member_id) if endpoints.may_wait(watch, request) else None
-        )
-        renewed = membership.renewals_of(state.engine).enqueue(renewal)
+        held = watch.hold(group_id, renewal.member_id) if serve.may_wait(watch, request) else None
+        renewed = heartbeat.renewals_of(state.engine).enqueue(renewal)
         renewed.add_done_callback(partial(self._renewed, group_id, request, held))
 
     def _renewed(
@@ -101,12 +93,12 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
         assert stable is not None
         settings = state.settings
         if held is None:
-            self._answer(membership.stable_reply(request, stable, settings, heartbeat_now=False))
+            self._answer(heartbeat.stable_reply(request, stable, settings, heartbeat_now=False))
             return
-        interval_ms = membership.heartbeat_interval(stable.session_timeout_ms, settings)
+        interval_ms = heartbeat.heartbeat_interval(stable.session_timeout_ms, settings)
         HEARTBEATS_WAITING.inc()
         woken = held.begin_wait(
-            endpoints.STABLE_HOLD, endpoints.wait_deadline(request, interval_ms, self._arrived)
+            serve.STABLE_HOLD, serve.wait_deadline(request, interval_ms, self._arrived)
         )
         # A reply that waited took the place of the member's sleep: it heartbeats again at
         # once, whether the wait ended on a change or ran out. The reply is built now, so
@@ -114,7 +106,7 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
         # is walked by each young collection of the garbage collector, which stops the event
         # loop, and ten thousand members wait at once (docs/operations.md, "Waiting members").
         self._held_group, self._held = group_id, held
-        self._held_reply = membership.stable_reply(request, stable, settings, heartbeat_now=True)
+        self._held_reply = heartbeat.stable_reply(request, stable, settings, heartbeat_now=True)
         woken.add_done_callback(self._waited)
 
     def _waited(self, woken: asyncio.Future[bool]) -> None:
@@ -123,7 +115,7 @@ class DirectHeartbeat(DirectCycle["tuple[str, HeartbeatRequest]"]):
         self._held = None
         HEARTBEATS_WAITING.dec()
         self._coordinator.state.membership_watch.release(self._held_group, held)
-        endpoints.count_wait(woken.result())
+        serve.count_wait(woken.result())
         self._answer(self._held_reply)
 
     def _answer(self, reply: bytes) -> None:

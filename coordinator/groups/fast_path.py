@@ -7,10 +7,11 @@ object cost as much CPU as serving the heartbeat itself. ``CoordinatorApp`` (in
 ``coordinator/app.py``) hands ``POST /v1/groups/{group_id}/heartbeat`` to
 ``serve_fast_path`` before FastAPI sees it; it takes the declared route's steps in the same
 order (body limit, content type, body, path and body validation; the token was checked before
-all of them, by ``coordinator.auth.admit``), answers through the same ``endpoints.answer``
-and records the route metrics itself. A request it cannot serve as valid goes to FastAPI, so
-every refusal is the declared route's. The FastAPI route stays declared: it describes the
-endpoint in OpenAPI, answers invalid requests and serves requests under a root path.
+all of them, by ``coordinator.auth.admit``), answers through the same ``serve.answer``, which
+decides which path serves it, and records the route metrics itself. A request it cannot serve
+as valid goes to FastAPI, so every refusal is the declared route's. The FastAPI route stays
+declared: it describes the endpoint in OpenAPI, answers invalid requests and serves requests
+under a root path.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from coordinator import metrics
 from coordinator.body_limit import ClientGone, declares_too_much, read_body, replaying
 from coordinator.errors import PayloadTooLarge
-from coordinator.groups.endpoints import answer
 from coordinator.groups.schemas import HeartbeatReply, HeartbeatRequest
+from coordinator.groups.serve import answer
 from coordinator.problems import error_response
 from coordinator.validation import GroupId
 
 ROUTE = "/v1/groups/{group_id}/heartbeat"
-_PREFIX, _, _SUFFIX = ROUTE.partition("{group_id}")
+# What follows the group id: ``group_route(scope, SUFFIX)`` picks the requests served here.
+SUFFIX = ROUTE.partition("{group_id}")[2]
 _GROUP_ID = TypeAdapter(GroupId)
 _SERVED = metrics.HTTP_REQUESTS.labels("POST", ROUTE, "200")
 # Put in a request's scope by the heartbeat's protocol path (``coordinator/groups/direct.py``)
@@ -42,23 +44,10 @@ NOT_STABLE_SINCE = "keyrange.heartbeat.not_stable_since"
 _LATENCY = metrics.HTTP_LATENCY.labels("POST", ROUTE)
 
 
-def heartbeat_group(scope: Scope) -> str | None:
-    """The raw group id of a heartbeat request the fast path serves, else None."""
-    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-        return None
-    path: str = scope["path"]
-    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
-        return None
-    group_id = path[len(_PREFIX) : len(path) - len(_SUFFIX)]
-    if not group_id or "/" in group_id:
-        return None
-    return group_id
-
-
 async def serve_fast_path(
     scope: Scope, receive: Receive, send: Send, raw_group_id: str, routed: ASGIApp
 ) -> None:
-    """Answer a heartbeat that ``heartbeat_group`` picked, and record the route metrics.
+    """Answer a heartbeat that ``group_route(scope, SUFFIX)`` picked; record the route metrics.
 
     Anything but a valid request is handed to ``routed`` (FastAPI, with the body read so
     far replayed), so a refusal is FastAPI's own, word for word: the fast path only ever

@@ -6,9 +6,10 @@ decided and answers. Several coordinator replicas can share one database because
 membership state lives anywhere else.
 
 One kind of heartbeat skips the step: a stable member renewing its session, one statement
-(:func:`stable_heartbeat`) whose guard matches only when the step would change nothing.
-Another runs the step without the lock: one whose outcome writes only its own member row
-(:func:`unlocked_heartbeat`), stored only if what it read is unchanged.
+(:func:`stable_renewal`, batched by :func:`renewals_of`) whose guard matches only when the step
+would change nothing. Another runs the step without the lock: one whose outcome writes only its
+own member row (:func:`unlocked_heartbeat`), stored only if what it read is unchanged. Which of
+these paths serves a request is decided in ``coordinator/groups/serve.py``.
 
 A heartbeat may also carry the member's stuck calls (docs/api.md, "Stuck calls") and the
 address it serves queries on ("Member endpoints"): stored on its row in the same transaction
@@ -177,34 +178,12 @@ def renewals_of(engine: AsyncEngine) -> SessionRenewals:
     return SessionRenewals(engine)
 
 
-async def stable_heartbeat(
-    engine: AsyncEngine, group_id: str, request: HeartbeatRequest, settings: Settings
-) -> repository.StableHeartbeat | None:
-    """Renew a stable member's session, or None when the request needs :func:`heartbeat`.
-    The common case by far, so it takes no transaction and no lock of its own: concurrent
-    renewals share one statement (``coordinator/groups/renewals.py``), and
-    :func:`stable_reply` answers without decoding the stored assignment.
-    A stable member has nothing to do, so its reply may always wait for a change."""
-    renewal = stable_renewal(group_id, request, settings)
-    if renewal is None:
-        return None
-    return await renewals_of(engine).renew(renewal)
-
-
 def stable_renewal(
     group_id: str, request: HeartbeatRequest, settings: Settings
-) -> repository.Renewal | None:
-    """The renewal a heartbeat asks for when it may be stable; None when it needs
-    :func:`heartbeat`.
-
-    A report of stuck calls takes the full path, which stores it: reports are rare (a
-    member sends one when its list changes), so the common heartbeat's statement stays as
-    it is. So does an advertised endpoint, which a member sends when it joins, and a report
-    of standbys, which a streams instance sends when its standbys change."""
-    if request.member_epoch <= JOIN_EPOCH or request.member_id is None:
-        return None
-    if request.stuck is not None or request.endpoint is not None or request.standbys is not None:
-        return None
+) -> repository.Renewal:
+    """The renewal of a heartbeat that ``coordinator.groups.serve.first_path`` sends to the
+    renewal, whose statement matches only while the member is stable."""
+    assert request.member_id is not None  # first_path
     # Compared as sent: a member echoing its assignment sends it in the stored order, and
     # anything else falls through to the full path, which normalizes.
     owned_json = None if request.owned is None else _OWNED.dump_json(request.owned).decode()
@@ -229,7 +208,7 @@ def stable_reply(
     *,
     heartbeat_now: bool,
 ) -> bytes:
-    """The JSON reply to a heartbeat :func:`stable_heartbeat` served."""
+    """The JSON reply to a heartbeat the renewal served."""
     return (
         b'{"member_id":%s,"member_epoch":%d,"heartbeat_interval_ms":%d,'
         b'"session_timeout_ms":%d,"assignment":%s,"heartbeat_now":%s}'
@@ -319,17 +298,6 @@ def _facts(
     )
 
 
-def may_skip_turn(request: HeartbeatRequest) -> bool:
-    """Whether :func:`unlocked_heartbeat` may serve the request: a heartbeat of a member
-    (not a join or a leave) carrying nothing the locked path alone stores."""
-    return (
-        request.member_epoch > JOIN_EPOCH
-        and request.member_id is not None
-        and request.stuck is None
-        and request.endpoint is None
-    )
-
-
 @lru_cache(maxsize=16)
 def _autocommit(engine: AsyncEngine) -> AsyncEngine:
     return engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -344,7 +312,7 @@ async def unlocked_heartbeat(
 ) -> LockedAnswer | None:
     """The locked path's answer, decided and stored without the group's turn or lock, when
     it writes only the member's own row; None when the locked path must serve the request
-    (:func:`may_skip_turn` must hold).
+    (only for a request ``coordinator.groups.serve.first_path`` lets skip the turn).
 
     A join's hand-off is a chain of heartbeats: each retargeted member's revoke, then its
     release, then the grants that the releases allow. Under the group's turn they ran one at
@@ -357,7 +325,7 @@ async def unlocked_heartbeat(
     member to reap) is left to the locked path, which decides again under the lock.
     docs/membership.md, "Heartbeats without the group's turn"."""
     async with _autocommit(engine).connect() as connection:
-        assert request.member_id is not None  # may_skip_turn
+        assert request.member_id is not None  # first_path
         view = await unlocked_repository.read_view(connection, group_id, request.member_id)
         if view is None or view.any_expired:
             return None

@@ -41,7 +41,8 @@ from coordinator.settings import Settings
 from coordinator.validation import GroupId
 
 ROUTE = "/v1/groups/{group_id}/offsets/commit"
-_PREFIX, _, _SUFFIX = ROUTE.partition("{group_id}")
+# What follows the group id: ``group_route(scope, SUFFIX)`` picks the requests served here.
+SUFFIX = ROUTE.partition("{group_id}")[2]
 _GROUP_ID = TypeAdapter(GroupId)
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 # Above this size a body is validated in a worker thread: a 10,000-partition commit (about
@@ -54,7 +55,7 @@ Submission = tuple[CommitRequest, Principal]
 
 
 async def serve_fast_path(scope: Scope, receive: Receive, send: Send, raw_group_id: str) -> None:
-    """Answer a commit that ``commit_group`` picked, and record the route metrics."""
+    """Answer a commit that ``group_route(scope, SUFFIX)`` picked, and record the route metrics."""
     started = time.perf_counter()
     tracer = scope["app"].state.route_tracer
     trace = None if tracer is None else CommitTrace(tracer, scope, raw_group_id)
@@ -127,19 +128,6 @@ async def _answer_error(exc: Exception, scope: Scope, receive: Receive, send: Se
     response = error_response(exc)
     await response(scope, receive, send)
     return response.status_code
-
-
-def commit_group(scope: Scope) -> str | None:
-    """The raw group id of a commit request the fast path serves, else None."""
-    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-        return None
-    path: str = scope["path"]
-    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
-        return None
-    group_id = path[len(_PREFIX) : len(path) - len(_SUFFIX)]
-    if not group_id or "/" in group_id:
-        return None
-    return group_id
 
 
 def checked_head(scope: Scope, settings: Settings, raw_group_id: str) -> str:

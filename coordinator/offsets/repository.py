@@ -392,18 +392,6 @@ async def lock_existing(
     return states
 
 
-async def lock_partitions(
-    connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
-) -> dict[GroupPartitionKey, CommittedOffsets]:
-    """Lock the rows of ``keys`` FOR UPDATE, creating the missing ones (no cap: the admin's
-    reset), and read their state."""
-    states = await lock_existing(connection, keys)
-    missing = [key for key in keys if key not in states]
-    if missing:
-        states.update(await create_partitions(connection, missing))
-    return states
-
-
 async def create_partitions(
     connection: asyncpg.Connection, keys: Collection[GroupPartitionKey]
 ) -> dict[GroupPartitionKey, CommittedOffsets]:

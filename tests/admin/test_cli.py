@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from client.cli import main
 from coordinator.admin_cli.progress import Progress
-from coordinator.cli import main
 from coordinator.kafka import ClusterMetadata
 from tests.admin.conftest import ADMIN_TOKEN, RECORDS, CliCluster
 from tests.e2e.harness import produce

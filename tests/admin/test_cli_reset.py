@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from coordinator.cli import main
+from client.cli import main
 from coordinator.kafka import ClusterMetadata
 from tests.admin.conftest import FIRST_TIMESTAMP_MS, RECORDS, CliCluster
 from tests.admin.test_cli import admin, rows_by, run_cli, tables

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator.cli import main
+from client.cli import main
 from coordinator.settings import Settings
 from tests.fixtures.coordinator import free_port
 from tests.test_embedded import process_alive

@@ -121,7 +121,7 @@ def command(runtime: str, name: str, coordinator: str, place: Place) -> list[str
     ]
     if runtime in STREAMS_RUNTIMES:
         return [
-            *(sys.executable, "-m", "coordinator.cli", "streams"),
+            *(sys.executable, "-m", "client.cli", "streams"),
             "tests.chaos.targets:word_count"
             if runtime == STREAMS
             else "tests.chaos.targets:page_views",
@@ -131,7 +131,7 @@ def command(runtime: str, name: str, coordinator: str, place: Place) -> list[str
         ]
     pool = ["--threads", "4"] if runtime == WORKER_THREADS else ["--processes", "2"]
     return [
-        *(sys.executable, "-m", "coordinator.cli", "worker", "tests.chaos.targets:handle"),
+        *(sys.executable, "-m", "client.cli", "worker", "tests.chaos.targets:handle"),
         *("--topics", place.topic, "--group", place.group),
         *("--max-concurrency", str(RUNTIMES[runtime].concurrency), *pool),
         *("--failure-policy", "retry", "--max-attempts", "3"),

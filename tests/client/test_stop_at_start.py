@@ -51,7 +51,7 @@ async def start(*argv: str, tmp_path: Path) -> Started:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         *argv,
         cwd=ROOT,
         env={**os.environ, "WORDCOUNT_LINES": "lines"},

@@ -19,7 +19,7 @@ async def keyrange_topic(*argv: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "topic",
         *argv,
         cwd=ROOT,

@@ -28,7 +28,7 @@ async def start_worker(
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "worker",
         target,
         *argv,
@@ -168,7 +168,7 @@ async def test_bad_options_are_one_line_and_exit_code_2(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "worker",
         *argv,
         cwd=ROOT,
@@ -187,7 +187,7 @@ async def test_an_unreachable_broker_is_one_line_and_exit_code_1(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "worker",
         "tests.client.worker_targets:handle",
         "--topics",

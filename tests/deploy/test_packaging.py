@@ -100,7 +100,7 @@ def test_the_client_sdk_imports_without_the_server() -> None:
 @pytest.mark.parametrize("command", [["serve"], ["migrate"]])
 def test_server_commands_without_the_server_extra_say_how_to_get_it(command: list[str]) -> None:
     result = run_without_server_packages(
-        f"from coordinator.cli import main\nraise SystemExit(main({command!r}))"
+        f"from client.cli import main\nraise SystemExit(main({command!r}))"
     )
     assert result.returncode == 2
     assert "pip install 'keyrange[server]'" in result.stderr
@@ -109,7 +109,7 @@ def test_server_commands_without_the_server_extra_say_how_to_get_it(command: lis
 
 def test_admin_commands_need_no_server_packages() -> None:
     result = run_without_server_packages(
-        "from coordinator.cli import main\n"
+        "from client.cli import main\n"
         "raise SystemExit(main(['admin', '--url', 'http://127.0.0.1:1', 'groups']))"
     )
     assert "keyrange[server]" not in result.stderr
@@ -136,7 +136,7 @@ WORKER_ARGS = [
 
 def test_the_worker_command_needs_no_server_packages() -> None:
     result = run_without_server_packages(
-        f"from coordinator.cli import main\nraise SystemExit(main({WORKER_ARGS!r}))"
+        f"from client.cli import main\nraise SystemExit(main({WORKER_ARGS!r}))"
     )
     # It ran as far as the network: no coordinator answers there.
     assert result.returncode == 1, result.stderr
@@ -147,7 +147,7 @@ def test_the_worker_command_needs_no_server_packages() -> None:
 def test_worker_metrics_without_the_worker_extra_say_how_to_get_it() -> None:
     argv = [*WORKER_ARGS, "--metrics-port", "0"]
     result = run_without_server_packages(
-        f"from coordinator.cli import main\nraise SystemExit(main({argv!r}))"
+        f"from client.cli import main\nraise SystemExit(main({argv!r}))"
     )
     assert result.returncode == 2
     assert "pip install 'keyrange[worker]'" in result.stderr
@@ -177,7 +177,7 @@ def test_streams_metrics_without_prometheus_client_say_which_extra_brings_it() -
         "CRITICAL",
     ]
     result = run_without_server_packages(
-        f"from coordinator.cli import main\nraise SystemExit(main({argv!r}))"
+        f"from client.cli import main\nraise SystemExit(main({argv!r}))"
     )
     assert result.returncode == 2, result.stderr
     assert "pip install 'keyrange[streams]'" in result.stderr

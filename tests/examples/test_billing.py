@@ -46,7 +46,7 @@ async def test_the_readme_worker_processes_every_record(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "worker",
         "examples.billing:Billing",
         "--topics",

@@ -11,8 +11,8 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from coordinator.db.engine import make_engine
-from coordinator.groups.heartbeat import stable_heartbeat
 from coordinator.groups.schemas import HeartbeatRequest
+from coordinator.groups.serve import stable_heartbeat
 from tests.groups.renewal_statements import count_renewal_statements
 from tests.groups.test_heartbeat_api import Member, given_topics
 from tests.waiting import until

@@ -31,8 +31,9 @@ from coordinator.core.heartbeat import HeartbeatFacts, HeartbeatOutcome, heartbe
 from coordinator.core.membership import GroupRecord, MemberRecord, TopicFacts
 from coordinator.errors import KeyrangeError
 from coordinator.groups import repository
-from coordinator.groups.heartbeat import member_request, stable_heartbeat
+from coordinator.groups.heartbeat import member_request
 from coordinator.groups.schemas import HeartbeatRequest
+from coordinator.groups.serve import stable_heartbeat
 from coordinator.groups.settle import session_limits
 from coordinator.settings import Settings
 

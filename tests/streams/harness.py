@@ -142,7 +142,7 @@ def streams_command(
     return [
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "streams",
         target,
         "--application-id",

@@ -38,7 +38,7 @@ PASSWORD = "pa55-never-printed"
 
 def streams(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "streams", *argv],
+        [sys.executable, "-m", "client.cli", "streams", *argv],
         cwd=ROOT,
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("KEYRANGE_STREAMS_")},
@@ -268,7 +268,7 @@ async def test_sasl_against_the_plaintext_broker_stops_at_start_with_exit_1(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "client.cli",
         "streams",
         "examples.streams_wordcount:build_topology",
         "--application-id",

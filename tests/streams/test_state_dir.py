@@ -61,7 +61,7 @@ async def test_two_processes_with_one_instance_id_the_second_exits_2_before_join
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "coordinator.cli",
+            "client.cli",
             "streams",
             "examples.streams_wordcount:build_topology",
             "--application-id",
