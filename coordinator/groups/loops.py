@@ -120,7 +120,7 @@ async def update_gauges(
         ic_ranges = await metadata_repository.stored_ic_range_count(connection)
         stuck = await stuck_repository.stuck_figures(connection)
         stable = (
-            await metadata_repository.stable_offsets(connection) if lag_cluster is not None else {}
+            await metadata_repository.lag_positions(connection) if lag_cluster is not None else {}
         )
     # Set once every figure is read, with no await until the lag below: the gauges are
     # process-wide, and where several apps share a process and a loop (the test suite), one
@@ -149,12 +149,12 @@ async def update_gauges(
         log.warning("high watermarks unavailable", extra={"error": type(exc).__name__})
         return
     current: set[tuple[str, str, str]] = set()
-    for (group_id, topic, partition), offset in stable.items():
+    for (group_id, topic, partition), (offset, individually) in stable.items():
         high = marks.get((topic, partition))
         if high is None:
             continue
         labels = (group_id, topic, str(partition))
-        metrics.PARTITION_LAG.labels(*labels).set(max(0, high - offset))
+        metrics.PARTITION_LAG.labels(*labels).set(max(0, high - offset - individually))
         current.add(labels)
     for labels in exported.lag - current:
         metrics.PARTITION_LAG.remove(*labels)

@@ -132,6 +132,22 @@ async def stored_ic_range_count(connection: AsyncConnection) -> int:
     return int(result.scalar_one())
 
 
+async def lag_positions(
+    connection: AsyncConnection,
+) -> dict[tuple[str, str, int], tuple[int, int]]:
+    """Every committed partition's stable offset and how many offsets above it are committed
+    individually (its IC ranges), for the lag gauges: lag is what is not processed yet, as
+    the admin API and the scaling figures count it (docs/design.md §9)."""
+    result = await connection.execute(
+        text(
+            "SELECT group_id, topic, partition, stable_offset,"
+            " COALESCE((SELECT sum(upper(r) - lower(r)) FROM unnest(ic_ranges) AS r), 0)"
+            " FROM partition_offsets"
+        )
+    )
+    return {(row[0], row[1], int(row[2])): (int(row[3]), int(row[4])) for row in result}
+
+
 async def stable_offsets(connection: AsyncConnection) -> dict[tuple[str, str, int], int]:
     """Every committed partition's stable offset, for the lag gauges."""
     result = await connection.execute(

@@ -112,3 +112,38 @@ async def test_the_age_is_a_per_partition_gauge(
         found = await gauges()
     assert found["0"] == pytest.approx(_expected_age(5), abs=SLACK_S)
     assert found["1"] == 0
+
+
+async def test_the_lag_gauge_leaves_out_offsets_committed_individually(
+    make_migrated_database: MakeDatabase,
+    start_coordinator: Callable[..., Awaitable[RunningCoordinator]],
+    kafka_bootstrap: str,
+    cli_cluster: CliCluster,
+) -> None:
+    """``keyrange_partition_lag`` counts what is not processed yet, as the admin API does:
+    offsets committed individually above the stable offset are processed."""
+    coordinator = await start_coordinator(
+        await make_migrated_database(), kafka_bootstrap=kafka_bootstrap, metrics_group_labels=True
+    )
+    group = cli_cluster.group("lag-gauge")
+    async with httpx.AsyncClient(base_url=coordinator.url, timeout=10) as api:
+        for entry in (
+            {"topic": cli_cluster.topic, "partition": 0, "offset": 5},
+            {"topic": cli_cluster.topic, "partition": 0, "ranges": [[8, 9], [12, 12]]},
+        ):
+            reply = await api.post(
+                f"/v1/groups/{group}/offsets/commit", json={"partitions": [entry]}
+            )
+            assert reply.status_code == 200, reply.text
+
+        async def lag() -> float | None:
+            for line in (await api.get("/metrics")).text.splitlines():
+                if line.startswith("keyrange_partition_lag{") and f'group_id="{group}"' in line:
+                    return float(line.rsplit(" ", 1)[1])
+            return None
+
+        async def exported() -> bool:
+            return await lag() is not None
+
+        await until(exported, 30, "the partition's lag gauge")
+        assert await lag() == RECORDS - 5 - 3
