@@ -182,6 +182,7 @@ class StreamsApp:
             restorer=self._restorer,
             state=self._state,
             owned=source.slice_watermarks,
+            starts=source.slice_starts,
             commit=self._consumer.commit,
             commit_interval_s=self.config.commit_interval_ms / 1000,
             max_idle_ms=self.config.max_task_idle_ms,

@@ -11,6 +11,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from aiokafka.structs import TopicPartition
+
 from client.protocol.keyspace import KeyRange, subtract
 from client.streams.cache import CacheBudget
 from client.streams.gate import TaskGate
@@ -24,6 +26,8 @@ from client.streams.topology import BuiltTopology
 from client.tracing import RecordTracer
 
 logger = logging.getLogger(__name__)
+
+Starts = Callable[[TopicPartition, KeyRange], list[tuple[KeyRange, int]]]
 
 
 class Lifecycle:
@@ -42,7 +46,11 @@ class Lifecycle:
         tracer: RecordTracer | None = None,
         cache: CacheBudget | None = None,
         before_open: Callable[[TaskId], None] = lambda _: None,
+        starts: Starts | None = None,
     ) -> None:
+        # Where the task's processing of a topic starts, per part of its keys (the consumer's
+        # ``slice_starts``): a source-topic table restores up to there.
+        self._starts = starts
         self._tracer = tracer
         self._cache = cache
         # Called before a task's restore is started: a standby of its keys stops there.
@@ -132,6 +140,7 @@ class Lifecycle:
                 self._topology.stores[store],
                 task.id.partition,
                 task.id.keys,
+                self._source_starts(store, task.id),
             )
             await restore_store(job, progress, self._restorer, self._state, self._on_restore)
             self._state.restored(store, task.id.partition, task.id.keys, progress.position)
@@ -151,6 +160,18 @@ class Lifecycle:
         if task.state is TaskState.RESTORING:
             task.init()
         self._on_ready()
+
+    def _source_starts(
+        self, store: str, task_id: TaskId
+    ) -> tuple[tuple[KeyRange, int], ...] | None:
+        """Where the task's processing of a source-topic table's topic starts, per part of
+        its keys; None for another store, or when no slice of the topic holds the keys (the
+        task takes none of the topic's records: the table is restored to its end)."""
+        topic = self._topology.stores[store].source_topic
+        if topic is None or self._starts is None:
+            return None
+        starts = self._starts(TopicPartition(topic, task_id.partition), task_id.keys)
+        return tuple(starts) if starts else None
 
 
 def _report_failure(restoring: asyncio.Task[None]) -> None:
