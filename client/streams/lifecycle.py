@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
 
@@ -30,6 +31,21 @@ logger = logging.getLogger(__name__)
 Starts = Callable[[TopicPartition, KeyRange], list[tuple[KeyRange, int]]]
 
 
+def _nothing_before(_: TaskId) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What the application tells the opening of a task: ``before`` is called before its
+    restore starts (a standby of its keys stops there); ``starts`` says where its processing
+    of a topic starts, per part of its keys (the consumer's ``slice_starts``): a source-topic
+    table restores up to there, and to the topic's end without it."""
+
+    before: Callable[[TaskId], None] = _nothing_before
+    starts: Starts | None = None
+
+
 class Lifecycle:
     def __init__(
         self,
@@ -45,16 +61,11 @@ class Lifecycle:
         on_ready: Callable[[], None],
         tracer: RecordTracer | None = None,
         cache: CacheBudget | None = None,
-        before_open: Callable[[TaskId], None] = lambda _: None,
-        starts: Starts | None = None,
+        opening: Opening | None = None,
     ) -> None:
-        # Where the task's processing of a topic starts, per part of its keys (the consumer's
-        # ``slice_starts``): a source-topic table restores up to there.
-        self._starts = starts
+        self._opening = opening or Opening()
         self._tracer = tracer
         self._cache = cache
-        # Called before a task's restore is started: a standby of its keys stops there.
-        self._before_open = before_open
         self._tasks = tasks
         self._topology = topology
         self._application_id = application_id
@@ -69,7 +80,7 @@ class Lifecycle:
         self._restorations: dict[TaskId, asyncio.Task[None]] = {}
 
     def open(self, task_id: TaskId) -> StreamTask:
-        self._before_open(task_id)
+        self._opening.before(task_id)
         sub = self._topology.subtopologies[task_id.subtopology]
         backends = {name: self._state.backend(name, task_id.partition) for name in sub.stores}
         task = StreamTask(
@@ -168,9 +179,9 @@ class Lifecycle:
         its keys; None for another store, or when no slice of the topic holds the keys (the
         task takes none of the topic's records: the table is restored to its end)."""
         topic = self._topology.stores[store].source_topic
-        if topic is None or self._starts is None:
+        if topic is None or self._opening.starts is None:
             return None
-        starts = self._starts(TopicPartition(topic, task_id.partition), task_id.keys)
+        starts = self._opening.starts(TopicPartition(topic, task_id.partition), task_id.keys)
         return tuple(starts) if starts else None
 
 

@@ -20,6 +20,12 @@ Then the range's local state is deleted and restored from the log start, with a 
 compacted changelog of the application's own whose first records were deleted lost values
 of live keys: restoring what is left would silently forget them, so that restore fails as
 above and names the offsets.
+
+A source-topic table restores only up to where its task's processing of the topic starts
+(``StoreRestore.starts``, per part of the range), as Kafka Streams restores it to the
+committed offset: the later records are the task's input, applied in timestamp order with
+the stream's, so a replayed stream record never joins a later table value. Local state
+already past that position is restored anew (``_past_committed``).
 """
 
 from __future__ import annotations
