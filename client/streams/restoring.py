@@ -90,13 +90,15 @@ async def restore_store(
     from_log_start: int | None = None
     while True:
         try:
+            local = from_log_start is None
             progress.start_offset = (
                 state.restore_from(job.store, job.partition, job.keys)
                 if from_log_start is None
                 else from_log_start
             )
             from_log_start = None
-            if job.starts is not None and progress.start_offset > _lowest(job.starts):
+            # Only local state can be ahead: a log start past the position is records gone.
+            if local and job.starts is not None and progress.start_offset > _lowest(job.starts):
                 _past_committed(job, progress.start_offset, state)
                 from_log_start = 0
                 continue

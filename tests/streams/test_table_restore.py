@@ -6,6 +6,7 @@ a stream record replayed after the hand-off joined a table value later than itse
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -163,3 +164,18 @@ async def test_local_table_state_past_the_committed_position_is_restored_anew(
     assert changelog.starts == [0]
     assert state.backend(store, 0).get(b"u") is None
     assert progress.position == 10
+
+
+async def test_a_log_start_past_the_committed_position_is_not_taken_for_local_state(
+    tmp_path: Path,
+) -> None:
+    """The topic's records up to 20 are gone and processing starts at 10: there is nothing
+    to restore, and the restore ends (it must not delete and restart for ever)."""
+    topology = for_application(enrich("users", "clicks", "out").build().build(), "app")
+    (store,) = topology.stores
+    state = StateManager(topology, tmp_path)
+    changelog = Changelog(log_start=20, end=30)
+    job = StoreRestore("0_0", "app", store, topology.stores[store], 0, KeyRange.full(), FROM_10)
+    progress = RestoreProgress(store, 0, [job.keys], 0)
+    await asyncio.wait_for(restore_store(job, progress, changelog, state, lambda _: None), 10)
+    assert changelog.starts == [0]
