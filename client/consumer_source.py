@@ -86,3 +86,13 @@ class ConsumerSource:
             for progress in tracker.slices_of(tp)
             if progress.active
         ]
+
+    def slice_starts(self, tp: TopicPartition, keys: KeyRange) -> list[tuple[KeyRange, int]]:
+        """Where processing of each part of ``keys`` on ``tp`` starts (``SliceProgress.starts``),
+        over the active slices; empty where none holds them."""
+        return [
+            start
+            for progress in self._tracker.slices_of(tp)
+            if progress.active
+            for start in progress.starts(keys)
+        ]

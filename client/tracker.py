@@ -52,6 +52,7 @@ class SliceProgress:
         "pending_hashes",
         "pending_offsets",
         "position",
+        "resumed_from",
         "runs",
         "uncommitted",
     )
@@ -72,6 +73,8 @@ class SliceProgress:
         self.uncommitted: dict[int, int] = {}
         self.runs = 0
         self._committed = committed
+        # Kept whole (``_committed`` is dropped once read past): ``starts`` needs it.
+        self.resumed_from = committed
         # Past this offset the committed state says nothing more, so the per-record check
         # can stop asking it.
         self._committed_until = 0 if committed is None else committed_reach(committed)
@@ -85,6 +88,36 @@ class SliceProgress:
     @property
     def watermark(self) -> int:
         return self.pending_offsets[0] if self.pending_offsets else self.position
+
+    def starts(self, keys: KeyRange) -> list[tuple[KeyRange, int]]:
+        """Where processing starts for each part of ``keys`` within this slice: its first
+        offset not processed yet, or the group's watermark of that part where the slice
+        resumed below it (those records are skipped as processed). A streams task restores
+        a source-topic table up to these (``client.streams.restoring``). IC ranges are not
+        looked at: a streams application, processing in order, commits none."""
+        low, high = max(keys.start, self.keys.start), min(keys.end, self.keys.end)
+        if low > high:
+            return []
+        floor = self.watermark
+        state = self.resumed_from
+        if state is None:
+            return [(KeyRange(low, high), floor)]
+        floor = max(floor, state.stable_offset)
+        starts: list[tuple[KeyRange, int]] = []
+        cursor = low
+        for piece_start, piece_end, offset in state.pieces:
+            if piece_end < cursor:
+                continue
+            if piece_start > high:
+                break
+            start, end = max(piece_start, cursor), min(piece_end, high)
+            if start > cursor:
+                starts.append((KeyRange(cursor, start - 1), floor))
+            starts.append((KeyRange(start, end), max(floor, offset)))
+            cursor = end + 1
+        if cursor <= high:
+            starts.append((KeyRange(cursor, high), floor))
+        return starts
 
     def bounds(self) -> list[tuple[int, int, int]]:
         """``(hash start, hash end, first offset)`` pieces of this slice for the raw filter
@@ -215,6 +248,7 @@ class SliceProgress:
     def restricted_to(self, keys: KeyRange, mode: CommitMode) -> SliceProgress:
         """The same progress for a sub-range: records of other hashes are left out."""
         part = SliceProgress(keys, self.position, self._committed)
+        part.resumed_from = self.resumed_from
         part.committed_watermark = self.committed_watermark
         part.active = self.active
         kept = [

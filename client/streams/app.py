@@ -38,6 +38,7 @@ from client.streams.internal import (
     for_application,
     plan_internal_topics,
 )
+from client.streams.lifecycle import Opening
 from client.streams.metrics import EXTRA as METRICS_EXTRA
 from client.streams.metrics import streams_families
 from client.streams.outputs import MAX_REQUEST_SIZE
@@ -193,7 +194,10 @@ class StreamsApp:
             tracer=record_tracer(
                 "streams", self.config.application_id, lambda: self._consumer.member_id
             ),
-            before_open=_no_standby if self._standby_set is None else self._standby_set.release,
+            opening=Opening(
+                before=_no_standby if self._standby_set is None else self._standby_set.release,
+                starts=source.slice_starts,
+            ),
         )
         self._consumer.hooks.register(self.runtime)
         # What was granted before the runtime existed, as if granted now.

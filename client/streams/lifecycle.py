@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiokafka.structs import TopicPartition
 
 from client.protocol.keyspace import KeyRange, subtract
 from client.streams.cache import CacheBudget
@@ -24,6 +27,23 @@ from client.streams.topology import BuiltTopology
 from client.tracing import RecordTracer
 
 logger = logging.getLogger(__name__)
+
+Starts = Callable[[TopicPartition, KeyRange], list[tuple[KeyRange, int]]]
+
+
+def _nothing_before(_: TaskId) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What the application tells the opening of a task: ``before`` is called before its
+    restore starts (a standby of its keys stops there); ``starts`` says where its processing
+    of a topic starts, per part of its keys (the consumer's ``slice_starts``): a source-topic
+    table restores up to there, and to the topic's end without it."""
+
+    before: Callable[[TaskId], None] = _nothing_before
+    starts: Starts | None = None
 
 
 class Lifecycle:
@@ -41,12 +61,11 @@ class Lifecycle:
         on_ready: Callable[[], None],
         tracer: RecordTracer | None = None,
         cache: CacheBudget | None = None,
-        before_open: Callable[[TaskId], None] = lambda _: None,
+        opening: Opening | None = None,
     ) -> None:
+        self._opening = opening or Opening()
         self._tracer = tracer
         self._cache = cache
-        # Called before a task's restore is started: a standby of its keys stops there.
-        self._before_open = before_open
         self._tasks = tasks
         self._topology = topology
         self._application_id = application_id
@@ -61,7 +80,7 @@ class Lifecycle:
         self._restorations: dict[TaskId, asyncio.Task[None]] = {}
 
     def open(self, task_id: TaskId) -> StreamTask:
-        self._before_open(task_id)
+        self._opening.before(task_id)
         sub = self._topology.subtopologies[task_id.subtopology]
         backends = {name: self._state.backend(name, task_id.partition) for name in sub.stores}
         task = StreamTask(
@@ -132,6 +151,7 @@ class Lifecycle:
                 self._topology.stores[store],
                 task.id.partition,
                 task.id.keys,
+                self._source_starts(store, task.id),
             )
             await restore_store(job, progress, self._restorer, self._state, self._on_restore)
             self._state.restored(store, task.id.partition, task.id.keys, progress.position)
@@ -151,6 +171,18 @@ class Lifecycle:
         if task.state is TaskState.RESTORING:
             task.init()
         self._on_ready()
+
+    def _source_starts(
+        self, store: str, task_id: TaskId
+    ) -> tuple[tuple[KeyRange, int], ...] | None:
+        """Where the task's processing of a source-topic table's topic starts, per part of
+        its keys; None for another store, or when no slice of the topic holds the keys (the
+        task takes none of the topic's records: the table is restored to its end)."""
+        topic = self._topology.stores[store].source_topic
+        if topic is None or self._opening.starts is None:
+            return None
+        starts = self._opening.starts(TopicPartition(topic, task_id.partition), task_id.keys)
+        return tuple(starts) if starts else None
 
 
 def _report_failure(restoring: asyncio.Task[None]) -> None:

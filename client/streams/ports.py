@@ -74,4 +74,5 @@ class StoreRestorer(Protocol):
         backend: BytesStore,
         on_progress: Callable[[RestoreProgress], None] = ...,
     ) -> RestoreProgress:
-        """Read ``topic`` into ``backend`` for ``progress``'s ranges up to the end it saw."""
+        """Read ``topic`` into ``backend`` for ``progress``'s ranges up to the end it saw,
+        or up to ``progress.stop_at`` where that comes first."""

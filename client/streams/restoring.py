@@ -20,6 +20,12 @@ Then the range's local state is deleted and restored from the log start, with a 
 compacted changelog of the application's own whose first records were deleted lost values
 of live keys: restoring what is left would silently forget them, so that restore fails as
 above and names the offsets.
+
+A source-topic table restores only up to where its task's processing of the topic starts
+(``StoreRestore.starts``, per part of the range), as Kafka Streams restores it to the
+committed offset: the later records are the task's input, applied in timestamp order with
+the stream's, so a replayed stream record never joins a later table value. Local state
+already past that position is restored anew (``_past_committed``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class StoreRestore:
     spec: StoreSpec
     partition: int
     keys: KeyRange
+    # A source-topic table's: where the task's processing of the topic starts, per part of
+    # ``keys`` (None: no position known, the restore reads to the high watermark).
+    starts: tuple[tuple[KeyRange, int], ...] | None = None
 
     @property
     def changelog(self) -> str:
@@ -81,15 +90,19 @@ async def restore_store(
     from_log_start: int | None = None
     while True:
         try:
+            local = from_log_start is None
             progress.start_offset = (
                 state.restore_from(job.store, job.partition, job.keys)
                 if from_log_start is None
                 else from_log_start
             )
             from_log_start = None
-            await restorer.restore(
-                job.changelog, progress, state.backend(job.store, job.partition), on_progress
-            )
+            # Only local state can be ahead: a log start past the position is records gone.
+            if local and job.starts is not None and progress.start_offset > _lowest(job.starts):
+                _past_committed(job, progress.start_offset, state)
+                from_log_start = 0
+                continue
+            await _restore_stages(job, progress, restorer, state, on_progress)
             progress.error = None
             return
         except ChangelogOutOfRange as gone:
@@ -119,6 +132,60 @@ async def restore_store(
         )
         await asyncio.sleep(backoff)
         backoff = min(2 * backoff, MAX_BACKOFF_S)
+
+
+async def _restore_stages(
+    job: StoreRestore,
+    progress: RestoreProgress,
+    restorer: StoreRestorer,
+    state: StateManager,
+    on_progress: Callable[[RestoreProgress], None],
+) -> None:
+    """Restore ``job``: to the high watermark, or, for a source-topic table, each part of its
+    keys up to where its processing starts, in one pass over the log (from one start to the
+    next, the parts not yet at theirs). The records from there are the task's input, which
+    the ``TableSource`` applies in order with the other input, as Kafka Streams does."""
+    backend = state.backend(job.store, job.partition)
+    if job.starts is None:
+        await restorer.restore(job.changelog, progress, backend, on_progress)
+        return
+    position = progress.start_offset
+    for end in sorted({offset for _, offset in job.starts}):
+        if end <= position:
+            continue
+        progress.ranges = [keys for keys, offset in job.starts if offset >= end]
+        progress.start_offset = position
+        progress.stop_at = end
+        await restorer.restore(job.changelog, progress, backend, on_progress)
+        position = end
+    progress.ranges = [job.keys]
+    # The checkpoint's rule: every record of the range below it is in the store.
+    progress.position = _lowest(job.starts)
+
+
+def _lowest(starts: tuple[tuple[KeyRange, int], ...]) -> int:
+    return min(offset for _, offset in starts)
+
+
+def _past_committed(job: StoreRestore, offset: int, state: StateManager) -> None:
+    """The range's local state of a source-topic table holds the topic up to ``offset``
+    (a checkpoint, a standby or the range kept from a task split), past where processing
+    starts for some of its keys: it may hold values later than the records the task
+    processes next. Deleted and restored from the log start: a checkpoint capped at the
+    start would still leave those values in the store."""
+    logger.warning(
+        "source-topic table's local state is past the committed position: the range is "
+        "restored from the log start",
+        extra={
+            "task": job.task,
+            "store": job.store,
+            "changelog": job.changelog,
+            "partition": job.partition,
+            "offset": offset,
+            "committed": _lowest(job.starts or ()),
+        },
+    )
+    state.restart(job.application_id, job.store, job.partition, job.keys)
 
 
 def _from_log_start(job: StoreRestore, gone: ChangelogOutOfRange) -> bool:

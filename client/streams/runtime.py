@@ -35,7 +35,7 @@ from client.streams.cache import CacheBudget
 from client.streams.commits import Commits
 from client.streams.errors import SendFailed
 from client.streams.gate import TaskGate
-from client.streams.lifecycle import Lifecycle
+from client.streams.lifecycle import Lifecycle, Opening
 from client.streams.outputs import Outputs
 from client.streams.ports import Producer, StoreRestorer, StreamSource
 from client.streams.processor import WALL_CLOCK
@@ -73,7 +73,7 @@ class StreamsRuntime(LifecycleHooks):
         max_buffered_records: int | None = None,
         on_restore: Callable[[RestoreProgress], None],
         tracer: RecordTracer | None = None,
-        before_open: Callable[[TaskId], None] = lambda _: None,
+        opening: Opening | None = None,
     ) -> None:
         self._source, self._topology = source, topology
         self._gate = gate = TaskGate(source.gate, source.may_hand_out, source.session_deadline)
@@ -94,7 +94,7 @@ class StreamsRuntime(LifecycleHooks):
             on_ready=self._work.set,
             tracer=tracer,
             cache=CacheBudget(cache_max_bytes) if cache_max_bytes > 0 else None,
-            before_open=before_open,
+            opening=opening,
         )
         self.restores = self._life.restores
         self._rounds = Rounds(self.tasks, topology, gate, processing_threads, self._work)
