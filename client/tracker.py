@@ -34,6 +34,32 @@ from client.protocol.log_bounds import committed_reach
 CommitMode = Literal["watermarks", "ranges", "offset"]
 
 
+def _first_offsets(
+    start: int, end: int, floor: int, committed: CommittedOffsets | None
+) -> list[tuple[int, int, int]]:
+    """``(hash start, hash end, first offset)`` pieces of the hashes ``[start, end]``: each
+    piece's first offset is ``floor`` or, where the group's committed state covers the piece
+    further (its stable offset, a watermark piece), that."""
+    if committed is None:
+        return [(start, end, floor)]
+    floor = max(floor, committed.stable_offset)
+    pieces: list[tuple[int, int, int]] = []
+    cursor = start
+    for piece_start, piece_end, offset in committed.pieces:
+        if piece_end < cursor:
+            continue
+        if piece_start > end:
+            break
+        low, high = max(piece_start, cursor), min(piece_end, end)
+        if low > cursor:
+            pieces.append((cursor, low - 1, floor))
+        pieces.append((low, high, max(floor, offset)))
+        cursor = high + 1
+    if cursor <= end:
+        pieces.append((cursor, end, floor))
+    return pieces
+
+
 class SliceProgress:
     """Progress of one owned slice. ``pending_offsets`` holds every registered own record not
     yet passed by the watermark, in offset order, and ``pending_hashes`` their key hashes
@@ -98,53 +124,15 @@ class SliceProgress:
         low, high = max(keys.start, self.keys.start), min(keys.end, self.keys.end)
         if low > high:
             return []
-        floor = self.watermark
-        state = self.resumed_from
-        if state is None:
-            return [(KeyRange(low, high), floor)]
-        floor = max(floor, state.stable_offset)
-        starts: list[tuple[KeyRange, int]] = []
-        cursor = low
-        for piece_start, piece_end, offset in state.pieces:
-            if piece_end < cursor:
-                continue
-            if piece_start > high:
-                break
-            start, end = max(piece_start, cursor), min(piece_end, high)
-            if start > cursor:
-                starts.append((KeyRange(cursor, start - 1), floor))
-            starts.append((KeyRange(start, end), max(floor, offset)))
-            cursor = end + 1
-        if cursor <= high:
-            starts.append((KeyRange(cursor, high), floor))
-        return starts
+        pieces = _first_offsets(low, high, self.watermark, self.resumed_from)
+        return [(KeyRange(start, end), offset) for start, end, offset in pieces]
 
     def bounds(self) -> list[tuple[int, int, int]]:
         """``(hash start, hash end, first offset)`` pieces of this slice for the raw filter
         (``client.raw_filter``): below its first offset a record of a piece needs no look,
         as the slice saw it already or a committed watermark covers it. IC ranges are left to
         ``accept``, which sees the records kept."""
-        floor = self.position
-        committed = self._committed
-        start, end = self.keys.start, self.keys.end
-        if committed is None:
-            return [(start, end, floor)]
-        floor = max(floor, committed.stable_offset)
-        pieces: list[tuple[int, int, int]] = []
-        cursor = start
-        for piece_start, piece_end, offset in committed.pieces:
-            if piece_end < cursor:
-                continue
-            if piece_start > end:
-                break
-            low, high = max(piece_start, cursor), min(piece_end, end)
-            if low > cursor:
-                pieces.append((cursor, low - 1, floor))
-            pieces.append((low, high, max(floor, offset)))
-            cursor = high + 1
-        if cursor <= end:
-            pieces.append((cursor, end, floor))
-        return pieces
+        return _first_offsets(self.keys.start, self.keys.end, self.position, self._committed)
 
     def accept(self, offset: int, key_hash: int) -> bool:
         """Register a record of this slice met in the stream; False when it needs no
