@@ -98,30 +98,30 @@ class Commits:
             task.commit_requested for task in self._tasks if task.state is not TaskState.HALTED
         )
 
-    async def flush_and_mark(self, tasks: Iterable[StreamTask] | None = None) -> None:
-        """Steps 0 to 3a: caches, stores, producer, what waited for the acknowledgement, then
-        the marks of ``tasks`` (every task for None). Every task's caches are flushed, since
-        the producer's flush covers every task's outputs. A halted task's records are not
-        marked: its keys may be another member's, which processes them again; its cache and
-        what waited for its outputs are dropped with it, unwritten."""
+    async def _write_out(self) -> None:
+        """Caches, stores and the producer, until Kafka acknowledged what they held."""
         for task in self._tasks.values():
             if task.state is not TaskState.HALTED:
                 task.flush_caches()
         self._state.flush()
         await self._outputs.send(self._tasks.values())
         await self._outputs.flush()
+
+    async def flush_and_mark(self, tasks: Iterable[StreamTask] | None = None) -> None:
+        """Steps 0 to 3a: caches, stores, producer, what waited for the acknowledgement, then
+        the marks of ``tasks`` (every task for None). Every task's caches are flushed, since
+        the producer's flush covers every task's outputs. A halted task's records are not
+        marked: its keys may be another member's, which processes them again; its cache and
+        what waited for its outputs are dropped with it, unwritten."""
+        await self._write_out()
         acted = sum(
             task.outputs_acknowledged()
             for task in self._tasks.values()
             if task.state is not TaskState.HALTED
         )
         if acted:
-            for task in self._tasks.values():
-                if task.state is not TaskState.HALTED:
-                    task.flush_caches()
-            self._state.flush()
-            await self._outputs.send(self._tasks.values())
-            await self._outputs.flush()
+            # What waited for the acknowledgement (final marks) wrote to caches and stores.
+            await self._write_out()
         for task in self._tasks.values() if tasks is None else tasks:
             if task.state is TaskState.HALTED:
                 continue
